@@ -1,0 +1,22 @@
+"""fedjax_sel: a JAX-vectorized simulator for federated client filtering, selection and
+self-regulation.
+
+The flat namespace below is the public API; modules hold one concern each:
+`data` (pools, partitioners, sources), `models`, `local_training`, `evaluation`, `components`
+(the pure part types), `availability`, `selectors`, `aggregators`, `engine`, `runner`.
+"""
+
+from fedjax_sel.aggregators import fedavg, weighted_mean
+from fedjax_sel.availability import Availability, uniform_availability
+from fedjax_sel.components import (AggregateInputs, Aggregator, ClientState, Filter, Participation,
+                                   RoundInputs, RoundOutcome, Selector, everyone)
+from fedjax_sel.data.builders import DATASETS, DatasetSpec, build_dataset
+from fedjax_sel.data.federated import ClientPool, FederatedDataset
+from fedjax_sel.engine import Costs, EngineState, Simulator, constant_lr, step_decay_lr
+from fedjax_sel.evaluation import ClientMetrics, client_gradients, client_metrics
+from fedjax_sel.local_training import LocalHParams, LocalResult, local_train, steps_per_client
+from fedjax_sel.models import MODELS, Model, build_model
+from fedjax_sel.runner import run, summary_table
+from fedjax_sel.selectors import random_selector, top_k_mask
+
+__version__ = "0.1.0"

@@ -1,0 +1,161 @@
+"""The pluggable parts of a round, each a small pure pair in the style of optax.
+
+A round (SPEC section 0) is availability -> filter -> selector -> participation rule -> local training
+-> aggregator -> state updates. Every part is a NamedTuple of pure, jit-able functions with explicit
+state and keys, static shapes and boolean masks over the N clients, so any filter composes with any
+selector, participation rule and aggregator.
+
+Parts read a `RoundInputs`: the round index, the global model, the available mask, client-state
+arrays (`stats`, computed by the engine for the names the parts declare in `needs`) and the
+persistent `ClientState`. After training, every part may `observe` the `RoundOutcome`.
+
+Stats names the engine can compute (all `[N]`, at the round's global model, before training):
+  loss, accuracy, entropy: on each client's training data;
+  val_loss, val_accuracy, test_loss, test_accuracy: on its validation / test data;
+  grad_norm: norm of the full-batch gradient of F_k;
+  grad: the stacked full-batch gradients `[N, ...]` (DivFL's proxies).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+STAT_NAMES = ("loss", "accuracy", "entropy", "val_loss", "val_accuracy", "test_loss",
+              "test_accuracy", "grad_norm", "grad")
+
+
+class ClientState(NamedTuple):
+  """Persistent per-client arrays `[N]`.
+
+  Attributes:
+    last_loss: training loss reported at the last participation (+inf if never).
+    last_round: round of the last participation (-1 if never).
+    participations: number of rounds the client trained and uploaded.
+    consecutive_skips: rounds in a row the client was selected but did not train.
+  """
+
+  last_loss: jax.Array
+  last_round: jax.Array
+  participations: jax.Array
+  consecutive_skips: jax.Array
+
+  @staticmethod
+  def create(num_clients: int) -> "ClientState":
+    return ClientState(jnp.full((num_clients,), jnp.inf), jnp.full((num_clients,), -1, jnp.int32),
+                       jnp.zeros((num_clients,), jnp.int32), jnp.zeros((num_clients,), jnp.int32))
+
+
+class RoundInputs(NamedTuple):
+  """What the parts of a round may read.
+
+  Attributes:
+    round: the round index t (scalar int).
+    params: the global model w_t.
+    available: `[N]` bool, S_t.
+    stats: dict of `[N]` client-state arrays named in the parts' `needs`.
+    clients: the persistent `ClientState`.
+    num_examples: `[N]` training examples per client (m_k).
+    label_hist: `[N, C]` training label histogram per client.
+  """
+
+  round: jax.Array
+  params: Any
+  available: jax.Array
+  stats: dict
+  clients: ClientState
+  num_examples: jax.Array
+  label_hist: jax.Array
+
+
+class RoundOutcome(NamedTuple):
+  """What happened in a round, for the parts' `observe`.
+
+  Attributes:
+    slots: `[K]` client ids of the trained slots.
+    trained: `[K]` bool, slot trained and uploaded.
+    aggregated: `[K]` bool, slot's model entered the aggregate.
+    train_loss: `[K]` mean local training loss.
+    params: stacked `[K, ...]` local models.
+    new_params: the aggregated global model w_{t+1}.
+  """
+
+  slots: jax.Array
+  trained: jax.Array
+  aggregated: jax.Array
+  train_loss: jax.Array
+  params: Any
+  new_params: Any
+
+
+def _no_state(*_):
+  return ()
+
+
+def _keep_state(state, *_):
+  return state
+
+
+class Selector(NamedTuple):
+  """Picks at most K clients from a mask.
+
+  `select(state, key, inputs, mask) -> (chosen [N] bool, state)`.
+  """
+
+  init: Callable[[int], Any]
+  select: Callable[..., tuple[jax.Array, Any]]
+  needs: tuple[str, ...] = ()
+  observe: Callable[[Any, RoundInputs, RoundOutcome], Any] = _keep_state
+
+
+class Filter(NamedTuple):
+  """Maps the available set to a filtered-in set.
+
+  `apply(state, key, inputs, mask, local) -> (filtered [N] bool, state, info)` where `local` is a
+  `(slots [n], valid [n], LocalResult)` of every available client's local model when
+  `trains_available` (FilFL), else None. `info` is a dict of scalars/arrays for the metrics.
+  Filtering runs on rounds with `t % period == 0` or a change of availability; other rounds reuse
+  the last filtered-in set (intersected with the available set).
+  """
+
+  init: Callable[[int], Any]
+  apply: Callable[..., tuple[jax.Array, Any, dict]]
+  period: int = 1
+  trains_available: bool = False
+  needs: tuple[str, ...] = ()
+
+
+class Participation(NamedTuple):
+  """Client-side decision of the selected clients (FedALIGN, FedSRC).
+
+  `apply(state, key, inputs, chosen) -> (train [N] bool, aggregate [N] bool, state)`: who trains
+  (and uploads), and whom of those the server aggregates.
+  """
+
+  init: Callable[[int], Any]
+  apply: Callable[..., tuple[jax.Array, jax.Array, Any]]
+  needs: tuple[str, ...] = ()
+  observe: Callable[[Any, RoundInputs, RoundOutcome], Any] = _keep_state
+
+
+class AggregateInputs(NamedTuple):
+  """Per-slot `[K]` facts an aggregator may weigh: mask of aggregated slots, m_k, training loss."""
+
+  mask: jax.Array
+  num_examples: jax.Array
+  train_loss: jax.Array
+
+
+class Aggregator(NamedTuple):
+  """`apply(state, global_params, client_params [K, ...], inputs) -> (new_global, state)`."""
+
+  init: Callable[[Any], Any]
+  apply: Callable[..., tuple[Any, Any]]
+
+
+def everyone() -> Participation:
+  """Every selected client trains and is aggregated (the default rule)."""
+  return Participation(init=_no_state, apply=lambda state, key, inputs, chosen: (chosen, chosen,
+                                                                                  state))

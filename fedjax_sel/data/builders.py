@@ -1,0 +1,146 @@
+"""Build a `FederatedDataset` by name: a source, a partition, per-client splits, a public set.
+
+Example:
+  >>> data = build_dataset(DatasetSpec("digits", num_clients=20, partition="dirichlet"), seed=0)
+  >>> data.num_clients, data.num_classes, data.feature_shape
+  (20, 10, (8, 8, 1))
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from fedjax_sel.data import sources
+from fedjax_sel.data.federated import FederatedDataset, split_clients
+from fedjax_sel.data.partition import PARTITIONS, partition
+
+DATASETS = ("digits", "fashion_mnist", "synth", "leaf", "tfds")
+
+
+class DatasetSpec(NamedTuple):
+  """What to build.
+
+  Attributes:
+    name: one of `DATASETS`.
+    num_clients: N (for `leaf`, the first N users; 0 = all).
+    partition: one of `PARTITIONS` (ignored by the natively federated `synth` and `leaf`).
+    alpha: Dirichlet concentration.
+    classes_per_client: k of the `k_classes` partition.
+    dominant_fraction: fraction of the dominant class of the `dominant` partition.
+    val_fraction, test_fraction: per-client validation / test shares.
+    public_fraction: share of the pool held out (stratified) as the server's public set; for
+      natively federated data, the share of each client's data pooled instead.
+    data_dir: folder of the IDX files (fashion_mnist) or TFDS data.
+    leaf_files: LEAF JSON files (leaf).
+    tfds_name: TFDS dataset name (tfds).
+    synth_alpha, synth_beta: SYNTH(alpha, beta).
+    synth_max_samples: optional cap on SYNTH client sizes.
+    max_examples: optional cap on the centralized pool (subsample, seeded).
+  """
+
+  name: str = "digits"
+  num_clients: int = 50
+  partition: str = "dirichlet"
+  alpha: float = 0.5
+  classes_per_client: int = 2
+  dominant_fraction: float = 0.8
+  val_fraction: float = 0.0
+  test_fraction: float = 0.2
+  public_fraction: float = 0.0
+  data_dir: str = sources.FASHION_MNIST_DIR
+  leaf_files: tuple[str, ...] = ()
+  tfds_name: str = "mnist"
+  synth_alpha: float = 1.0
+  synth_beta: float = 1.0
+  synth_max_samples: int | None = None
+  max_examples: int | None = None
+
+
+def check_spec(spec: DatasetSpec) -> None:
+  """Raises ValueError naming the bad field and its accepted values, before any compute."""
+  if spec.name not in DATASETS:
+    raise ValueError(f"unknown dataset {spec.name!r}; accepted: {', '.join(DATASETS)}")
+  if spec.partition not in PARTITIONS:
+    raise ValueError(f"unknown partition {spec.partition!r}; accepted: {', '.join(PARTITIONS)}")
+  if spec.num_clients < (0 if spec.name == "leaf" else 1):
+    raise ValueError(f"num_clients must be >= 1, got {spec.num_clients}")
+  if not 0.0 <= spec.public_fraction < 1.0:
+    raise ValueError(f"public_fraction must be in [0, 1), got {spec.public_fraction}")
+  if spec.name == "leaf" and not spec.leaf_files:
+    raise ValueError("dataset leaf needs leaf_files (LEAF JSON paths)")
+
+
+def stratified_holdout(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """(kept, held-out) indices; each class gives `round(fraction * n_c)` examples (at least one
+  when fraction > 0)."""
+  rng = np.random.default_rng(seed)
+  held = []
+  for c in np.unique(y):
+    idx = rng.permutation(np.flatnonzero(y == c))
+    n = int(round(fraction * len(idx)))
+    held.extend(idx[:max(n, 1 if fraction > 0 else 0)].tolist())
+  held = np.sort(np.array(held, dtype=np.int64))
+  kept = np.setdiff1d(np.arange(len(y)), held)
+  return kept, held
+
+
+def _pool_fraction(xs, ys, fraction: float, seed: int):
+  """Moves `fraction` of each client's examples into a pooled public set."""
+  rng = np.random.default_rng(seed)
+  keep_x, keep_y, pub_x, pub_y = [], [], [], []
+  for x, y in zip(xs, ys):
+    perm = rng.permutation(len(y))
+    n = min(int(round(fraction * len(y))), max(len(y) - 1, 0))
+    pub_x.append(x[perm[:n]])
+    pub_y.append(y[perm[:n]])
+    keep_x.append(x[perm[n:]])
+    keep_y.append(y[perm[n:]])
+  return keep_x, keep_y, (np.concatenate(pub_x), np.concatenate(pub_y))
+
+
+def _centralized(spec: DatasetSpec, seed: int) -> sources.Centralized:
+  if spec.name == "digits":
+    data = sources.load_digits()
+  elif spec.name == "fashion_mnist":
+    data = sources.load_idx(spec.data_dir, "train")
+  else:
+    data = sources.load_tfds(spec.tfds_name, "train", None if spec.data_dir ==
+                             sources.FASHION_MNIST_DIR else spec.data_dir)
+  if spec.max_examples is not None and spec.max_examples < len(data.y):
+    idx = np.sort(np.random.default_rng(seed).permutation(len(data.y))[:spec.max_examples])
+    data = sources.Centralized(data.x[idx], data.y[idx], data.num_classes)
+  return data
+
+
+def build_dataset(spec: DatasetSpec, seed: int) -> FederatedDataset:
+  """Builds the federated dataset described by `spec` (seeded)."""
+  check_spec(spec)
+  public = None
+  if spec.name in ("synth", "leaf"):
+    if spec.name == "synth":
+      xs, ys = sources.synthetic(spec.synth_alpha, spec.synth_beta, spec.num_clients, seed,
+                                 max_samples=spec.synth_max_samples)
+      num_classes = 10
+    else:
+      _, xs, ys = sources.load_leaf_json(list(spec.leaf_files))
+      if spec.num_clients:
+        xs, ys = xs[:spec.num_clients], ys[:spec.num_clients]
+      is_text = xs[0].ndim == 2 and xs[0].dtype.kind == "i"
+      num_classes = sources.VOCAB_SIZE if is_text else 62
+    if spec.public_fraction > 0:
+      xs, ys, public = _pool_fraction(xs, ys, spec.public_fraction, seed + 1)
+  else:
+    data = _centralized(spec, seed)
+    x, y, num_classes = data
+    if spec.public_fraction > 0:
+      kept, held = stratified_holdout(y, spec.public_fraction, seed + 1)
+      public = (x[held], y[held])
+      x, y = x[kept], y[kept]
+    parts = partition(spec.partition, y, spec.num_clients, num_classes, seed,
+                      alpha=spec.alpha, k=spec.classes_per_client, fraction=spec.dominant_fraction)
+    xs, ys = [x[p] for p in parts], [y[p] for p in parts]
+  name = f"{spec.name}/{spec.partition}" if spec.name not in ("synth", "leaf") else spec.name
+  return split_clients(xs, ys, num_classes=num_classes, val_fraction=spec.val_fraction,
+                       test_fraction=spec.test_fraction, seed=seed + 2, public=public, name=name)

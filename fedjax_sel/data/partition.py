@@ -1,0 +1,138 @@
+"""Partitioners: split a centralized labelled pool over N clients (seeded).
+
+Each returns a list of N index arrays into the pool; every example goes to at most one client.
+
+Example:
+  >>> import numpy as np
+  >>> y = np.repeat(np.arange(4), 10)
+  >>> parts = uni_class(y, num_clients=4, num_classes=4, seed=0)
+  >>> [sorted(set(y[p].tolist())) for p in parts]
+  [[0], [1], [2], [3]]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+PARTITIONS = ("iid", "dirichlet", "uni_class", "dominant", "k_classes")
+
+
+def _check_clients(num_examples: int, num_clients: int) -> None:
+  if num_clients < 1:
+    raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+  if num_clients > num_examples:
+    raise ValueError(f"num_clients={num_clients} exceeds the {num_examples} examples available; "
+                     f"accepted: 1..{num_examples}")
+
+
+def iid(y: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray]:
+  """Shuffles the pool and deals it into N near-equal parts."""
+  _check_clients(len(y), num_clients)
+  perm = np.random.default_rng(seed).permutation(len(y))
+  return [np.sort(p) for p in np.array_split(perm, num_clients)]
+
+
+def dirichlet(y: np.ndarray, num_clients: int, num_classes: int, alpha: float, seed: int,
+              min_size: int = 2, max_tries: int = 100) -> list[np.ndarray]:
+  """Per class, proportions over clients ~ Dirichlet(alpha); redrawn until every client has
+  at least `min_size` examples."""
+  _check_clients(len(y), num_clients)
+  if alpha <= 0:
+    raise ValueError(f"dirichlet alpha must be > 0, got {alpha}")
+  if num_clients * min_size > len(y):
+    raise ValueError(f"num_clients={num_clients} with min_size={min_size} needs "
+                     f"{num_clients * min_size} examples, only {len(y)} available")
+  rng = np.random.default_rng(seed)
+  for _ in range(max_tries):
+    parts = [[] for _ in range(num_clients)]
+    for c in range(num_classes):
+      idx = rng.permutation(np.flatnonzero(y == c))
+      props = rng.dirichlet(np.full(num_clients, alpha))
+      cuts = (np.cumsum(props)[:-1] * len(idx)).astype(int)
+      for k, chunk in enumerate(np.split(idx, cuts)):
+        parts[k].extend(chunk.tolist())
+    if min(len(p) for p in parts) >= min_size:
+      return [np.sort(np.array(p, dtype=np.int64)) for p in parts]
+  raise ValueError(f"dirichlet(alpha={alpha}) could not give every one of {num_clients} clients "
+                   f"{min_size} examples in {max_tries} draws; raise alpha or lower num_clients")
+
+
+def _deal_classes(y: np.ndarray, owners: list[list[int]], num_classes: int,
+                  rng: np.random.Generator) -> list[np.ndarray]:
+  """Splits each class evenly among the clients listed as its owners."""
+  parts = [[] for _ in range(len(owners))]
+  holders = [[k for k, cls in enumerate(owners) if c in cls] for c in range(num_classes)]
+  for c, ks in enumerate(holders):
+    if not ks:
+      continue
+    idx = rng.permutation(np.flatnonzero(y == c))
+    if len(idx) < len(ks):
+      raise ValueError(f"class {c} has {len(idx)} examples for {len(ks)} clients that must hold it; "
+                       "lower num_clients or classes per client")
+    for k, chunk in zip(ks, np.array_split(idx, len(ks))):
+      parts[k].extend(chunk.tolist())
+  return [np.sort(np.array(p, dtype=np.int64)) for p in parts]
+
+
+def uni_class(y: np.ndarray, num_clients: int, num_classes: int, seed: int) -> list[np.ndarray]:
+  """Client k holds only class `k mod num_classes` (FedALIGN's shards)."""
+  _check_clients(len(y), num_clients)
+  owners = [[k % num_classes] for k in range(num_clients)]
+  return _deal_classes(y, owners, num_classes, np.random.default_rng(seed))
+
+
+def k_classes(y: np.ndarray, num_clients: int, num_classes: int, k: int, seed: int) -> list[np.ndarray]:
+  """Each client holds k distinct classes (client j gets classes j, j+1, ..., j+k-1 mod C after a
+  seeded class permutation), each class split evenly among its holders."""
+  _check_clients(len(y), num_clients)
+  if not 1 <= k <= num_classes:
+    raise ValueError(f"classes per client must be in 1..{num_classes}, got {k}")
+  rng = np.random.default_rng(seed)
+  cls = rng.permutation(num_classes)
+  owners = [[int(cls[(j + i) % num_classes]) for i in range(k)] for j in range(num_clients)]
+  return _deal_classes(y, owners, num_classes, rng)
+
+
+def dominant(y: np.ndarray, num_clients: int, num_classes: int, fraction: float,
+             seed: int) -> list[np.ndarray]:
+  """Equal-size clients; client k draws `fraction` of its examples from class `k mod C` and the
+  rest uniformly from the other classes (FedSRC's non-IID setting, fraction 0.8)."""
+  _check_clients(len(y), num_clients)
+  if not 0.0 <= fraction <= 1.0:
+    raise ValueError(f"dominant fraction must be in [0, 1], got {fraction}")
+  rng = np.random.default_rng(seed)
+  size = len(y) // num_clients
+  n_dom = int(round(fraction * size))
+  pools = [list(rng.permutation(np.flatnonzero(y == c))) for c in range(num_classes)]
+  need = np.bincount([k % num_classes for k in range(num_clients)], minlength=num_classes) * n_dom
+  short = [c for c in range(num_classes) if need[c] > len(pools[c])]
+  if short:
+    raise ValueError(f"dominant fraction={fraction}: classes {short} have too few examples for "
+                     f"{n_dom} dominant examples per client; lower the fraction or num_clients")
+  parts = []
+  for k in range(num_clients):
+    c = k % num_classes
+    mine = [pools[c].pop() for _ in range(n_dom)]
+    for _ in range(size - n_dom):
+      others = [o for o in range(num_classes) if o != c and pools[o]]
+      if not others:
+        break
+      mine.append(pools[int(rng.choice(others))].pop())
+    parts.append(np.sort(np.array(mine, dtype=np.int64)))
+  return parts
+
+
+def partition(name: str, y: np.ndarray, num_clients: int, num_classes: int, seed: int, *,
+              alpha: float = 0.5, k: int = 2, fraction: float = 0.8) -> list[np.ndarray]:
+  """Dispatches to a partitioner by name (one of `PARTITIONS`)."""
+  if name == "iid":
+    return iid(y, num_clients, seed)
+  if name == "dirichlet":
+    return dirichlet(y, num_clients, num_classes, alpha, seed)
+  if name == "uni_class":
+    return uni_class(y, num_clients, num_classes, seed)
+  if name == "dominant":
+    return dominant(y, num_clients, num_classes, fraction, seed)
+  if name == "k_classes":
+    return k_classes(y, num_clients, num_classes, k, seed)
+  raise ValueError(f"unknown partition {name!r}; accepted: {', '.join(PARTITIONS)}")

@@ -1,0 +1,161 @@
+"""Centralized and natively federated data sources, all offline.
+
+- `load_digits`: scikit-learn's bundled 8x8 handwritten digits (1797 images, ships with the package).
+- `load_idx`: MNIST-format IDX files (e.g. Fashion-MNIST from Debian's `dataset-fashion-mnist`).
+- `load_leaf_json`: LEAF's per-user JSON (FEMNIST, Shakespeare).
+- `load_tfds`: any image classification dataset through `tfds.data_source` (no TensorFlow needed).
+- `synthetic`: SYNTH(alpha, beta) of the FedProx paper (SPEC section 7), natively federated.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import struct
+from typing import NamedTuple
+
+import numpy as np
+
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+
+# LEAF's Shakespeare vocabulary (80 characters); index 80 is the out-of-vocabulary character.
+LEAF_CHARS = ("\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}")
+OOV_INDEX = len(LEAF_CHARS)
+VOCAB_SIZE = len(LEAF_CHARS) + 1
+
+
+class Centralized(NamedTuple):
+  """A labelled pool before partitioning: `x [n, ...]` float32, `y [n]` int32."""
+
+  x: np.ndarray
+  y: np.ndarray
+  num_classes: int
+
+
+def load_digits() -> Centralized:
+  """scikit-learn's 8x8 digits as `[1797, 8, 8, 1]` images scaled to [0, 1]."""
+  from sklearn.datasets import load_digits as _load  # pylint: disable=import-outside-toplevel
+  d = _load()
+  x = (d.images / 16.0).astype(np.float32)[..., None]
+  return Centralized(x, d.target.astype(np.int32), 10)
+
+
+def _open(path: str):
+  return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def read_idx(path: str) -> np.ndarray:
+  """Reads one IDX file (optionally gzipped) into a numpy array of its declared shape."""
+  with _open(path) as f:
+    zero, dtype_code, ndim = struct.unpack(">HBB", f.read(4))
+    if zero != 0 or dtype_code != 0x08:
+      raise ValueError(f"{path}: not an unsigned-byte IDX file (magic {zero:#x}/{dtype_code:#x})")
+    shape = struct.unpack(">" + "I" * ndim, f.read(4 * ndim))
+    data = np.frombuffer(f.read(), dtype=np.uint8)
+  if data.size != int(np.prod(shape)):
+    raise ValueError(f"{path}: expected {int(np.prod(shape))} values, found {data.size}")
+  return data.reshape(shape)
+
+
+def _find(data_dir: str, stem: str) -> str:
+  for name in (stem, stem + ".gz"):
+    path = os.path.join(data_dir, name)
+    if os.path.exists(path):
+      return path
+  raise FileNotFoundError(f"--data_dir={data_dir}: no {stem}[.gz]; for Fashion-MNIST install the "
+                          "Debian package dataset-fashion-mnist or pass the folder holding the IDX files")
+
+
+def load_idx(data_dir: str, split: str = "train") -> Centralized:
+  """MNIST-format IDX images/labels (`train` or `t10k`) as `[n, 28, 28, 1]` floats in [0, 1]."""
+  prefix = {"train": "train", "test": "t10k"}[split]
+  images = read_idx(_find(data_dir, f"{prefix}-images-idx3-ubyte"))
+  labels = read_idx(_find(data_dir, f"{prefix}-labels-idx1-ubyte"))
+  x = (images.astype(np.float32) / 255.0)[..., None]
+  return Centralized(x, labels.astype(np.int32), int(labels.max()) + 1)
+
+
+def encode_chars(text: str) -> np.ndarray:
+  """Maps characters to LEAF vocabulary indices (unknown characters to `OOV_INDEX`)."""
+  table = {c: i for i, c in enumerate(LEAF_CHARS)}
+  return np.array([table.get(c, OOV_INDEX) for c in text], dtype=np.int32)
+
+
+def load_leaf_json(paths: list[str]) -> tuple[list[str], list[np.ndarray], list[np.ndarray]]:
+  """Reads LEAF JSON files `{"users", "num_samples", "user_data": {uid: {"x", "y"}}}`.
+
+  FEMNIST rows (784 floats) become `[28, 28, 1]` images; Shakespeare strings become index
+  sequences and their next-character labels vocabulary indices.
+
+  Returns:
+    (user ids, per-user x arrays, per-user y arrays), users in file order.
+  """
+  users, xs, ys = [], [], []
+  for path in paths:
+    with open(path, encoding="utf-8") as f:
+      blob = json.load(f)
+    for uid, n in zip(blob["users"], blob["num_samples"]):
+      ud = blob["user_data"][uid]
+      if len(ud["y"]) != n:
+        raise ValueError(f"{path}: user {uid} declares {n} samples but holds {len(ud['y'])}")
+      if ud["x"] and isinstance(ud["x"][0], str):
+        x = np.stack([encode_chars(s) for s in ud["x"]]) if n else np.zeros((0, 80), np.int32)
+        y = np.array([encode_chars(c)[0] for c in ud["y"]], dtype=np.int32)
+      else:
+        x = np.asarray(ud["x"], dtype=np.float32).reshape(n, 28, 28, 1)
+        y = np.asarray(ud["y"], dtype=np.int32)
+      users.append(uid)
+      xs.append(x)
+      ys.append(y)
+  return users, xs, ys
+
+
+def load_tfds(name: str, split: str = "train", data_dir: str | None = None) -> Centralized:
+  """An image classification dataset via `tfds.data_source` (works without TensorFlow, and
+  inside `tfds.testing.mock_data` for tests)."""
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  source = tfds.data_source(name, split=split, data_dir=data_dir)
+  items = [source[i] for i in range(len(source))]
+  x = np.stack([np.asarray(it["image"], dtype=np.float32) / 255.0 for it in items])
+  y = np.array([int(it["label"]) for it in items], dtype=np.int32)
+  return Centralized(x, y, int(source.dataset_info.features["label"].num_classes))
+
+
+def synthetic(alpha: float, beta: float, num_clients: int, seed: int, *, dim: int = 60,
+              num_classes: int = 10, max_samples: int | None = None,
+              ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+  """SYNTH(alpha, beta): per-client features and labels (SPEC section 7).
+
+  alpha, beta are standard deviations: u_k ~ N(0, alpha^2), B_k ~ N(0, beta^2), W_k ~ N(u_k, 1),
+  b_k ~ N(u_k, 1), v_k ~ N(B_k, 1), x ~ N(v_k, diag(j^-1.2)), y = argmax(x W_k + b_k),
+  n_k = int(lognormal(4, 2)) + 50, optionally capped at `max_samples`.
+  """
+  if alpha < 0 or beta < 0:
+    raise ValueError(f"SYNTH alpha and beta must be >= 0, got {alpha}, {beta}")
+  rng = np.random.default_rng(seed)
+  sizes = rng.lognormal(4, 2, num_clients).astype(int) + 50
+  if max_samples is not None:
+    sizes = np.minimum(sizes, max_samples)
+  u = rng.normal(0, alpha, num_clients)
+  big_b = rng.normal(0, beta, num_clients)
+  std_x = np.power(np.arange(1, dim + 1, dtype=np.float64), -1.2) ** 0.5
+  xs, ys = [], []
+  for k in range(num_clients):
+    v = rng.normal(big_b[k], 1, dim)
+    w = rng.normal(u[k], 1, (dim, num_classes))
+    b = rng.normal(u[k], 1, num_classes)
+    x = v + rng.standard_normal((sizes[k], dim)) * std_x
+    xs.append(x.astype(np.float32))
+    ys.append(np.argmax(x @ w + b, axis=1).astype(np.int32))
+  return xs, ys
+
+
+def char_windows(text: str, window: int = 80) -> tuple[np.ndarray, np.ndarray]:
+  """Cuts text into `window`-character inputs with the next character as label."""
+  codes = encode_chars(text)
+  n = len(codes) - window
+  if n < 1:
+    raise ValueError(f"text of {len(codes)} characters is too short for {window}-character windows")
+  x = np.stack([codes[i:i + window] for i in range(n)])
+  return x.astype(np.int32), codes[window:window + n].astype(np.int32)

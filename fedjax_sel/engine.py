@@ -1,0 +1,360 @@
+"""The round engine (SPEC section 0): one jit-compiled call per round.
+
+A `Simulator` holds the static pieces (model, data, optimizer, components); its `step(state)` runs
+one round as a single compiled function of an `EngineState` pytree. Nothing in a round returns to
+the host; the client axis of local training is sharded over all local devices when there are
+several.
+
+Example:
+  >>> sim = Simulator(model, data, lambda lr: optax.sgd(lr), LocalHParams(batch_size=10),
+  ...                 uniform_availability(20, 10), random_selector(5), fedavg(), seed=0)
+  >>> state = sim.init()
+  >>> state, metrics = sim.step(state)          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_sel import keys as keylib
+from fedjax_sel.availability import Availability
+from fedjax_sel.components import (STAT_NAMES, AggregateInputs, Aggregator, ClientState, Filter,
+                                   Participation, RoundInputs, RoundOutcome, Selector, everyone)
+from fedjax_sel.data.federated import ClientPool, FederatedDataset, device_pool
+from fedjax_sel.evaluation import client_gradients, client_metrics
+from fedjax_sel.local_training import LocalHParams, LocalResult, OptimizerFactory, local_train
+from fedjax_sel.models.bundle import Model, example_metrics
+
+
+class Costs(NamedTuple):
+  """Cumulative cost counters (SPEC section 0).
+
+  Attributes:
+    client_eval_samples: samples evaluated by clients (forward passes for selection / rules).
+    train_samples: training samples processed by clients.
+    uploads: models uploaded to the server.
+    downloads: models downloaded by clients.
+    server_public_samples: samples of the public set evaluated by the server (filtering).
+  """
+
+  client_eval_samples: jax.Array
+  train_samples: jax.Array
+  uploads: jax.Array
+  downloads: jax.Array
+  server_public_samples: jax.Array
+
+  @staticmethod
+  def zeros() -> "Costs":
+    return Costs(*(jnp.zeros((), jnp.float32) for _ in range(5)))
+
+
+class EngineState(NamedTuple):
+  """Everything a run carries from round to round (a pytree: checkpoint it to resume)."""
+
+  round: jax.Array
+  params: Any
+  clients: ClientState
+  filter_state: Any
+  selector_state: Any
+  participation_state: Any
+  aggregator_state: Any
+  filtered: jax.Array
+  prev_available: jax.Array
+  costs: Costs
+
+
+class DataArrays(NamedTuple):
+  """Device copies of the dataset passed to the compiled round as arguments."""
+
+  train: ClientPool
+  val: ClientPool
+  test: ClientPool
+  public_x: jax.Array
+  public_y: jax.Array
+  label_hist: jax.Array
+
+
+def constant_lr(lr: float) -> Callable[[jax.Array], jax.Array]:
+  return lambda t: jnp.asarray(lr, jnp.float32)
+
+
+def step_decay_lr(lr: float, decay: float, every: int) -> Callable[[jax.Array], jax.Array]:
+  """lr * decay ** (t // every), e.g. FilFL's x0.998 every 10 rounds."""
+  return lambda t: jnp.asarray(lr, jnp.float32) * jnp.power(decay, (t // every).astype(jnp.float32))
+
+
+class _Picked(NamedTuple):
+  """What the filter / select / train part of a round produced (both `lax.cond` branches)."""
+
+  fmask: jax.Array
+  filter_state: Any
+  info: dict
+  chosen: jax.Array
+  selector_state: Any
+  train_mask: jax.Array
+  aggregate_mask: jax.Array
+  participation_state: Any
+  slots: jax.Array
+  valid: jax.Array
+  result: LocalResult
+  train_samples: jax.Array
+  uploads: jax.Array
+  downloads: jax.Array
+
+
+def _nonzero_slots(mask: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
+  slots = jnp.nonzero(mask, size=size, fill_value=0)[0].astype(jnp.int32)
+  return slots, jnp.arange(size) < jnp.sum(mask)
+
+
+class Simulator:
+  """A federated simulation with pluggable availability, filter, selector, rule and aggregator.
+
+  Args:
+    model: the model bundle.
+    data: the federated dataset.
+    optimizer: learning rate -> optax client optimizer.
+    local: static local-training settings.
+    availability: S_t sampler.
+    selector: picks A_t from the filtered-in set.
+    aggregator: combines the trained models.
+    clients_per_round: K, the number of training slots.
+    seed: run seed; every key derives from (seed, round, purpose, client id).
+    filter: optional filter of the available set (FilFL).
+    participation: optional client-side rule (FedALIGN, FedSRC); default: everyone selected trains.
+    lr_schedule: round -> client learning rate.
+    eval_batch_size: batch of the vectorized evaluations.
+    init_params: optional initial global model (default: `model.init` from the seed).
+  """
+
+  def __init__(self, model: Model, data: FederatedDataset, optimizer: OptimizerFactory,
+               local: LocalHParams, availability: Availability, selector: Selector,
+               aggregator: Aggregator, clients_per_round: int, seed: int,
+               filter: Filter | None = None,  # pylint: disable=redefined-builtin
+               participation: Participation | None = None,
+               lr_schedule: Callable[[jax.Array], jax.Array] | None = None,
+               eval_batch_size: int = 512, init_params: Any = None):
+    n = data.num_clients
+    if not 1 <= clients_per_round <= availability.num_available:
+      raise ValueError(f"clients_per_round (K) must be in 1..{availability.num_available} "
+                       f"(clients available per round), got {clients_per_round}")
+    if local.batch_size < 1:
+      raise ValueError(f"batch_size must be >= 1, got {local.batch_size}")
+    self.model, self.data, self.optimizer, self.local = model, data, optimizer, local
+    self.availability, self.selector, self.aggregator = availability, selector, aggregator
+    self.filter = filter
+    self.participation = participation or everyone()
+    self.k = clients_per_round
+    self.seed = seed
+    self.num_clients = n
+    self.lr_schedule = lr_schedule or constant_lr(0.1)
+    self.eval_batch_size = eval_batch_size
+    self.max_count = data.train.max_count
+    self.init_params = init_params
+    needs = set(selector.needs) | set(self.participation.needs)
+    if filter is not None:
+      needs |= set(filter.needs)
+    unknown = needs - set(STAT_NAMES)
+    if unknown:
+      raise ValueError(f"unknown stats {sorted(unknown)}; accepted: {STAT_NAMES}")
+    self.needs = tuple(sorted(needs))
+    self.mesh = None
+    self.client_sharding = None
+    if jax.device_count() > 1:
+      self.mesh = jax.make_mesh((jax.device_count(),), ("clients",))
+      self.client_sharding = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec("clients"))
+    self.arrays = self._device_arrays()
+    self._step = jax.jit(self._round)
+    self._evaluate = jax.jit(self._evaluate_impl)
+
+  def _device_arrays(self) -> DataArrays:
+    d = self.data
+    arrays = DataArrays(device_pool(d.train), device_pool(d.val), device_pool(d.test),
+                        jnp.asarray(d.public_x), jnp.asarray(d.public_y), jnp.asarray(d.label_hist))
+    if self.mesh is not None:
+      replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+      arrays = jax.device_put(arrays, replicated)
+    return arrays
+
+  # ---------------------------------------------------------------------------------------------
+  def init(self) -> EngineState:
+    """The state before round 0."""
+    params = self.init_params
+    if params is None:
+      params = self.model.init(keylib.round_key(self.seed, 0, keylib.INIT))
+    n = self.num_clients
+    return EngineState(
+        round=jnp.zeros((), jnp.int32), params=params, clients=ClientState.create(n),
+        filter_state=self.filter.init(n) if self.filter is not None else (),
+        selector_state=self.selector.init(n), participation_state=self.participation.init(n),
+        aggregator_state=self.aggregator.init(params), filtered=jnp.zeros((n,), bool),
+        prev_available=jnp.zeros((n,), bool), costs=Costs.zeros())
+
+  def step(self, state: EngineState) -> tuple[EngineState, dict]:
+    """Runs one round (one compiled call)."""
+    return self._step(state, self.arrays)
+
+  def evaluate(self, params) -> dict:
+    """Global model metrics: pooled test and train loss/accuracy, and on the public set."""
+    return self._evaluate(params, self.arrays)
+
+  # ---------------------------------------------------------------------------------------------
+  def _stats(self, params, arrays: DataArrays) -> dict:
+    stats = {}
+    wanted = set(self.needs)
+    if wanted & {"loss", "accuracy", "entropy"}:
+      m = client_metrics(self.model, params, arrays.train, self.eval_batch_size)
+      stats.update(loss=m.loss, accuracy=m.accuracy, entropy=m.entropy)
+    for split, pool in (("val", arrays.val), ("test", arrays.test)):
+      if wanted & {f"{split}_loss", f"{split}_accuracy"}:
+        m = client_metrics(self.model, params, pool, self.eval_batch_size)
+        stats.update({f"{split}_loss": m.loss, f"{split}_accuracy": m.accuracy})
+    all_clients = jnp.arange(self.num_clients, dtype=jnp.int32)
+    if "grad" in wanted:
+      stats["grad"] = client_gradients(self.model, params, arrays.train, all_clients)
+    if "grad_norm" in wanted:
+      stats["grad_norm"] = client_gradients(self.model, params, arrays.train, all_clients,
+                                            norm_only=True)
+    return {k: stats[k] for k in self.needs}
+
+  def _train(self, params, arrays, mask, size, t, lr) -> tuple[jax.Array, jax.Array, LocalResult]:
+    slots, valid = _nonzero_slots(mask, size)
+    keys = keylib.client_keys(keylib.round_key(self.seed, t, keylib.TRAIN), slots)
+    res = local_train(self.model, self.optimizer, self.local, params, arrays.train, slots, valid,
+                      keys, lr, self.max_count, self.client_sharding)
+    return slots, valid, res
+
+  def _select(self, state, inputs, fmask, t):
+    chosen, sel_state = self.selector.select(
+        state.selector_state, keylib.round_key(self.seed, t, keylib.SELECT), inputs, fmask)
+    train_m, agg_m, part_state = self.participation.apply(
+        state.participation_state, keylib.round_key(self.seed, t, keylib.PARTICIPATE), inputs,
+        chosen)
+    return chosen, sel_state, train_m & chosen, agg_m & train_m & chosen, part_state
+
+  def _round(self, state: EngineState, arrays: DataArrays):
+    t = state.round
+    params = state.params
+    lr = self.lr_schedule(t)
+    avail = self.availability.sample(self.seed, t)
+    inputs = RoundInputs(t, params, avail, self._stats(params, arrays), state.clients,
+                         arrays.train.counts, arrays.label_hist)
+    changed = jnp.any(avail != state.prev_available)
+    filt = self.filter
+    filter_round = jnp.asarray(False)
+    if filt is not None:
+      filter_round = (t % filt.period == 0) | changed
+    fkey = keylib.round_key(self.seed, t, keylib.FILTER)
+    n_avail = self.availability.num_available
+
+    def select_and_train(fmask, fstate, info, local):
+      chosen, sel_state, train_m, agg_m, part_state = self._select(state, inputs, fmask, t)
+      if local is None:
+        slots, valid, res = self._train(params, arrays, train_m, self.k, t, lr)
+        trained_models = jnp.sum(valid)
+        train_samples = jnp.sum(res.samples)
+      else:  # Aggregate the already-trained models of the selected clients (no retraining).
+        slots_n, valid_n, res_n = local
+        slots, valid = _nonzero_slots(train_m, self.k)
+        where = jnp.zeros((self.num_clients,), jnp.int32).at[slots_n].set(jnp.arange(n_avail))
+        res = jax.tree.map(lambda a: a[where[slots]], res_n)
+        res = res._replace(train_loss=jnp.where(valid, res.train_loss, 0.0),
+                           samples=jnp.where(valid, res.samples, 0.0))
+        trained_models = jnp.sum(valid_n)
+        train_samples = jnp.sum(res_n.samples)
+      return _Picked(fmask, fstate, info, chosen, sel_state, train_m, agg_m, part_state, slots,
+                     valid, res, train_samples.astype(jnp.float32),
+                     trained_models.astype(jnp.float32),
+                     jnp.maximum(trained_models, jnp.sum(chosen)).astype(jnp.float32))
+
+    def filter_branch(_):
+      local = self._train(params, arrays, avail, n_avail, t, lr) if filt.trains_available else None
+      fmask, fstate, info = filt.apply(state.filter_state, fkey, inputs, avail, local)
+      return select_and_train(fmask & avail, fstate, info, local)
+
+    if filt is None:
+      picked = select_and_train(avail, state.filter_state, {}, None)
+    else:
+      info_shape = jax.eval_shape(filter_branch, None).info
+      info_zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), info_shape)
+      reuse = lambda _: select_and_train(state.filtered & avail, state.filter_state, info_zeros,
+                                         None)
+      picked = jax.lax.cond(filter_round, filter_branch, reuse, None)
+    (fmask, fstate, info, chosen, sel_state, train_m, agg_m, part_state, slots, valid, res,
+     train_samples, trained_models, downloads) = picked
+
+    trained = valid & train_m[slots]
+    aggregated = trained & agg_m[slots]
+    num_examples = arrays.train.counts[slots]
+    new_params, agg_state = self.aggregator.apply(
+        state.aggregator_state, params, res.params,
+        AggregateInputs(aggregated, num_examples, res.train_loss))
+
+    outcome = RoundOutcome(slots, trained, aggregated, res.train_loss, res.params, new_params)
+    sel_state = self.selector.observe(sel_state, inputs, outcome)
+    part_state = self.participation.observe(part_state, inputs, outcome)
+    clients = self._update_clients(state.clients, t, chosen, slots, trained, res.train_loss)
+
+    evals = jnp.zeros((), jnp.float32)
+    if self.needs:  # Every available client evaluates the global model for the stats.
+      evals = jnp.sum(jnp.where(avail, arrays.train.counts, 0)).astype(jnp.float32)
+      downloads = jnp.maximum(downloads, jnp.sum(avail).astype(jnp.float32))
+    round_costs = Costs(
+        client_eval_samples=evals,
+        train_samples=train_samples,
+        uploads=trained_models,
+        downloads=downloads,
+        server_public_samples=jnp.asarray(info.get("public_samples", 0.0), jnp.float32))
+    costs = jax.tree.map(jnp.add, state.costs, round_costs)
+
+    w = jnp.where(trained, res.samples, 0.0)
+    metrics = {
+        "round": t,
+        "lr": lr,
+        "num_available": jnp.sum(avail),
+        "num_filtered": jnp.sum(fmask),
+        "num_selected": jnp.sum(chosen),
+        "num_trained": jnp.sum(trained),
+        "num_aggregated": jnp.sum(aggregated),
+        "filter_round": filter_round,
+        "local_train_loss": jnp.sum(res.train_loss * w) / jnp.maximum(jnp.sum(w), 1.0),
+        "cost": round_costs._asdict(),
+        "cumulative_cost": costs._asdict(),
+        "filter": info,
+    }
+    if filt is not None:
+      metrics["filtered_in"] = fmask
+    new_state = EngineState(t + 1, new_params, clients, fstate, sel_state, part_state, agg_state,
+                            fmask, avail, costs)
+    return new_state, metrics
+
+  @staticmethod
+  def _update_clients(clients: ClientState, t, chosen, slots, trained, train_loss) -> ClientState:
+    n = chosen.shape[0]
+    did = jnp.zeros((n,), bool).at[slots].max(trained)
+    loss = clients.last_loss.at[slots].set(jnp.where(trained, train_loss, clients.last_loss[slots]))
+    skipped = chosen & ~did
+    return ClientState(
+        last_loss=loss,
+        last_round=jnp.where(did, t, clients.last_round),
+        participations=clients.participations + did.astype(jnp.int32),
+        consecutive_skips=jnp.where(did, 0, clients.consecutive_skips + skipped.astype(jnp.int32)))
+
+  def _evaluate_impl(self, params, arrays: DataArrays) -> dict:
+    out = {}
+    for split, pool in (("test", arrays.test), ("train", arrays.train)):
+      loss, acc = client_metrics(self.model, params, pool, self.eval_batch_size).pooled()
+      out[f"{split}_loss"], out[f"{split}_accuracy"] = loss, acc
+    if self.data.public_y.shape[0]:
+      m = example_metrics(self.model, params, arrays.public_x, arrays.public_y)
+      out["public_loss"], out["public_accuracy"] = jnp.mean(m.loss), jnp.mean(m.correct)
+    return out
+
+
+def to_host(tree) -> Any:
+  """Device pytree -> numpy / Python scalars (for JSON)."""
+  return jax.tree.map(lambda a: np.asarray(a).item() if np.ndim(a) == 0 else np.asarray(a), tree)

@@ -1,0 +1,186 @@
+"""Local training of K clients at once: `vmap` over stacked params, no per-client Python loop.
+
+Clients are sorted by their number of local steps and processed in chunks (`lax.map` over chunks,
+`vmap` inside a chunk); a chunk loops only up to its own largest client's step count, so the
+padding cost stays bounded on skewed client sizes, and chunking bounds memory. Clients with fewer
+steps are masked (their params and optimizer state stay put), never looped over.
+
+Batches: `num_epochs` epochs of a fresh per-client shuffle each (the last batch of an epoch may be
+partial and is masked), or, with `num_steps`, that many batches drawn uniformly with replacement.
+The loss of a batch is the mean over its real examples; FedProx adds `(mu / 2) ||w - w_t||^2`.
+
+Example:
+  >>> hp = LocalHParams(batch_size=10, num_epochs=2)
+  >>> steps_per_client(jnp.array([25, 0, 10]), hp).tolist()
+  [6, 0, 2]
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_sel.data.federated import ClientPool
+from fedjax_sel.models.bundle import Model, per_example_loss
+
+Params = Any
+# Builds the client optimizer for this round's learning rate (a traced scalar).
+OptimizerFactory = Callable[[jax.Array], optax.GradientTransformation]
+
+
+class LocalHParams(NamedTuple):
+  """Static local-training settings.
+
+  Attributes:
+    batch_size: B.
+    num_epochs: E, used when `num_steps` is None.
+    num_steps: a fixed number of local steps for every client instead of epochs.
+    prox_mu: FedProx coefficient (0 = FedAvg).
+    chunk_size: clients per vmapped chunk (None = all K in one chunk).
+  """
+
+  batch_size: int
+  num_epochs: int = 1
+  num_steps: int | None = None
+  prox_mu: float = 0.0
+  chunk_size: int | None = None
+
+
+class LocalResult(NamedTuple):
+  """Outputs for K client slots.
+
+  Attributes:
+    params: stacked `[K, ...]` local models (the global model for invalid slots).
+    train_loss: `[K]` mean per-sample training loss over local training (0 for invalid slots).
+    samples: `[K]` training samples processed.
+    steps: `[K]` local steps taken.
+  """
+
+  params: Params
+  train_loss: jax.Array
+  samples: jax.Array
+  steps: jax.Array
+
+
+def steps_per_client(counts: jax.Array, hp: LocalHParams) -> jax.Array:
+  """Local steps of clients holding `counts` examples (0 for empty clients)."""
+  if hp.num_steps is not None:
+    return jnp.where(counts > 0, hp.num_steps, 0).astype(jnp.int32)
+  return (hp.num_epochs * (-(-counts // hp.batch_size))).astype(jnp.int32)
+
+
+def _epoch_orders(key: jax.Array, count: jax.Array, num_epochs: int, max_count: int) -> jax.Array:
+  """`[E, max_count]`: per epoch, a uniform permutation of `range(count)` in the first `count`
+  positions (positions past `count` hold padding indices, always masked)."""
+  def one(e):
+    u = jax.random.uniform(jax.random.fold_in(key, e), (max_count,))
+    return jnp.argsort(jnp.where(jnp.arange(max_count) < count, u, 2.0))
+  return jax.vmap(one)(jnp.arange(num_epochs))
+
+
+def _chunk_layout(num_slots: int, hp: LocalHParams, multiple: int) -> tuple[int, int]:
+  """(chunk size, number of chunks) for K slots; chunk size rounded up to `multiple`."""
+  size = min(hp.chunk_size or num_slots, num_slots)
+  size = -(-size // multiple) * multiple
+  return size, -(-num_slots // size)
+
+
+def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, global_params: Params,
+                pool: ClientPool, clients: jax.Array, valid: jax.Array, keys: jax.Array,
+                learning_rate: jax.Array, max_count: int, client_sharding=None) -> LocalResult:
+  """Trains the clients `clients [K]` (slots with `valid [K]` False are no-ops) from the global model.
+
+  Args:
+    model: the model bundle.
+    optimizer: learning rate -> optax transformation (any optax optimizer).
+    hp: static local hyperparameters.
+    global_params: the round's global model w_t (unstacked).
+    pool: the training pool (device arrays).
+    clients: `[K]` int client ids.
+    valid: `[K]` bool, which slots are real.
+    keys: `[K]` per-client PRNG keys (derived from seed, round and client id).
+    learning_rate: this round's client learning rate.
+    max_count: static size of the largest client (`pool.max_count` on the host).
+    client_sharding: optional `NamedSharding` of a leading clients axis, for several devices.
+
+  Returns:
+    A `LocalResult` over the K slots, in the order given.
+  """
+  num_slots = clients.shape[0]
+  multiple = client_sharding.mesh.size if client_sharding is not None else 1
+  size, n_chunks = _chunk_layout(num_slots, hp, multiple)
+  padded = size * n_chunks
+  counts_all = jnp.where(valid, pool.counts[clients], 0)
+  steps_all = steps_per_client(counts_all, hp)
+  order = jnp.argsort(-steps_all, stable=True)
+  pad = padded - num_slots
+
+  def arrange(a, fill):
+    a = jnp.concatenate([a[order], jnp.full((pad, *a.shape[1:]), fill, a.dtype)])
+    return a.reshape(n_chunks, size, *a.shape[1:])
+
+  tx = optimizer(learning_rate)
+  total_rows = pool.x.shape[0]
+  def loss_fn(params, xb, yb, mask):
+    losses = per_example_loss(model, params, xb, yb)
+    mean = jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    objective = mean
+    if hp.prox_mu:
+      sq = sum(jnp.sum((p - g) ** 2) for p, g in
+               zip(jax.tree.leaves(params), jax.tree.leaves(global_params)))
+      objective = mean + 0.5 * hp.prox_mu * sq
+    return objective, jnp.sum(losses * mask)
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def run_chunk(chunk):
+    cl, count, steps, key = chunk
+    offset = pool.offsets[cl]
+    spe = jnp.maximum(-(-count // hp.batch_size), 1)
+    if hp.num_steps is None:
+      orders = jax.vmap(lambda k, c: _epoch_orders(k, c, hp.num_epochs, max(max_count, 1)))(key, count)
+    else:
+      orders = jnp.zeros((size, 1, 1), jnp.int32)
+    params = jax.tree.map(lambda g: jnp.broadcast_to(g, (size, *g.shape)), global_params)
+    if client_sharding is not None:
+      params = jax.lax.with_sharding_constraint(params, client_sharding)
+    opt_state = jax.vmap(tx.init)(params)
+
+    def one_step(s, p, o, k, order, c, off, n_steps, per_epoch):
+      active = s < n_steps
+      pos = jnp.arange(hp.batch_size)
+      if hp.num_steps is None:
+        j = s % per_epoch
+        idx = jnp.take(order[s // per_epoch], j * hp.batch_size + pos, mode="clip")
+        mask = (j * hp.batch_size + pos < c) & active
+      else:
+        u = jax.random.uniform(jax.random.fold_in(k, s), (hp.batch_size,))
+        idx = jnp.minimum((u * c).astype(jnp.int32), jnp.maximum(c - 1, 0))
+        mask = jnp.broadcast_to(active & (c > 0), (hp.batch_size,))
+      rows = jnp.clip(off + idx, 0, total_rows - 1)
+      mask = mask.astype(jnp.float32)
+      (_, loss_sum), grads = grad_fn(p, pool.x[rows], pool.y[rows], mask)
+      updates, o_new = tx.update(grads, o, p)
+      p_new = optax.apply_updates(p, updates)
+      keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(active, a, b), new, old)
+      return keep(p_new, p), keep(o_new, o), loss_sum, jnp.sum(mask)
+
+    def body(s, carry):
+      p, o, loss_acc, n_acc = carry
+      p, o, loss_sum, n = jax.vmap(one_step, in_axes=(None, 0, 0, 0, 0, 0, 0, 0, 0))(
+          s, p, o, key, orders, count, offset, steps, spe)
+      return p, o, loss_acc + loss_sum, n_acc + n
+
+    zeros = jnp.zeros((size,), jnp.float32)
+    p, _, loss_acc, n_acc = jax.lax.fori_loop(0, jnp.max(steps), body, (params, opt_state, zeros,
+                                                                         zeros))
+    return p, loss_acc / jnp.maximum(n_acc, 1.0), n_acc
+
+  chunks = (arrange(clients, 0), arrange(counts_all, 0), arrange(steps_all, 0), arrange(keys, 0))
+  params, loss, samples = jax.lax.map(run_chunk, chunks)
+  inverse = jnp.argsort(order)
+  unarrange = lambda a: a.reshape(padded, *a.shape[2:])[:num_slots][inverse]
+  return LocalResult(jax.tree.map(unarrange, params), unarrange(loss), unarrange(samples), steps_all)

@@ -1,0 +1,5 @@
+"""Models: flax modules and the architecture-agnostic `Model` bundle."""
+
+from fedjax_sel.models.bundle import (MODELS, ExampleMetrics, Model, build_model, example_metrics,
+                                      from_flax, masked_mean_loss, per_example_loss)
+from fedjax_sel.models.conv import PatchConv, extract_patches

@@ -1,0 +1,94 @@
+"""The model bundle the engine uses without knowing the architecture.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> model = build_model("logreg", input_shape=(8, 8, 1), num_classes=10)
+  >>> params = model.init(jax.random.PRNGKey(0))
+  >>> model.apply(params, jnp.zeros((3, 8, 8, 1))).shape
+  (3, 10)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_sel.models import modules
+
+Params = Any
+MODELS = ("logreg", "mlp", "leaf_cnn", "cifar_cnn", "resnet18", "char_lstm")
+
+
+class Model(NamedTuple):
+  """init(key) -> params; apply(params, x [B, ...]) -> logits [B, C]."""
+
+  init: Callable[[jax.Array], Params]
+  apply: Callable[[Params, jax.Array], jax.Array]
+  num_classes: int
+  name: str
+
+
+class ExampleMetrics(NamedTuple):
+  """Per-example `[B]` loss (cross-entropy), correctness and predictive entropy (nats)."""
+
+  loss: jax.Array
+  correct: jax.Array
+  entropy: jax.Array
+
+
+def per_example_loss(model: Model, params: Params, x: jax.Array, y: jax.Array) -> jax.Array:
+  """Softmax cross-entropy of each example, `[B]`."""
+  return optax.softmax_cross_entropy_with_integer_labels(model.apply(params, x), y)
+
+
+def example_metrics(model: Model, params: Params, x: jax.Array, y: jax.Array) -> ExampleMetrics:
+  logits = model.apply(params, x)
+  logp = jax.nn.log_softmax(logits)
+  loss = -jnp.take_along_axis(logp, y[:, None].astype(jnp.int32), axis=1)[:, 0]
+  correct = (jnp.argmax(logits, axis=-1) == y).astype(jnp.float32)
+  entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+  return ExampleMetrics(loss, correct, entropy)
+
+
+def masked_mean_loss(model: Model, params: Params, x: jax.Array, y: jax.Array,
+                     mask: jax.Array) -> jax.Array:
+  """Mean cross-entropy over the examples where `mask` is 1 (0 when none are)."""
+  losses = per_example_loss(model, params, x, y)
+  return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def from_flax(module: nn.Module, input_shape: tuple[int, ...], num_classes: int, name: str,
+              input_dtype=jnp.float32) -> Model:
+  """Wraps a flax module whose `__call__(x)` returns logits."""
+  dummy = jnp.zeros((1, *input_shape), input_dtype)
+
+  def init(key):
+    return module.init(key, dummy)["params"]
+
+  def apply(params, x):
+    return module.apply({"params": params}, x.astype(input_dtype))
+
+  return Model(init, apply, num_classes, name)
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *,
+                conv_impl: str = "patches", hidden: tuple[int, ...] = (200, 200)) -> Model:
+  """Builds one of `MODELS` for inputs of `input_shape` (without the batch axis)."""
+  if name == "logreg":
+    return from_flax(modules.LogisticRegression(num_classes), input_shape, num_classes, name)
+  if name == "mlp":
+    return from_flax(modules.MLP(num_classes, tuple(hidden)), input_shape, num_classes, name)
+  if name == "leaf_cnn":
+    return from_flax(modules.LeafCNN(num_classes, conv_impl), input_shape, num_classes, name)
+  if name == "cifar_cnn":
+    return from_flax(modules.CifarCNN(num_classes, conv_impl), input_shape, num_classes, name)
+  if name == "resnet18":
+    return from_flax(modules.ResNet18(num_classes, conv_impl=conv_impl), input_shape, num_classes,
+                     name)
+  if name == "char_lstm":
+    return from_flax(modules.CharLSTM(num_classes), input_shape, num_classes, name, jnp.int32)
+  raise ValueError(f"unknown model {name!r}; accepted: {', '.join(MODELS)}")
