@@ -165,7 +165,8 @@ class Simulator:
     self.mesh = None
     self.client_sharding = None
     if jax.device_count() > 1:
-      self.mesh = jax.make_mesh((jax.device_count(),), ("clients",))
+      self.mesh = jax.make_mesh((jax.device_count(),), ("clients",),
+                                axis_types=(jax.sharding.AxisType.Auto,))
       self.client_sharding = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec("clients"))
     self.arrays = self._device_arrays()
     self._step = jax.jit(self._round)

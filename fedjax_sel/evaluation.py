@@ -47,6 +47,9 @@ def client_metrics(model: Model, params: Params, pool: ClientPool,
   """Loss, accuracy and mean predictive entropy of `params` on each client's examples."""
   total = pool.x.shape[0]
   num_clients = pool.counts.shape[0]
+  if total == 0:
+    zeros = jnp.zeros((num_clients,), jnp.float32)
+    return ClientMetrics(zeros, zeros, zeros, zeros)
   rows, valid = _batched_rows(total, batch_size)
 
   def batch(args):
@@ -113,7 +116,7 @@ def client_gradients(model: Model, params: Params, pool: ClientPool, clients: ja
     acc = jax.lax.fori_loop(0, n_batches, body, zeros)
     scale = 1.0 / jnp.maximum(count, 1).astype(jnp.float32)
     grads = jax.tree.map(lambda g: g * scale.reshape(-1, *([1] * (g.ndim - 1))), acc)
-    return jax.vmap(optax.global_norm)(grads) if norm_only else grads
+    return jax.vmap(optax.tree.norm)(grads) if norm_only else grads
 
   out = jax.lax.map(run_chunk, (arranged, arranged_counts))
   inverse = jnp.argsort(order)

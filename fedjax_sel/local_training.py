@@ -127,12 +127,9 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
   def loss_fn(params, xb, yb, mask):
     losses = per_example_loss(model, params, xb, yb)
     mean = jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-    objective = mean
-    if hp.prox_mu:
-      sq = sum(jnp.sum((p - g) ** 2) for p, g in
-               zip(jax.tree.leaves(params), jax.tree.leaves(global_params)))
-      objective = mean + 0.5 * hp.prox_mu * sq
-    return objective, jnp.sum(losses * mask)
+    sq = sum(jnp.sum((p - g) ** 2) for p, g in
+             zip(jax.tree.leaves(params), jax.tree.leaves(global_params)))
+    return mean + 0.5 * hp.prox_mu * sq, jnp.sum(losses * mask)
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 

@@ -86,7 +86,7 @@ def k_classes(y: np.ndarray, num_clients: int, num_classes: int, k: int, seed: i
   seeded class permutation), each class split evenly among its holders."""
   _check_clients(len(y), num_clients)
   if not 1 <= k <= num_classes:
-    raise ValueError(f"classes per client must be in 1..{num_classes}, got {k}")
+    raise ValueError(f"classes_per_client must be in 1..{num_classes}, got {k}")
   rng = np.random.default_rng(seed)
   cls = rng.permutation(num_classes)
   owners = [[int(cls[(j + i) % num_classes]) for i in range(k)] for j in range(num_clients)]
@@ -99,7 +99,7 @@ def dominant(y: np.ndarray, num_clients: int, num_classes: int, fraction: float,
   rest uniformly from the other classes (FedSRC's non-IID setting, fraction 0.8)."""
   _check_clients(len(y), num_clients)
   if not 0.0 <= fraction <= 1.0:
-    raise ValueError(f"dominant fraction must be in [0, 1], got {fraction}")
+    raise ValueError(f"dominant_fraction must be in [0, 1], got {fraction}")
   rng = np.random.default_rng(seed)
   size = len(y) // num_clients
   n_dom = int(round(fraction * size))
@@ -107,7 +107,7 @@ def dominant(y: np.ndarray, num_clients: int, num_classes: int, fraction: float,
   need = np.bincount([k % num_classes for k in range(num_clients)], minlength=num_classes) * n_dom
   short = [c for c in range(num_classes) if need[c] > len(pools[c])]
   if short:
-    raise ValueError(f"dominant fraction={fraction}: classes {short} have too few examples for "
+    raise ValueError(f"dominant_fraction={fraction}: classes {short} have too few examples for "
                      f"{n_dom} dominant examples per client; lower the fraction or num_clients")
   parts = []
   for k in range(num_clients):

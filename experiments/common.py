@@ -1,0 +1,145 @@
+"""Flags shared by the launchers, and their translation into library objects.
+
+Every flag is checked before any compute: a bad value stops the launcher with a message naming the
+flag and the accepted values.
+"""
+
+from __future__ import annotations
+
+import os
+
+import optax
+from absl import app, flags
+
+import fedjax_sel as fs
+from fedjax_sel.data import sources
+from fedjax_sel.data.partition import PARTITIONS
+from fedjax_sel.models.conv import CONV_IMPLS
+
+FLAGS = flags.FLAGS
+
+# Data.
+flags.DEFINE_enum("dataset", "digits", fs.DATASETS, "Dataset (digits ships with scikit-learn).")
+flags.DEFINE_enum("partition", "dirichlet", PARTITIONS, "How a centralized pool is split.")
+flags.DEFINE_integer("num_clients", 50, "N, total clients.", lower_bound=1)
+flags.DEFINE_float("dirichlet_alpha", 0.5, "Dirichlet concentration.", lower_bound=1e-6)
+flags.DEFINE_integer("classes_per_client", 2, "k of the k_classes partition.", lower_bound=1)
+flags.DEFINE_float("dominant_fraction", 0.8, "Dominant-class share of the dominant partition.",
+                   lower_bound=0.0, upper_bound=1.0)
+flags.DEFINE_float("test_fraction", 0.2, "Per-client test share.", lower_bound=0.0, upper_bound=0.9)
+flags.DEFINE_float("val_fraction", 0.0, "Per-client validation share.", lower_bound=0.0,
+                   upper_bound=0.9)
+flags.DEFINE_float("public_fraction", 0.0, "Server public set: stratified share of the pool (or of "
+                   "each client for synth/leaf).", lower_bound=0.0, upper_bound=0.9)
+flags.DEFINE_string("data_dir", sources.FASHION_MNIST_DIR, "IDX folder or TFDS data dir.")
+flags.DEFINE_list("leaf_files", [], "LEAF JSON files for --dataset=leaf.")
+flags.DEFINE_string("tfds_name", "mnist", "TFDS dataset for --dataset=tfds.")
+flags.DEFINE_float("synth_alpha", 1.0, "SYNTH alpha.", lower_bound=0.0)
+flags.DEFINE_float("synth_beta", 1.0, "SYNTH beta.", lower_bound=0.0)
+flags.DEFINE_integer("max_examples", None, "Subsample the centralized pool.", lower_bound=1)
+
+# Model and local training.
+flags.DEFINE_enum("model", "mlp", fs.MODELS, "Model architecture.")
+flags.DEFINE_enum("conv_impl", "patches", CONV_IMPLS, "Convolution lowering (patches is fast "
+                  "under vmap on CPU).")
+flags.DEFINE_float("lr", 0.1, "Client learning rate.", lower_bound=0.0)
+flags.DEFINE_float("lr_decay", 1.0, "Multiply lr by this every --lr_decay_every rounds.",
+                   lower_bound=0.0, upper_bound=1.0)
+flags.DEFINE_integer("lr_decay_every", 10, "Rounds between lr decays.", lower_bound=1)
+flags.DEFINE_float("momentum", 0.0, "SGD momentum.", lower_bound=0.0, upper_bound=0.999)
+flags.DEFINE_float("weight_decay", 0.0, "Decoupled weight decay.", lower_bound=0.0)
+flags.DEFINE_integer("batch_size", 16, "B.", lower_bound=1)
+flags.DEFINE_integer("local_epochs", 2, "E.", lower_bound=1)
+flags.DEFINE_integer("local_steps", None, "Fixed local steps instead of epochs.", lower_bound=1)
+flags.DEFINE_float("prox_mu", 0.0, "FedProx mu (0 = FedAvg).", lower_bound=0.0)
+flags.DEFINE_integer("chunk_size", None, "Clients vmapped together (default: all).", lower_bound=1)
+
+# Rounds.
+flags.DEFINE_integer("rounds", 30, "T.", lower_bound=1)
+flags.DEFINE_integer("clients_per_round", 10, "K.", lower_bound=1)
+flags.DEFINE_integer("num_available", 25, "n, clients available per round.", lower_bound=1)
+flags.DEFINE_integer("avail_period", 5, "Rounds between availability redraws.", lower_bound=1)
+flags.DEFINE_enum("weighting", "examples", ("uniform", "examples"), "FedAvg weights.")
+flags.DEFINE_list("seeds", ["0"], "Seeds; one run each.")
+flags.DEFINE_integer("eval_every", 1, "Evaluate the global model every this many rounds.",
+                     lower_bound=1)
+flags.DEFINE_integer("checkpoint_every", 10, "Checkpoint period.", lower_bound=1)
+flags.DEFINE_bool("resume", False, "Continue from the checkpoints in --out_dir.")
+flags.DEFINE_string("out_dir", "runs/run", "Output folder.")
+flags.DEFINE_bool("plot", False, "Draw the figures after the runs (needs matplotlib).")
+
+
+def seeds() -> list[int]:
+  try:
+    return [int(s) for s in FLAGS.seeds]
+  except ValueError as e:
+    raise app.UsageError(f"--seeds must be a comma-separated list of integers, got "
+                                f"{FLAGS.seeds}") from e
+
+
+@flags.multi_flags_validator(["clients_per_round", "num_available", "num_clients"],
+                             message="need --clients_per_round <= --num_available <= --num_clients")
+def _check_counts(f):
+  return f["clients_per_round"] <= f["num_available"] <= f["num_clients"]
+
+
+def dataset_spec() -> fs.DatasetSpec:
+  return fs.DatasetSpec(
+      name=FLAGS.dataset, num_clients=FLAGS.num_clients, partition=FLAGS.partition,
+      alpha=FLAGS.dirichlet_alpha, classes_per_client=FLAGS.classes_per_client,
+      dominant_fraction=FLAGS.dominant_fraction, val_fraction=FLAGS.val_fraction,
+      test_fraction=FLAGS.test_fraction, public_fraction=FLAGS.public_fraction,
+      data_dir=FLAGS.data_dir, leaf_files=tuple(FLAGS.leaf_files), tfds_name=FLAGS.tfds_name,
+      synth_alpha=FLAGS.synth_alpha, synth_beta=FLAGS.synth_beta, max_examples=FLAGS.max_examples)
+
+
+def load_data(seed: int) -> fs.FederatedDataset:
+  """Builds the dataset, turning data errors into flag errors (before any training)."""
+  spec = dataset_spec()
+  if spec.name == "fashion_mnist" and not os.path.isdir(spec.data_dir):
+    raise app.UsageError(f"--data_dir={spec.data_dir} does not exist; install the Debian "
+                                "package dataset-fashion-mnist or point --data_dir at IDX files")
+  where = f"--dataset={spec.name} --partition={spec.partition} --num_clients={spec.num_clients}"
+  try:
+    data = fs.build_dataset(spec, seed)
+  except ValueError as e:
+    raise app.UsageError(f"{where}: {e}") from e
+  empty = int((data.train.counts == 0).sum())
+  if empty:
+    raise app.UsageError(f"{where}: {empty} clients get no training example; lower "
+                                "--num_clients or --test_fraction/--val_fraction")
+  if FLAGS.test_fraction > 0 and data.test.counts.sum() == 0:
+    raise app.UsageError(f"{where}: clients are too small for a test split at "
+                                f"--test_fraction={FLAGS.test_fraction}; lower --num_clients")
+  return data
+
+
+def optimizer():
+  """lr -> optax SGD with optional momentum and decoupled weight decay."""
+  momentum = FLAGS.momentum or None
+  wd = FLAGS.weight_decay
+
+  def make(lr):
+    sgd = optax.sgd(lr, momentum=momentum)
+    return optax.chain(optax.add_decayed_weights(wd), sgd) if wd else sgd
+
+  return make
+
+
+def local_hparams() -> fs.LocalHParams:
+  return fs.LocalHParams(batch_size=FLAGS.batch_size, num_epochs=FLAGS.local_epochs,
+                         num_steps=FLAGS.local_steps, prox_mu=FLAGS.prox_mu,
+                         chunk_size=FLAGS.chunk_size)
+
+
+def lr_schedule():
+  return fs.step_decay_lr(FLAGS.lr, FLAGS.lr_decay, FLAGS.lr_decay_every)
+
+
+def model_for(data: fs.FederatedDataset) -> fs.Model:
+  return fs.build_model(FLAGS.model, data.feature_shape, data.num_classes,
+                        conv_impl=FLAGS.conv_impl)
+
+
+def availability() -> fs.Availability:
+  return fs.uniform_availability(FLAGS.num_clients, FLAGS.num_available, FLAGS.avail_period)

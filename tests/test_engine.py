@@ -1,0 +1,162 @@
+"""The round engine: determinism, multi-device equality, components, evaluation, costs."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import fedjax_sel as fs
+from fedjax_sel.components import AggregateInputs
+from fedjax_sel.models import example_metrics
+from tests.conftest import ragged_dataset
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make_sim(data, seed=0, k=3, n=6, **kw):
+  model = fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(16,))
+  return fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
+                      fs.uniform_availability(data.num_clients, n, period=2),
+                      fs.random_selector(k), fs.fedavg(), k, seed,
+                      lr_schedule=fs.constant_lr(0.1), **kw)
+
+
+def test_same_seed_gives_identical_metrics(small_data):
+  a = fs.run(make_sim(small_data, seed=3), 4, progress=None)
+  b = fs.run(make_sim(small_data, seed=3), 4, progress=None)
+  c = fs.run(make_sim(small_data, seed=4), 4, progress=None)
+  strip = lambda recs: [{k: v for k, v in r.items() if k != "wall_s"} for r in recs]
+  assert strip(a) == strip(b)
+  assert strip(a) != strip(c)
+
+
+def test_round_matches_hand_composed_round(small_data):
+  """One engine round == availability, selection, per-client training and FedAvg done by hand."""
+  sim = make_sim(small_data, seed=1)
+  state = sim.init()
+  new_state, metrics = sim.step(state)
+  avail = sim.availability.sample(1, 0)
+  chosen, _ = sim.selector.select((), fs.keys.round_key(1, 0, fs.keys.SELECT), None, avail)
+  ids = np.flatnonzero(np.asarray(chosen))
+  keys = fs.keys.client_keys(fs.keys.round_key(1, 0, fs.keys.TRAIN), jnp.asarray(ids, jnp.int32))
+  from tests.test_local_training import reference_client  # pylint: disable=import-outside-toplevel
+  models, weights = [], []
+  for slot, k in enumerate(ids):
+    x, y = small_data.train.client(int(k))
+    p, _, _ = reference_client(sim.model, optax.sgd(0.1), sim.local, state.params, x, y,
+                               keys[slot], small_data.train.max_count)
+    models.append(p)
+    weights.append(len(y))
+  w = np.array(weights, np.float32) / sum(weights)
+  want = jax.tree.map(lambda *ps: sum(wi * pi for wi, pi in zip(w, ps)), *models)
+  chex.assert_trees_all_close(new_state.params, want, atol=2e-5)
+  assert int(metrics["num_trained"]) == len(ids) == 3
+  assert float(metrics["cost"]["train_samples"]) == sum(weights)
+  assert float(metrics["cost"]["uploads"]) == 3
+
+
+def test_four_devices_equal_one(tmp_path):
+  script = textwrap.dedent("""
+      import json, sys, jax, optax, numpy as np
+      sys.path.insert(0, %r)
+      import fedjax_sel as fs
+      from tests.conftest import ragged_dataset
+      data = ragged_dataset([23, 5, 40, 1, 17, 9, 31, 12, 3, 28])
+      model = fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(16,))
+      sim = fs.Simulator(model, data, lambda lr: optax.sgd(lr, 0.9), fs.LocalHParams(4, 2, prox_mu=0.1),
+                         fs.uniform_availability(10, 8, 2), fs.random_selector(5), fs.fedavg(), 5, 0)
+      state = sim.init()
+      for _ in range(3):
+        state, m = sim.step(state)
+      flat = np.concatenate([np.ravel(a) for a in jax.tree.leaves(state.params)])
+      print(json.dumps({"devices": jax.device_count(), "params": flat.tolist()}))
+  """ % REPO)
+  outs = []
+  for count in (1, 4):
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={count}",
+               JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         check=True, cwd=REPO)
+    outs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+  assert [o["devices"] for o in outs] == [1, 4]
+  np.testing.assert_allclose(outs[0]["params"], outs[1]["params"], rtol=1e-4, atol=1e-5)
+
+
+def test_random_selector_invariants():
+  sel = fs.random_selector(4)
+  for trial in range(20):
+    key = jax.random.PRNGKey(trial)
+    mask = jax.random.bernoulli(jax.random.fold_in(key, 1), 0.3, (15,))
+    chosen, _ = sel.select((), key, None, mask)
+    assert bool(jnp.all(chosen <= mask))
+    assert int(chosen.sum()) == min(4, int(mask.sum()))
+
+
+def test_top_k_mask_ties_go_to_lower_index():
+  chosen = fs.top_k_mask(jnp.array([1.0, 2.0, 2.0, 2.0, 0.0]), jnp.ones(5, bool), 2)
+  assert chosen.tolist() == [False, True, True, False, False]
+
+
+def test_fedavg_weightings_match_hand_computation():
+  params = jnp.array([[1.0], [3.0], [10.0]])
+  inputs = AggregateInputs(jnp.array([True, True, False]), jnp.array([1, 3, 5]), jnp.zeros(3))
+  uniform, _ = fs.fedavg("uniform").apply((), jnp.zeros(1), params, inputs)
+  weighted, _ = fs.fedavg("examples").apply((), jnp.zeros(1), params, inputs)
+  assert uniform.tolist() == [2.0] and weighted.tolist() == [2.5]
+  none, _ = fs.fedavg().apply((), jnp.array([7.0]), params, inputs._replace(mask=jnp.zeros(3, bool)))
+  assert none.tolist() == [7.0]
+
+
+def test_availability_is_pure_and_periodic():
+  av = fs.uniform_availability(30, 7, period=3)
+  masks = [np.asarray(av.sample(5, t)) for t in range(7)]
+  assert all(m.sum() == 7 for m in masks)
+  assert (masks[0] == masks[2]).all() and not (masks[2] == masks[3]).all()
+  assert (np.asarray(av.sample(5, 4)) == masks[4]).all()
+  warm = fs.uniform_availability(30, 7, period=3, redraw_first_period=True)
+  assert not (np.asarray(warm.sample(5, 0)) == np.asarray(warm.sample(5, 1))).all()
+
+
+def test_client_metrics_and_gradients_match_per_client_loop(small_data):
+  model = fs.build_model("mlp", small_data.feature_shape, small_data.num_classes, hidden=(8,))
+  params = model.init(jax.random.PRNGKey(0))
+  pool = fs.data.device_pool(small_data.train)
+  m = jax.jit(lambda p: fs.client_metrics(model, p, pool, batch_size=7))(params)
+  grads = fs.client_gradients(model, params, pool, jnp.arange(10), batch_size=4, chunk_size=3)
+  norms = fs.client_gradients(model, params, pool, jnp.arange(10), batch_size=4, chunk_size=3,
+                              norm_only=True)
+  for k in range(10):
+    x, y = small_data.train.client(k)
+    em = example_metrics(model, params, jnp.asarray(x), jnp.asarray(y))
+    np.testing.assert_allclose(m.loss[k], em.loss.mean(), rtol=1e-5)
+    np.testing.assert_allclose(m.accuracy[k], em.correct.mean(), rtol=1e-5)
+    np.testing.assert_allclose(m.entropy[k], em.entropy.mean(), rtol=1e-5)
+    g = jax.grad(lambda p: jnp.mean(fs.models.per_example_loss(model, p, x, y)))(params)
+    chex.assert_trees_all_close(jax.tree.map(lambda a: a[k], grads), g, atol=1e-5)
+    np.testing.assert_allclose(norms[k], optax.tree.norm(g), rtol=1e-4)
+
+
+def test_resume_continues_the_same_run(tmp_path, small_data):
+  full = fs.run(make_sim(small_data), 6, str(tmp_path / "full"), checkpoint_every=3, progress=None)
+  fs.run(make_sim(small_data), 3, str(tmp_path / "part"), checkpoint_every=3, progress=None)
+  resumed = fs.run(make_sim(small_data), 6, str(tmp_path / "part"), checkpoint_every=3,
+                   resume=True, progress=None)
+  strip = lambda r: {k: v for k, v in r.items() if k != "wall_s"}
+  assert [strip(r) for r in resumed] == [strip(r) for r in full[3:]]
+  with open(tmp_path / "part" / "metrics.jsonl", encoding="utf-8") as f:
+    assert [json.loads(line)["round"] for line in f] == list(range(6))
+
+
+def test_bad_arguments_fail_before_compute(small_data):
+  import pytest  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ValueError, match="clients_per_round"):
+    make_sim(small_data, k=7, n=6)
+  with pytest.raises(ValueError, match="num_available"):
+    fs.uniform_availability(5, 6)

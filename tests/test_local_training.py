@@ -1,0 +1,129 @@
+"""Vectorized local training against a plain per-client loop."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_sel import keys as keylib
+from fedjax_sel.data.federated import ClientPool, device_pool
+from fedjax_sel.local_training import LocalHParams, _epoch_orders, local_train, steps_per_client
+from fedjax_sel.models import build_model, per_example_loss
+from tests.conftest import ragged_dataset
+
+
+def reference_client(model, tx, hp, global_params, x, y, key, max_count):
+  """One client, one Python step at a time, on its own numpy arrays (no masks, no vmap)."""
+  params = global_params
+  opt_state = tx.init(params)
+  count = len(y)
+  total_loss, total_n = 0.0, 0
+
+  def objective(p, xb, yb):
+    mean = jnp.mean(per_example_loss(model, p, xb, yb))
+    sq = sum(jnp.sum((a - b) ** 2) for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(global_params)))
+    return mean + 0.5 * hp.prox_mu * sq, mean
+
+  grad = jax.jit(jax.grad(objective, has_aux=True))
+  orders = np.asarray(_epoch_orders(key, count, hp.num_epochs, max_count))
+  for e in range(hp.num_epochs):
+    for start in range(0, count, hp.batch_size):
+      idx = orders[e][start:min(start + hp.batch_size, count)]
+      g, mean = grad(params, x[idx], y[idx])
+      updates, opt_state = tx.update(g, opt_state, params)
+      params = optax.apply_updates(params, updates)
+      total_loss += float(mean) * len(idx)
+      total_n += len(idx)
+  return params, total_loss / max(total_n, 1), total_n
+
+
+def run_vectorized(model, tx_factory, hp, params, pool, clients, valid, seed=0, lr=0.05):
+  clients = jnp.asarray(clients, jnp.int32)
+  keys = keylib.client_keys(keylib.round_key(seed, 0, keylib.TRAIN), clients)
+  fn = jax.jit(lambda p, dp: local_train(model, tx_factory, hp, p, dp, clients, jnp.asarray(valid),
+                                         keys, jnp.float32(lr), max(pool.max_count, 1)))
+  return fn(params, device_pool(pool)), keys
+
+
+@pytest.mark.parametrize("hp,opt", [
+    (LocalHParams(batch_size=4, num_epochs=2), "sgd"),
+    (LocalHParams(batch_size=5, num_epochs=1, chunk_size=3), "momentum"),
+    (LocalHParams(batch_size=8, num_epochs=3, prox_mu=0.5, chunk_size=2), "sgd"),
+])
+def test_vmapped_training_equals_per_client_loop(hp, opt):
+  data = ragged_dataset([23, 5, 40, 1, 17, 9, 31, 12, 3, 28])
+  model = build_model("mlp", data.feature_shape, data.num_classes, hidden=(16,))
+  params = model.init(jax.random.PRNGKey(1))
+  tx_factory = (lambda lr: optax.sgd(lr)) if opt == "sgd" else (lambda lr: optax.sgd(lr, 0.9))
+  clients = [2, 7, 3, 0, 5, 9, 4]
+  valid = [True, True, True, True, True, False, True]
+  res, keys = run_vectorized(model, tx_factory, hp, params, data.train, clients, valid)
+  for slot, (k, ok) in enumerate(zip(clients, valid)):
+    got = jax.tree.map(lambda a: a[slot], res.params)
+    if not ok:
+      chex.assert_trees_all_close(got, params)
+      assert float(res.samples[slot]) == 0
+      continue
+    x, y = data.train.client(k)
+    want, loss, n = reference_client(model, tx_factory(jnp.float32(0.05)), hp, params, x, y,
+                                     keys[slot], max(data.train.max_count, 1))
+    chex.assert_trees_all_close(got, want, atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(float(res.train_loss[slot]), loss, rtol=1e-4, atol=1e-6)
+    assert float(res.samples[slot]) == n
+
+
+def test_update_unchanged_by_padding_and_company():
+  """A client's update does not depend on the pool's padding, other slots or chunking."""
+  data = ragged_dataset([23, 5, 40, 12])
+  model = build_model("logreg", data.feature_shape, data.num_classes)
+  params = model.init(jax.random.PRNGKey(0))
+  tx = lambda lr: optax.sgd(lr)
+  hp = LocalHParams(batch_size=4, num_epochs=2)
+  alone, _ = run_vectorized(model, tx, hp, params, data.train, [0], [True])
+  # A much larger client in the pool (max_count grows 5x) and in the same chunk, invalid slots too.
+  big_x = np.random.default_rng(3).normal(size=(200, 6)).astype(np.float32)
+  xs = [data.train.client(k)[0] for k in range(4)] + [big_x]
+  ys = [data.train.client(k)[1] for k in range(4)] + [np.zeros(200, np.int32)]
+  padded_pool = ClientPool.from_client_arrays(xs, ys)
+  crowd, _ = run_vectorized(model, tx, hp, params, padded_pool, [4, 0, 2, 0],
+                            [True, True, True, False])
+  chex.assert_trees_all_close(jax.tree.map(lambda a: a[0], alone.params),
+                              jax.tree.map(lambda a: a[1], crowd.params), atol=1e-6)
+  hp_chunked = hp._replace(chunk_size=1)
+  chunked, _ = run_vectorized(model, tx, hp_chunked, params, padded_pool, [4, 0], [True, True])
+  chex.assert_trees_all_close(jax.tree.map(lambda a: a[0], alone.params),
+                              jax.tree.map(lambda a: a[1], chunked.params), atol=1e-6)
+
+
+def test_fedprox_mu_zero_equals_fedavg_and_mu_pulls_towards_global():
+  data = ragged_dataset([30, 20, 25])
+  model = build_model("mlp", data.feature_shape, data.num_classes, hidden=(8,))
+  params = model.init(jax.random.PRNGKey(0))
+  tx = lambda lr: optax.sgd(lr)
+  base = LocalHParams(batch_size=5, num_epochs=3)
+  plain, _ = run_vectorized(model, tx, base, params, data.train, [0, 1, 2], [True] * 3, lr=0.3)
+  prox0, _ = run_vectorized(model, tx, base._replace(prox_mu=0.0), params, data.train, [0, 1, 2],
+                            [True] * 3, lr=0.3)
+  prox, _ = run_vectorized(model, tx, base._replace(prox_mu=5.0), params, data.train, [0, 1, 2],
+                           [True] * 3, lr=0.3)
+  chex.assert_trees_all_close(plain.params, prox0.params)
+  dist = lambda r: float(optax.tree.norm(jax.tree.map(lambda a, g: a - g, r.params, params)))
+  assert dist(prox) < dist(plain)
+
+
+def test_fixed_steps_mode_counts_and_masks_empty_clients():
+  data = ragged_dataset([10, 3, 7])
+  xs = [data.train.client(k)[0] for k in range(3)] + [np.zeros((0, 6), np.float32)]
+  ys = [data.train.client(k)[1] for k in range(3)] + [np.zeros((0,), np.int32)]
+  pool = ClientPool.from_client_arrays(xs, ys)
+  model = build_model("logreg", data.feature_shape, data.num_classes)
+  params = model.init(jax.random.PRNGKey(0))
+  hp = LocalHParams(batch_size=4, num_steps=5)
+  res, _ = run_vectorized(model, lambda lr: optax.sgd(lr), hp, params, pool, [0, 3, 1],
+                          [True, True, True])
+  assert res.steps.tolist() == [5, 0, 5]
+  assert res.samples.tolist() == [20.0, 0.0, 20.0]
+  chex.assert_trees_all_close(jax.tree.map(lambda a: a[1], res.params), params)
+  assert steps_per_client(jnp.array([9, 0, 4]), LocalHParams(batch_size=4, num_epochs=2)).tolist() == [6, 0, 2]
