@@ -2,4 +2,4 @@
 
 from fedjax_sel.data.federated import (ClientPool, FederatedDataset, device_pool, label_histogram,
                                        split_clients)
-from fedjax_sel.data.partition import PARTITIONS, partition
+from fedjax_sel.data.partition import PARTITIONS

@@ -109,17 +109,16 @@ def dominant(y: np.ndarray, num_clients: int, num_classes: int, fraction: float,
   if short:
     raise ValueError(f"dominant_fraction={fraction}: classes {short} have too few examples for "
                      f"{n_dom} dominant examples per client; lower the fraction or num_clients")
-  parts = []
+  # Reserve every client's dominant examples first, then fill the rest from what is left.
+  mine = [[pools[k % num_classes].pop() for _ in range(n_dom)] for k in range(num_clients)]
   for k in range(num_clients):
     c = k % num_classes
-    mine = [pools[c].pop() for _ in range(n_dom)]
     for _ in range(size - n_dom):
       others = [o for o in range(num_classes) if o != c and pools[o]]
       if not others:
         break
-      mine.append(pools[int(rng.choice(others))].pop())
-    parts.append(np.sort(np.array(mine, dtype=np.int64)))
-  return parts
+      mine[k].append(pools[int(rng.choice(others))].pop())
+  return [np.sort(np.array(m, dtype=np.int64)) for m in mine]
 
 
 def partition(name: str, y: np.ndarray, num_clients: int, num_classes: int, seed: int, *,
