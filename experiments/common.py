@@ -83,19 +83,21 @@ def _check_counts(f):
   return f["clients_per_round"] <= f["num_available"] <= f["num_clients"]
 
 
-def dataset_spec() -> fs.DatasetSpec:
-  return fs.DatasetSpec(
+def dataset_spec(**overrides) -> fs.DatasetSpec:
+  """The `DatasetSpec` of the data flags, with launcher-specific fields in `overrides`."""
+  spec = fs.DatasetSpec(
       name=FLAGS.dataset, num_clients=FLAGS.num_clients, partition=FLAGS.partition,
       alpha=FLAGS.dirichlet_alpha, classes_per_client=FLAGS.classes_per_client,
       dominant_fraction=FLAGS.dominant_fraction, val_fraction=FLAGS.val_fraction,
       test_fraction=FLAGS.test_fraction, public_fraction=FLAGS.public_fraction,
       data_dir=FLAGS.data_dir, leaf_files=tuple(FLAGS.leaf_files), tfds_name=FLAGS.tfds_name,
       synth_alpha=FLAGS.synth_alpha, synth_beta=FLAGS.synth_beta, max_examples=FLAGS.max_examples)
+  return spec._replace(**overrides)
 
 
-def load_data(seed: int) -> fs.FederatedDataset:
+def load_data(seed: int, **overrides) -> fs.FederatedDataset:
   """Builds the dataset, turning data errors into flag errors (before any training)."""
-  spec = dataset_spec()
+  spec = dataset_spec(**overrides)
   if spec.name == "fashion_mnist" and not os.path.isdir(spec.data_dir):
     raise app.UsageError(f"--data_dir={spec.data_dir} does not exist; install the Debian "
                                 "package dataset-fashion-mnist or point --data_dir at IDX files")

@@ -11,6 +11,7 @@ persistent `ClientState`. After training, every part may `observe` the `RoundOut
 
 Stats names the engine can compute (all `[N]`, at the round's global model, before training):
   loss, accuracy, entropy: on each client's training data;
+  batch_loss: on one random mini-batch (B examples, drawn with replacement) of its training data;
   val_loss, val_accuracy, test_loss, test_accuracy: on its validation / test data;
   grad_norm: norm of the full-batch gradient of F_k;
   grad: the stacked full-batch gradients `[N, ...]` (DivFL's proxies).
@@ -23,7 +24,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-STAT_NAMES = ("loss", "accuracy", "entropy", "val_loss", "val_accuracy", "test_loss",
+STAT_NAMES = ("loss", "accuracy", "entropy", "batch_loss", "val_loss", "val_accuracy", "test_loss",
               "test_accuracy", "grad_norm", "grad")
 
 
@@ -101,10 +102,11 @@ def _keep_state(state, *_):
 class Selector(NamedTuple):
   """Picks at most K clients from a mask.
 
+  `init(num_clients, params) -> state`;
   `select(state, key, inputs, mask) -> (chosen [N] bool, state)`.
   """
 
-  init: Callable[[int], Any]
+  init: Callable[[int, Any], Any]
   select: Callable[..., tuple[jax.Array, Any]]
   needs: tuple[str, ...] = ()
   observe: Callable[[Any, RoundInputs, RoundOutcome], Any] = _keep_state

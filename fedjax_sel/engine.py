@@ -27,7 +27,7 @@ from fedjax_sel.components import (STAT_NAMES, AggregateInputs, Aggregator, Clie
 from fedjax_sel.data.federated import ClientPool, FederatedDataset, device_pool
 from fedjax_sel.evaluation import client_gradients, client_metrics
 from fedjax_sel.local_training import LocalHParams, LocalResult, OptimizerFactory, local_train
-from fedjax_sel.models.bundle import Model, example_metrics
+from fedjax_sel.models.bundle import Model, example_metrics, per_example_loss
 
 
 class Costs(NamedTuple):
@@ -129,6 +129,8 @@ class Simulator:
     lr_schedule: round -> client learning rate.
     eval_batch_size: batch of the vectorized evaluations.
     init_params: optional initial global model (default: `model.init` from the seed).
+    eval_mask: optional `[N]` bool; `evaluate` then also reports `clean_train_loss` /
+      `clean_train_accuracy` over these clients' training data (e.g. the non-corrupted ones).
   """
 
   def __init__(self, model: Model, data: FederatedDataset, optimizer: OptimizerFactory,
@@ -137,7 +139,7 @@ class Simulator:
                filter: Filter | None = None,  # pylint: disable=redefined-builtin
                participation: Participation | None = None,
                lr_schedule: Callable[[jax.Array], jax.Array] | None = None,
-               eval_batch_size: int = 512, init_params: Any = None):
+               eval_batch_size: int = 512, init_params: Any = None, eval_mask=None):
     n = data.num_clients
     if not 1 <= clients_per_round <= availability.num_available:
       raise ValueError(f"clients_per_round (K) must be in 1..{availability.num_available} "
@@ -155,6 +157,7 @@ class Simulator:
     self.eval_batch_size = eval_batch_size
     self.max_count = data.train.max_count
     self.init_params = init_params
+    self.eval_mask = None if eval_mask is None else jnp.asarray(eval_mask, bool)
     needs = set(selector.needs) | set(self.participation.needs)
     if filter is not None:
       needs |= set(filter.needs)
@@ -191,7 +194,7 @@ class Simulator:
     return EngineState(
         round=jnp.zeros((), jnp.int32), params=params, clients=ClientState.create(n),
         filter_state=self.filter.init(n) if self.filter is not None else (),
-        selector_state=self.selector.init(n), participation_state=self.participation.init(n),
+        selector_state=self.selector.init(n, params), participation_state=self.participation.init(n),
         aggregator_state=self.aggregator.init(params), filtered=jnp.zeros((n,), bool),
         prev_available=jnp.zeros((n,), bool), costs=Costs.zeros())
 
@@ -204,7 +207,7 @@ class Simulator:
     return self._evaluate(params, self.arrays)
 
   # ---------------------------------------------------------------------------------------------
-  def _stats(self, params, arrays: DataArrays) -> dict:
+  def _stats(self, params, arrays: DataArrays, t) -> dict:
     stats = {}
     wanted = set(self.needs)
     if wanted & {"loss", "accuracy", "entropy"}:
@@ -215,12 +218,26 @@ class Simulator:
         m = client_metrics(self.model, params, pool, self.eval_batch_size)
         stats.update({f"{split}_loss": m.loss, f"{split}_accuracy": m.accuracy})
     all_clients = jnp.arange(self.num_clients, dtype=jnp.int32)
+    if "batch_loss" in wanted:
+      stats["batch_loss"] = self._batch_loss(params, arrays.train, t)
     if "grad" in wanted:
       stats["grad"] = client_gradients(self.model, params, arrays.train, all_clients)
     if "grad_norm" in wanted:
       stats["grad_norm"] = client_gradients(self.model, params, arrays.train, all_clients,
                                             norm_only=True)
     return {k: stats[k] for k in self.needs}
+
+  def _batch_loss(self, params, pool: ClientPool, t) -> jax.Array:
+    """`[N]` loss of each client on one random mini-batch of B of its training examples."""
+    b = self.local.batch_size
+    keys = keylib.client_keys(keylib.round_key(self.seed, t, keylib.STATS),
+                              jnp.arange(self.num_clients))
+    u = jax.vmap(lambda k: jax.random.uniform(k, (b,)))(keys)
+    idx = jnp.minimum((u * pool.counts[:, None]).astype(jnp.int32),
+                      jnp.maximum(pool.counts[:, None] - 1, 0))
+    rows = jnp.clip(pool.offsets[:, None] + idx, 0, pool.x.shape[0] - 1)
+    losses = jax.vmap(lambda r: per_example_loss(self.model, params, pool.x[r], pool.y[r]))(rows)
+    return jnp.where(pool.counts > 0, jnp.mean(losses, axis=1), 0.0)
 
   def _train(self, params, arrays, mask, size, t, lr) -> tuple[jax.Array, jax.Array, LocalResult]:
     slots, valid = _nonzero_slots(mask, size)
@@ -242,7 +259,7 @@ class Simulator:
     params = state.params
     lr = self.lr_schedule(t)
     avail = self.availability.sample(self.seed, t)
-    inputs = RoundInputs(t, params, avail, self._stats(params, arrays), state.clients,
+    inputs = RoundInputs(t, params, avail, self._stats(params, arrays, t), state.clients,
                          arrays.train.counts, arrays.label_hist)
     changed = jnp.any(avail != state.prev_available)
     filt = self.filter
@@ -348,8 +365,11 @@ class Simulator:
   def _evaluate_impl(self, params, arrays: DataArrays) -> dict:
     out = {}
     for split, pool in (("test", arrays.test), ("train", arrays.train)):
-      loss, acc = client_metrics(self.model, params, pool, self.eval_batch_size).pooled()
-      out[f"{split}_loss"], out[f"{split}_accuracy"] = loss, acc
+      m = client_metrics(self.model, params, pool, self.eval_batch_size)
+      out[f"{split}_loss"], out[f"{split}_accuracy"] = m.pooled()
+      if split == "train" and self.eval_mask is not None:
+        clean = m._replace(count=jnp.where(self.eval_mask, m.count, 0.0))
+        out["clean_train_loss"], out["clean_train_accuracy"] = clean.pooled()
     if self.data.public_y.shape[0]:
       m = example_metrics(self.model, params, arrays.public_x, arrays.public_y)
       out["public_loss"], out["public_accuracy"] = jnp.mean(m.loss), jnp.mean(m.correct)

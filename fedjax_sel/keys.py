@@ -22,6 +22,7 @@ PARTICIPATE = 4
 TRAIN = 5
 AGGREGATE = 6
 INIT = 7
+STATS = 8
 
 
 def round_key(seed, round_idx, purpose: int) -> jax.Array:

@@ -7,7 +7,7 @@ Example:
   >>> import jax, jax.numpy as jnp
   >>> sel = random_selector(2)
   >>> mask = jnp.array([True, False, True, True])
-  >>> chosen, _ = sel.select(sel.init(4), jax.random.PRNGKey(0), None, mask)
+  >>> chosen, _ = sel.select(sel.init(4, None), jax.random.PRNGKey(0), None, mask)
   >>> int(chosen.sum()), bool((chosen <= mask).all())
   (2, True)
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_sel.components import Selector
 
@@ -39,4 +40,119 @@ def random_selector(k: int) -> Selector:
     del inputs
     return top_k_mask(jax.random.uniform(key, mask.shape), mask, k), state
 
-  return Selector(init=lambda n: (), select=select)
+  return Selector(init=lambda n, params: (), select=select)
+
+
+POC_VARIANTS = ("pow", "cpow", "rpow")
+
+
+def weighted_sample_without_replacement(key: jax.Array, weights: jax.Array, mask: jax.Array,
+                                        d: int) -> jax.Array:
+  """`[N]` bool: d clients of `mask` drawn without replacement with probability proportional to
+  `weights` (Gumbel top-k), or all of `mask` when it holds fewer than d."""
+  gumbel = jax.random.gumbel(key, weights.shape)
+  scores = jnp.log(jnp.maximum(weights, 1e-30)) + gumbel
+  return top_k_mask(scores, mask & (weights > 0), d)
+
+
+def power_of_choice(k: int, d: int | None = None, variant: str = "pow") -> Selector:
+  """Power-of-choice (SPEC section 6): d candidates drawn with probability p_k = m_k / sum m, then
+  the K with the highest loss at w_t (ties to the lower index).
+
+  Args:
+    k: K.
+    d: candidates (default 2K), >= K.
+    variant: "pow" (loss on the full local data), "cpow" (loss on one mini-batch) or "rpow" (the
+      stale loss from the client's last participation, +inf if it never took part).
+  """
+  d = 2 * k if d is None else d
+  if k < 1 or d < k:
+    raise ValueError(f"power-of-choice needs 1 <= K <= d, got K={k}, d={d}")
+  if variant not in POC_VARIANTS:
+    raise ValueError(f"poc_variant must be one of {POC_VARIANTS}, got {variant!r}")
+  stat = {"pow": "loss", "cpow": "batch_loss", "rpow": None}[variant]
+
+  def select(state, key, inputs, mask):
+    candidates = weighted_sample_without_replacement(
+        key, inputs.num_examples.astype(jnp.float32), mask, d)
+    loss = inputs.clients.last_loss if stat is None else inputs.stats[stat]
+    return top_k_mask(loss, candidates, k), state
+
+  return Selector(init=lambda n, params: (), select=select, needs=(stat,) if stat else ())
+
+
+def facility_location_greedy(proxies: jax.Array, ground: jax.Array, k: int) -> jax.Array:
+  """`[N]` bool: K clients of `ground` chosen greedily to minimise
+  sum_{j in ground} min_{i in A} ||g_j - g_i|| (DivFL); ties to the lower index.
+
+  Args:
+    proxies: `[N, D]` gradient proxies.
+    ground: `[N]` bool ground set (candidates and clients to cover).
+    k: K.
+  """
+  sq = jnp.sum(proxies ** 2, axis=1)
+  dist = jnp.sqrt(jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * proxies @ proxies.T, 0.0))
+  big = jnp.max(jnp.where(ground[:, None] & ground[None, :], dist, 0.0)) * 2.0 + 1.0
+  covered = jnp.where(ground, big, 0.0)  # Current min distance of each ground client to A.
+
+  def step(carry, _):
+    covered, chosen = carry
+    # cost[i] = sum_j min(covered_j, d(j, i)) for candidate i.
+    cost = jnp.sum(jnp.where(ground[:, None], jnp.minimum(covered[:, None], dist), 0.0), axis=0)
+    cost = jnp.where(ground & ~chosen, cost, jnp.inf)
+    i = jnp.argmin(cost)
+    ok = jnp.isfinite(cost[i])
+    covered = jnp.where(ok, jnp.minimum(covered, dist[:, i]), covered)
+    chosen = chosen.at[i].set(chosen[i] | ok)
+    return (covered, chosen), None
+
+  (_, chosen), _ = jax.lax.scan(step, (covered, jnp.zeros(ground.shape, bool)), None,
+                                length=min(k, ground.shape[0]))
+  return chosen
+
+
+DIVFL_PROXIES = ("gradient", "update")
+
+
+def divfl(k: int, proxy: str = "gradient") -> Selector:
+  """DivFL (SPEC section 5): a stale table of gradient proxies for all N clients, greedy facility
+  location over the mask.
+
+  The table is filled for every client from the full-batch gradients at round 0, then refreshed
+  only for the clients that trained in a round: with their gradient at w_t (`proxy="gradient"`) or
+  their local update w^k - w_t (`proxy="update"`).
+  """
+  if k < 1:
+    raise ValueError(f"clients per round must be >= 1, got {k}")
+  if proxy not in DIVFL_PROXIES:
+    raise ValueError(f"divfl_proxy must be one of {DIVFL_PROXIES}, got {proxy!r}")
+
+  def flat_grads(inputs):
+    grads = inputs.stats["grad"]
+    return jnp.concatenate([g.reshape(g.shape[0], -1) for g in jax.tree.leaves(grads)], axis=1)
+
+  def init(n, params):
+    dim = sum(int(np.size(a)) for a in jax.tree.leaves(params))
+    return {"table": jnp.zeros((n, dim), jnp.float32), "filled": jnp.zeros((), bool)}
+
+  def current(state, inputs):
+    return jnp.where(state["filled"], state["table"], flat_grads(inputs))
+
+  def select(state, key, inputs, mask):
+    del key
+    table = current(state, inputs)
+    return facility_location_greedy(table, mask, k), {"table": table, "filled": jnp.ones((), bool)}
+
+  def observe(state, inputs, outcome):
+    if proxy == "gradient":
+      rows = flat_grads(inputs)[outcome.slots]
+    else:
+      rows = jnp.concatenate([
+          (p - g[None]).reshape(p.shape[0], -1)
+          for p, g in zip(jax.tree.leaves(outcome.params), jax.tree.leaves(inputs.params))], axis=1)
+    table = state["table"]
+    current_rows = table[outcome.slots]
+    new_rows = jnp.where(outcome.trained[:, None], rows, current_rows)
+    return {"table": table.at[outcome.slots].set(new_rows), "filled": state["filled"]}
+
+  return Selector(init=init, select=select, needs=("grad",), observe=observe)

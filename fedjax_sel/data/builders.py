@@ -17,6 +17,7 @@ from fedjax_sel.data.federated import FederatedDataset, split_clients
 from fedjax_sel.data.partition import PARTITIONS, partition
 
 DATASETS = ("digits", "fashion_mnist", "synth", "leaf", "tfds")
+PUBLIC_MODES = ("stratified", "per_client")
 
 
 class DatasetSpec(NamedTuple):
@@ -30,8 +31,12 @@ class DatasetSpec(NamedTuple):
     classes_per_client: k of the `k_classes` partition.
     dominant_fraction: fraction of the dominant class of the `dominant` partition.
     val_fraction, test_fraction: per-client validation / test shares.
-    public_fraction: share of the pool held out (stratified) as the server's public set; for
-      natively federated data, the share of each client's data pooled instead.
+    public_fraction: share of the data given to the server's public set.
+    public_mode: "stratified" (a stratified share of the centralized pool, held out before
+      partitioning) or "per_client" (that share of each client's data pooled; always used for
+      natively federated synth / leaf).
+    public_text: a text file cut into 80-character windows with next-character labels as the
+      public set (character models); overrides public_fraction.
     data_dir: folder of the IDX files (fashion_mnist) or TFDS data.
     leaf_files: LEAF JSON files (leaf).
     tfds_name: TFDS dataset name (tfds).
@@ -49,6 +54,8 @@ class DatasetSpec(NamedTuple):
   val_fraction: float = 0.0
   test_fraction: float = 0.2
   public_fraction: float = 0.0
+  public_mode: str = "stratified"
+  public_text: str | None = None
   data_dir: str = sources.FASHION_MNIST_DIR
   leaf_files: tuple[str, ...] = ()
   tfds_name: str = "mnist"
@@ -66,6 +73,8 @@ def check_spec(spec: DatasetSpec) -> None:
     raise ValueError(f"unknown partition {spec.partition!r}; accepted: {', '.join(PARTITIONS)}")
   if spec.num_clients < (0 if spec.name == "leaf" else 1):
     raise ValueError(f"num_clients must be >= 1, got {spec.num_clients}")
+  if spec.public_mode not in PUBLIC_MODES:
+    raise ValueError(f"unknown public_mode {spec.public_mode!r}; accepted: {', '.join(PUBLIC_MODES)}")
   if not 0.0 <= spec.public_fraction < 1.0:
     raise ValueError(f"public_fraction must be in [0, 1), got {spec.public_fraction}")
   if spec.name == "leaf" and not spec.leaf_files:
@@ -134,13 +143,18 @@ def build_dataset(spec: DatasetSpec, seed: int) -> FederatedDataset:
   else:
     data = _centralized(spec, seed)
     x, y, num_classes = data
-    if spec.public_fraction > 0:
+    if spec.public_fraction > 0 and spec.public_mode == "stratified":
       kept, held = stratified_holdout(y, spec.public_fraction, seed + 1)
       public = (x[held], y[held])
       x, y = x[kept], y[kept]
     parts = partition(spec.partition, y, spec.num_clients, num_classes, seed,
                       alpha=spec.alpha, k=spec.classes_per_client, fraction=spec.dominant_fraction)
     xs, ys = [x[p] for p in parts], [y[p] for p in parts]
+    if spec.public_fraction > 0 and spec.public_mode == "per_client":
+      xs, ys, public = _pool_fraction(xs, ys, spec.public_fraction, seed + 1)
+  if spec.public_text is not None:
+    with open(spec.public_text, encoding="utf-8") as f:
+      public = sources.char_windows(f.read())
   name = f"{spec.name}/{spec.partition}" if spec.name not in ("synth", "leaf") else spec.name
   return split_clients(xs, ys, num_classes=num_classes, val_fraction=spec.val_fraction,
                        test_fraction=spec.test_fraction, seed=seed + 2, public=public, name=name)

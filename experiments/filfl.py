@@ -1,0 +1,176 @@
+r"""FilFL launcher: client filtering (DGF / RGF) versus no filtering, with RS / PoC / DivFL selection.
+
+  python -m experiments.filfl --filters=none,dgf,rgf --seeds=0,1,2 --plot
+
+Defaults: digits, N=50 clients (Dirichlet 0.5), n=25 available, K=5 per round, 40% of the clients
+with shuffled labels, a 5% stratified public set, h=5, 40 rounds, 3 seeds. Per run it writes
+`<out_dir>/<filter>/seed<s>/metrics.jsonl` with, per round: test / train accuracy and loss, |S^f|
+(`num_filtered`), who was filtered in (`filtered_in`, client ids), R values (`filter.R_*`), the
+OPT approximation ratio with `--opt`, the weak-submodularity check with `--submod_samples`; plus
+`summary.md`, `filtered_bad.csv` and with `--plot` the paper's panels in `filfl.png`.
+"""
+
+import csv
+import os
+
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+import fedjax_sel as fs
+from experiments import common
+from fedjax_sel import filtering
+from fedjax_sel.data.corruption import KINDS, corrupt_clients
+from fedjax_sel.models import per_example_loss
+from fedjax_sel.selectors import DIVFL_PROXIES, POC_VARIANTS, divfl, power_of_choice
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("filters", ["none", "dgf", "rgf"], "Runs to compare: none (FedAvg/FedProx), dgf, rgf.")
+flags.DEFINE_enum("selector", "rs", ("rs", "poc", "divfl"), "Selector applied to the filtered-in set.")
+flags.DEFINE_integer("filter_period", 5, "h: filter every h rounds (and when availability changes).",
+                     lower_bound=1)
+flags.DEFINE_enum("empty_value", "global", filtering.EMPTY_VALUES, "R(empty): global or zero.")
+flags.DEFINE_float("filter_const", 10.0, "C of R(S) = C - F^P.")
+flags.DEFINE_enum("filter_order", "random", filtering.ORDERS, "Greedy client order.")
+flags.DEFINE_bool("opt", False, "Also run OPT on each filtering round (n <= 16) and report "
+                  "R(greedy)/R(OPT).")
+flags.DEFINE_integer("submod_samples", 0, "Weak-submodularity check samples per filtering round.",
+                     lower_bound=0)
+flags.DEFINE_list("gammas", ["0.5", "0.75", "0.9", "1.0"], "Gammas of the submodularity check.")
+flags.DEFINE_enum("poc_variant", "pow", POC_VARIANTS, "Power-of-choice variant.")
+flags.DEFINE_integer("poc_d", None, "Power-of-choice candidates d (default 2K).", lower_bound=1)
+flags.DEFINE_enum("divfl_proxy", "gradient", DIVFL_PROXIES, "DivFL proxy refresh.")
+flags.DEFINE_float("corrupt_fraction", 0.4, "Share of clients with corrupted data.",
+                   lower_bound=0.0, upper_bound=1.0)
+flags.DEFINE_list("corrupt_kinds", ["shuffle"], f"Corruptions among {KINDS}.")
+flags.DEFINE_bool("avail_reference", False, "Redraw availability every round during the first "
+                  "--avail_period rounds (FilFL reference mode).")
+flags.DEFINE_enum("public_mode", "stratified", ("stratified", "per_client"), "Public set source.")
+flags.DEFINE_string("public_text", None, "Text file cut into 80-char windows as the public set.")
+
+for _name, _value in (("rounds", 40), ("num_clients", 50), ("num_available", 25),
+                      ("clients_per_round", 5), ("public_fraction", 0.05), ("seeds", ["0", "1", "2"]),
+                      ("weighting", "uniform"), ("eval_every", 2), ("lr", 0.1),
+                      ("out_dir", "runs/filfl")):
+  FLAGS.set_default(_name, _value)
+
+LABELS = {"none": "FedAvg", "dgf": "FilFL-DGF", "rgf": "FilFL-RGF"}
+
+
+def check_flags():
+  bad = [f for f in FLAGS.filters if f not in LABELS]
+  if bad or not FLAGS.filters:
+    raise app.UsageError(f"--filters must list values among {sorted(LABELS)}, got {FLAGS.filters}")
+  kinds = [k for k in FLAGS.corrupt_kinds if k not in KINDS]
+  if kinds:
+    raise app.UsageError(f"--corrupt_kinds must be among {KINDS}, got {FLAGS.corrupt_kinds}")
+  if FLAGS.opt and FLAGS.num_available > 16:
+    raise app.UsageError(f"--opt enumerates 2^n subsets: needs --num_available <= 16, got "
+                         f"{FLAGS.num_available}")
+  if FLAGS.public_fraction <= 0 and FLAGS.public_text is None and set(FLAGS.filters) - {"none"}:
+    raise app.UsageError("filtering needs a public set: set --public_fraction > 0 or --public_text")
+  if FLAGS.poc_d is not None and FLAGS.poc_d < FLAGS.clients_per_round:
+    raise app.UsageError(f"--poc_d must be >= --clients_per_round ({FLAGS.clients_per_round}), "
+                         f"got {FLAGS.poc_d}")
+  try:
+    return tuple(float(g) for g in FLAGS.gammas)
+  except ValueError as e:
+    raise app.UsageError(f"--gammas must be numbers, got {FLAGS.gammas}") from e
+
+
+def make_selector():
+  k = FLAGS.clients_per_round
+  if FLAGS.selector == "poc":
+    return power_of_choice(k, FLAGS.poc_d, FLAGS.poc_variant)
+  if FLAGS.selector == "divfl":
+    return divfl(k, FLAGS.divfl_proxy)
+  return fs.random_selector(k)
+
+
+def load(seed):
+  data = common.load_data(seed, public_mode=FLAGS.public_mode, public_text=FLAGS.public_text)
+  kinds = tuple(FLAGS.corrupt_kinds)
+  data, bad = corrupt_clients(data, FLAGS.corrupt_fraction, kinds, seed=seed + 100)
+  return data, bad
+
+
+def main(argv):
+  del argv
+  gammas = check_flags()
+  seeds = common.seeds()
+  loaded = {s: load(s) for s in seeds}  # All data errors surface before any training.
+  runs = {}
+  bad_rows = []
+  for filt_name in FLAGS.filters:
+    label = LABELS[filt_name]
+    if FLAGS.prox_mu and filt_name == "none":
+      label = "FedProx"
+    runs[label] = []
+    for seed in seeds:
+      data, bad = loaded[seed]
+      model = common.model_for(data)
+      filt = None
+      if filt_name != "none":
+        def public_loss(p, x, y, model=model):
+          return jnp.mean(per_example_loss(model, p, x, y))
+        cfg = filtering.FilterConfig(
+            mode=filt_name, period=FLAGS.filter_period, empty_value=FLAGS.empty_value,
+            const=FLAGS.filter_const, order=FLAGS.filter_order, opt=FLAGS.opt,
+            submod_samples=FLAGS.submod_samples, gammas=gammas)
+        filt = filtering.filfl_filter(public_loss, data.public_x, data.public_y, cfg)
+      avail = fs.uniform_availability(FLAGS.num_clients, FLAGS.num_available, FLAGS.avail_period,
+                                      redraw_first_period=FLAGS.avail_reference)
+      sim = fs.Simulator(model, data, common.optimizer(), common.local_hparams(), avail,
+                         make_selector(), fs.fedavg(FLAGS.weighting), FLAGS.clients_per_round,
+                         seed, filter=filt, lr_schedule=common.lr_schedule(), eval_mask=~bad)
+      print(f"== {label} seed {seed}: {data.name}, N={data.num_clients}, "
+            f"bad clients={int(bad.sum())}, public m={len(data.public_y)}")
+      recs = fs.run(sim, FLAGS.rounds, os.path.join(FLAGS.out_dir, filt_name, f"seed{seed}"),
+                    eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
+                    resume=FLAGS.resume, label=f"{label} s{seed} ")
+      for r in recs:
+        if r.get("filtered_in") is not None and r["filter_round"]:
+          ids = np.array(r["filtered_in"], dtype=int)
+          bad_rows.append((label, seed, r["round"], len(ids), int(bad[ids].sum()) if len(ids) else 0))
+      runs[label].append(recs)
+  write_outputs(runs, bad_rows)
+
+
+def write_outputs(runs, bad_rows):
+  rows = [(f"{label} seed {i}", recs) for label, group in runs.items()
+          for i, recs in zip(common.seeds(), group)]
+  table = fs.summary_table(rows) + "\n\n" + mean_table(runs)
+  print(table)
+  with open(os.path.join(FLAGS.out_dir, "summary.md"), "w", encoding="utf-8") as f:
+    f.write(table + "\n")
+  with open(os.path.join(FLAGS.out_dir, "filtered_bad.csv"), "w", newline="", encoding="utf-8") as f:
+    writer = csv.writer(f)
+    writer.writerow(["run", "seed", "round", "num_filtered", "bad_filtered_in"])
+    writer.writerows(bad_rows)
+  if FLAGS.plot:
+    from fedjax_sel.plotting import plot_curves  # pylint: disable=import-outside-toplevel
+    path = os.path.join(FLAGS.out_dir, "filfl.png")
+    plot_curves(runs, ["test_accuracy", "clean_train_loss", "test_loss", "num_filtered"], path,
+                titles={"test_accuracy": "test accuracy",
+                        "clean_train_loss": "train loss (uncorrupted clients)",
+                        "test_loss": "test loss", "num_filtered": "|S^f| (filtered-in)"})
+    print(f"figure: {path}")
+
+
+def mean_table(runs) -> str:
+  """Mean +- std over seeds of the final and best test accuracy, and of R ratios when present."""
+  from fedjax_sel.plotting import metric_matrix  # pylint: disable=import-outside-toplevel
+  lines = ["| method | final test acc (mean +- std) | mean test acc over rounds | rounds to 80% acc |",
+           "|---|---|---|---|"]
+  for label, group in runs.items():
+    rounds, acc = metric_matrix(group, "test_accuracy")
+    final = acc[:, -1]
+    mean_curve = acc.mean(0)
+    hit = rounds[np.argmax(mean_curve >= 0.8)] if (mean_curve >= 0.8).any() else "never"
+    lines.append(f"| {label} | {final.mean():.4f} +- {final.std():.4f} | "
+                 f"{acc.mean():.4f} | {hit} |")
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  app.run(main)

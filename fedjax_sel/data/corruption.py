@@ -1,0 +1,60 @@
+"""Bad clients: corrupted labels or features on a chosen share of the clients (SPEC section 4).
+
+Kinds:
+  shuffle: every label replaced by a uniformly random class (over all C classes).
+  flip: every label set to one class drawn per client (a constant wrong label for the others).
+  noise: features x + N(0, 0.7^2), clipped back to the pool's feature range.
+
+The training and validation splits of the bad clients are corrupted; test splits stay clean so that
+the global model is always scored on true labels. The bad clients are returned as a mask.
+
+Example:
+  >>> data, bad = corrupt_clients(data, fraction=0.3, kinds=("shuffle",), seed=0)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedjax_sel.data.federated import ClientPool, FederatedDataset, label_histogram
+
+KINDS = ("shuffle", "flip", "noise")
+
+
+def _corrupt_pool(pool: ClientPool, bad_kind: dict[int, str], num_classes: int, noise_std: float,
+                  lo: float, hi: float, rng: np.random.Generator) -> ClientPool:
+  def fn(k, x, y):
+    kind = bad_kind.get(k)
+    if kind == "shuffle":
+      y = rng.integers(0, num_classes, len(y)).astype(np.int32)
+    elif kind == "flip":
+      y = np.full(len(y), rng.integers(0, num_classes), np.int32)
+    elif kind == "noise":
+      x = np.clip(x + rng.normal(0.0, noise_std, x.shape), lo, hi).astype(np.float32)
+    return x, y
+  return pool.map_clients(fn)
+
+
+def corrupt_clients(data: FederatedDataset, fraction: float, kinds: tuple[str, ...] = KINDS,
+                    seed: int = 0, noise_std: float = 0.7) -> tuple[FederatedDataset, np.ndarray]:
+  """Corrupts `round(fraction * N)` clients, the kinds split evenly among them.
+
+  Returns:
+    (the corrupted dataset, `[N]` bool mask of bad clients).
+  """
+  if not 0.0 <= fraction <= 1.0:
+    raise ValueError(f"corrupt_fraction must be in [0, 1], got {fraction}")
+  unknown = set(kinds) - set(KINDS)
+  if unknown or not kinds:
+    raise ValueError(f"corruption kinds must be a non-empty subset of {KINDS}, got {kinds}")
+  n = data.num_clients
+  rng = np.random.default_rng(seed)
+  bad_ids = np.sort(rng.permutation(n)[:int(round(fraction * n))])
+  bad_kind = {int(k): kinds[i % len(kinds)] for i, k in enumerate(bad_ids)}
+  lo, hi = float(data.train.x.min()), float(data.train.x.max())
+  train = _corrupt_pool(data.train, bad_kind, data.num_classes, noise_std, lo, hi, rng)
+  val = _corrupt_pool(data.val, bad_kind, data.num_classes, noise_std, lo, hi, rng)
+  bad = np.zeros(n, bool)
+  bad[bad_ids] = True
+  return data._replace(train=train, val=val,
+                       label_hist=label_histogram(train, data.num_classes)), bad
