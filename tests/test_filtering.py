@@ -1,0 +1,239 @@
+"""FilFL filtering against a direct, loop-based transcription of the paper's Algorithm 1."""
+
+import itertools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import fedjax_sel as fs
+from fedjax_sel import filtering
+from fedjax_sel import keys as keylib
+from fedjax_sel.local_training import local_train
+
+DIM = 5
+
+
+def make_problem(seed, n, scale=1.0):
+  """n client models of a linear regressor and a public set; loss = mean squared error."""
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(40, DIM)).astype(np.float32)
+  w_true = rng.normal(size=DIM).astype(np.float32)
+  y = x @ w_true
+  clients = {"w": jnp.asarray(w_true + scale * rng.normal(size=(n, DIM)).astype(np.float32)),
+             "b": jnp.asarray(scale * rng.normal(size=(n,)).astype(np.float32))}
+  global_params = {"w": jnp.zeros(DIM), "b": jnp.zeros(())}
+  loss_fn = lambda p: jnp.mean((jnp.asarray(x) @ p["w"] + p["b"] - y) ** 2)
+  return loss_fn, clients, global_params
+
+
+def reference_algorithm1(loss_fn, clients, valid, global_params, key, mode, empty_value, const,
+                         order):
+  """Algorithm 1 written out: sets as Python lists, R by averaging the members' models."""
+  n = len(valid)
+  loss = jax.jit(loss_fn)
+
+  def value(members):
+    if not members:
+      return const - float(loss(global_params)) if empty_value == "global" else 0.0
+    avg = jax.tree.map(lambda a: jnp.mean(a[np.array(members)], axis=0), clients)
+    return const - float(loss(avg))
+
+  order_key, coin_key = jax.random.split(key)
+  rank = np.asarray(jax.random.uniform(order_key, (n,))) if order == "random" else np.arange(n) / n
+  visit = [int(i) for i in np.argsort(np.where(valid, rank, 2.0), kind="stable")]
+  x_set, y_set = [], [i for i in range(n) if valid[i]]
+  for step, u in enumerate(visit):
+    if not valid[u]:
+      continue
+    a = value(x_set + [u]) - value(x_set)
+    b = value([v for v in y_set if v != u]) - value(y_set)
+    if mode == "dgf":
+      keep = a > b
+    else:
+      ap, bp = max(a, 0.0), max(b, 0.0)
+      p = 1.0 if ap == 0 and bp == 0 else ap / (ap + bp)
+      keep = float(jax.random.uniform(jax.random.fold_in(coin_key, step))) < p
+    if keep:
+      x_set.append(u)
+    else:
+      y_set.remove(u)
+  assert sorted(x_set) == sorted(y_set)
+  return sorted(x_set), value(x_set)
+
+
+GREEDY = jax.jit(filtering.greedy_filter, static_argnames=("loss_fn", "mode", "empty_value",
+                                                            "const", "order"))
+
+
+@pytest.mark.parametrize("mode", ["dgf", "rgf"])
+@pytest.mark.parametrize("empty_value,order", [("global", "random"), ("zero", "index"),
+                                               ("global", "index")])
+def test_jitted_greedy_equals_algorithm1(mode, empty_value, order):
+  for case, n in enumerate([1, 2, 3, 7, 12, 30]):
+    loss_fn, clients, g = make_problem(case, n, scale=0.5 + case * 0.3)
+    valid = np.random.default_rng(case).random(n) < 0.85
+    valid[0] = True
+    key = jax.random.PRNGKey(case)
+    out = GREEDY(loss_fn, clients, jnp.asarray(valid), g, key, mode=mode, empty_value=empty_value,
+                 const=10.0, order=order)
+    want, want_value = reference_algorithm1(loss_fn, clients, valid, g, key, mode, empty_value,
+                                            10.0, order)
+    assert np.flatnonzero(np.asarray(out.kept)).tolist() == want, (n, case)
+    np.testing.assert_allclose(float(out.value), want_value, rtol=1e-5, atol=1e-5)
+    assert float(out.num_evals) == 2 * valid.sum() + 1 + (empty_value == "global")
+
+
+def test_ties_and_empty_result():
+  # Identical, integer-valued clients: after the first is kept every later step is an exact tie
+  # (a = b = 0): DGF rejects ties, RGF keeps with probability 1.
+  x = jnp.ones((4, DIM))
+  loss_fn = lambda p: jnp.mean((x @ p["w"] - 3.0) ** 2)
+  clients = {"w": jnp.tile(jnp.array([1.0, 0.0, 0.0, 0.0, 0.0]), (6, 1))}
+  g = {"w": jnp.zeros(DIM)}
+  valid = jnp.ones(6, bool)
+  for mode, expected in (("dgf", 1), ("rgf", 6)):
+    out = GREEDY(loss_fn, clients, valid, g, jax.random.PRNGKey(0), mode=mode,
+                 empty_value="global", const=10.0, order="index")
+    want, _ = reference_algorithm1(loss_fn, clients, np.ones(6, bool), g, jax.random.PRNGKey(0),
+                                   mode, "global", 10.0, "index")
+    assert int(out.kept.sum()) == expected == len(want)
+  # Every client worse than the global model: nothing is kept.
+  bad = {"w": jnp.asarray(np.random.default_rng(0).normal(size=(5, DIM)) * 50 + 40)}
+  good_global = {"w": jnp.array([3.0, 0, 0, 0, 0])}
+  out = GREEDY(loss_fn, bad, jnp.ones(5, bool), good_global, jax.random.PRNGKey(1), mode="dgf",
+               empty_value="global", const=10.0, order="random")
+  assert int(out.kept.sum()) == 0
+  assert reference_algorithm1(loss_fn, bad, np.ones(5, bool), good_global, jax.random.PRNGKey(1),
+                              "dgf", "global", 10.0, "random")[0] == []
+
+
+def brute_force(loss_fn, clients, n, const):
+  best, best_set = -np.inf, None
+  for size in range(1, n + 1):
+    for combo in itertools.combinations(range(n), size):
+      avg = jax.tree.map(lambda a: jnp.mean(a[np.array(combo)], axis=0), clients)
+      v = const - float(loss_fn(avg))
+      if v > best + 1e-6:
+        best, best_set = v, list(combo)
+  return best, best_set
+
+
+def test_opt_equals_brute_force_and_bounds_greedy():
+  ratios = []
+  for case, n in enumerate([1, 3, 5, 8, 12]):
+    loss_fn, clients, g = make_problem(10 + case, n, scale=1.5)
+    opt = filtering.opt_filter(loss_fn, clients, n, const=10.0, chunk_size=64)
+    want, want_set = brute_force(loss_fn, clients, n, 10.0) if n <= 8 else (None, None)
+    if want is not None:
+      np.testing.assert_allclose(float(opt.value), want, rtol=1e-5)
+      assert np.flatnonzero(np.asarray(opt.kept)).tolist() == want_set
+    for mode in ("dgf", "rgf"):
+      out = GREEDY(loss_fn, clients, jnp.ones(n, bool), g, jax.random.PRNGKey(case), mode=mode,
+                   empty_value="global", const=10.0, order="random")
+      assert float(out.value) <= float(opt.value) + 1e-5
+      ratios.append(float(out.value) / float(opt.value))
+  print(f"approximation ratios R(greedy)/R(OPT), n <= 12: min {min(ratios):.4f}, "
+        f"mean {np.mean(ratios):.4f}")
+  assert min(ratios) > 0.5
+
+
+def test_subset_masks_order():
+  assert filtering.subset_masks(3).astype(int).tolist() == [
+      [1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 0], [1, 0, 1], [0, 1, 1], [1, 1, 1]]
+
+
+def test_submodularity_check_matches_direct_computation():
+  loss_fn, clients, _ = make_problem(3, 6)
+  valid = jnp.ones(6, bool)
+  key = jax.random.PRNGKey(4)
+  gammas = (0.0, 0.5, 1.0, 2.0)
+  got = filtering.submodularity_check(loss_fn, clients, valid, key, gammas, samples=8)
+  value = lambda s: 10.0 - float(loss_fn(jax.tree.map(lambda a: jnp.mean(a[np.array(s)], 0),
+                                                      clients)))
+  hits, counted = np.zeros(len(gammas)), 0
+  for k in jax.random.split(key, 8):
+    side = np.asarray(jax.random.randint(k, (6,), 0, 3))
+    a, b = list(np.flatnonzero(side == 0)), list(np.flatnonzero(side == 1))
+    if not a or not b:
+      continue
+    counted += 1
+    lhs = sum(value(a + [e]) - value(a) for e in b)
+    rhs = value(a + b) - value(a)
+    hits += np.array([lhs >= gm * rhs - 1e-6 * abs(rhs) for gm in gammas])
+  np.testing.assert_allclose(np.asarray(got), hits / max(counted, 1), atol=1e-6)
+
+
+def test_greedy_compiles_once_across_calls():
+  loss_fn, clients, g = make_problem(0, 9)
+  fn = jax.jit(lambda c, v, p, k: filtering.greedy_filter(loss_fn, c, v, p, k, mode="dgf"))
+  for i in range(4):
+    c = jax.tree.map(lambda a: a + i, clients)
+    fn(c, jnp.arange(9) % (i + 2) > 0, g, jax.random.PRNGKey(i))
+  assert fn._cache_size() == 1
+
+
+def _filfl_sim(data, mode="dgf", period=2):
+  model = fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(16,))
+  pub = lambda p, x, y: jnp.mean(fs.models.per_example_loss(model, p, x, y))
+  filt = filtering.filfl_filter(pub, data.public_x, data.public_y,
+                                filtering.FilterConfig(mode, period=period))
+  return fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
+                      fs.uniform_availability(data.num_clients, 6, period=3),
+                      fs.random_selector(3), fs.fedavg("uniform"), 3, 0, filter=filt,
+                      lr_schedule=fs.constant_lr(0.1))
+
+
+def _data_with_public():
+  from tests.conftest import ragged_dataset  # pylint: disable=import-outside-toplevel
+  d = ragged_dataset([23, 5, 40, 6, 17, 9, 31, 12, 8, 28])
+  rng = np.random.default_rng(9)
+  return d._replace(public_x=rng.normal(size=(30, 6)).astype(np.float32),
+                    public_y=rng.integers(0, 4, 30).astype(np.int32))
+
+
+def test_filfl_round_matches_hand_composition():
+  """Round 0: all available train, greedy filter, RS on S^f, uniform mean without retraining."""
+  data = _data_with_public()
+  sim = _filfl_sim(data)
+  state = sim.init()
+  new_state, metrics = sim.step(state)
+  avail = sim.availability.sample(0, 0)
+  slots = jnp.nonzero(avail, size=6)[0].astype(jnp.int32)
+  keys = keylib.client_keys(keylib.round_key(0, 0, keylib.TRAIN), slots)
+  res = local_train(sim.model, sim.optimizer, sim.local, state.params,
+                    fs.data.device_pool(data.train), slots, jnp.ones(6, bool), keys,
+                    jnp.float32(0.1), data.train.max_count)
+  loss_fn = lambda p: jnp.mean(fs.models.per_example_loss(sim.model, p, jnp.asarray(data.public_x),
+                                                          jnp.asarray(data.public_y)))
+  want, _ = reference_algorithm1(loss_fn, res.params, np.ones(6, bool), state.params,
+                                 keylib.round_key(0, 0, keylib.FILTER), "dgf", "global", 10.0,
+                                 "random")
+  filtered = np.zeros(data.num_clients, bool)
+  filtered[np.asarray(slots)[want]] = True
+  assert np.asarray(metrics["filtered_in"]).tolist() == filtered.tolist()
+  chosen, _ = sim.selector.select((), keylib.round_key(0, 0, keylib.SELECT), None,
+                                  jnp.asarray(filtered))
+  picked = [i for i, c in enumerate(np.asarray(slots)) if chosen[c]]
+  expected = jax.tree.map(lambda a: jnp.mean(a[np.array(picked)], axis=0), res.params)
+  chex.assert_trees_all_close(new_state.params, expected, atol=1e-5)
+  assert float(metrics["cost"]["train_samples"]) == float(jnp.sum(res.samples))
+  assert float(metrics["cost"]["uploads"]) == 6
+
+
+def test_filfl_rounds_do_not_retrace_and_reuse_the_filtered_set():
+  sim = _filfl_sim(_data_with_public(), period=2)
+  state = sim.init()
+  flags = []
+  for _ in range(6):
+    prev = state.filtered
+    state, m = sim.step(state)
+    flags.append(bool(m["filter_round"]))
+    if not m["filter_round"]:
+      assert (np.asarray(m["filtered_in"]) <= (np.asarray(prev))).all()
+  # Rounds 0, 2, 4 by period; round 3 by the availability redraw (period 3).
+  assert flags == [True, False, True, True, True, False]
+  assert sim._step._cache_size() == 1
