@@ -26,7 +26,8 @@ from fedjax_sel.components import (STAT_NAMES, AggregateInputs, Aggregator, Clie
                                    Participation, RoundInputs, RoundOutcome, Selector, everyone)
 from fedjax_sel.data.federated import ClientPool, FederatedDataset, device_pool
 from fedjax_sel.evaluation import client_gradients, client_metrics
-from fedjax_sel.local_training import LocalHParams, LocalResult, OptimizerFactory, local_train
+from fedjax_sel.local_training import (LocalHParams, LocalResult, OptimizerFactory,
+                                       auto_chunk_size, bytes_per_client, local_train)
 from fedjax_sel.models.bundle import Model, example_metrics, per_example_loss
 
 
@@ -171,8 +172,15 @@ class Simulator:
       self.mesh = jax.make_mesh((jax.device_count(),), ("clients",),
                                 axis_types=(jax.sharding.AxisType.Auto,))
       self.client_sharding = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec("clients"))
+    if local.chunk_size is None:
+      per_client = bytes_per_client(model, optimizer, local, model.init(jax.random.PRNGKey(0)),
+                                    data.feature_shape)
+      slots = max(clients_per_round, availability.num_available)
+      self.local = local._replace(chunk_size=auto_chunk_size(per_client,
+                                                             local.memory_budget_bytes, slots))
     self.arrays = self._device_arrays()
     self._step = jax.jit(self._round)
+    self._steps = jax.jit(self._rounds, static_argnums=2)
     self._evaluate = jax.jit(self._evaluate_impl)
 
   def _device_arrays(self) -> DataArrays:
@@ -201,6 +209,15 @@ class Simulator:
   def step(self, state: EngineState) -> tuple[EngineState, dict]:
     """Runs one round (one compiled call)."""
     return self._step(state, self.arrays)
+
+  def steps(self, state: EngineState, num_rounds: int) -> tuple[EngineState, dict]:
+    """Runs `num_rounds` rounds in one compiled call (a `lax.scan` over rounds); the metrics come
+    back stacked with a leading `[num_rounds]` axis. Use it when nothing needs the host between
+    rounds: for small models it removes the per-round dispatch."""
+    return self._steps(state, self.arrays, num_rounds)
+
+  def _rounds(self, state, arrays, num_rounds):
+    return jax.lax.scan(lambda s, _: self._round(s, arrays), state, None, length=num_rounds)
 
   def evaluate(self, params) -> dict:
     """Global model metrics: pooled test and train loss/accuracy, and on the public set."""

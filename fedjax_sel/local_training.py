@@ -39,7 +39,9 @@ class LocalHParams(NamedTuple):
     num_epochs: E, used when `num_steps` is None.
     num_steps: a fixed number of local steps for every client instead of epochs.
     prox_mu: FedProx coefficient (0 = FedAvg).
-    chunk_size: clients per vmapped chunk (None = all K in one chunk).
+    chunk_size: clients per vmapped chunk; None = all slots in one chunk (the `Simulator` replaces
+      None by `auto_chunk_size` for `memory_budget_bytes`).
+    memory_budget_bytes: memory the simulator may give one chunk of local training.
   """
 
   batch_size: int
@@ -47,6 +49,7 @@ class LocalHParams(NamedTuple):
   num_steps: int | None = None
   prox_mu: float = 0.0
   chunk_size: int | None = None
+  memory_budget_bytes: int = 4 * 2**30
 
 
 class LocalResult(NamedTuple):
@@ -181,3 +184,31 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
   inverse = jnp.argsort(order)
   unarrange = lambda a: a.reshape(padded, *a.shape[2:])[:num_slots][inverse]
   return LocalResult(jax.tree.map(unarrange, params), unarrange(loss), unarrange(samples), steps_all)
+
+
+def bytes_per_client(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, params: Params,
+                     feature_shape: tuple[int, ...]) -> int:
+  """Memory one more vmapped client costs in a training step, from XLA's own memory analysis of
+  the step compiled for 1 and for 2 clients (parameters, optimizer state, gradients, activations)."""
+  tx = optimizer(jnp.float32(0.1))
+
+  def step(p, o, x, y):
+    g = jax.grad(lambda q: jnp.mean(per_example_loss(model, q, x, y)))(p)
+    u, o = tx.update(g, o, p)
+    return optax.apply_updates(p, u), o
+
+  def total(c):
+    spec = lambda a: jax.ShapeDtypeStruct((c, *a.shape), a.dtype)
+    ps = jax.tree.map(spec, params)
+    os_ = jax.tree.map(spec, jax.eval_shape(tx.init, params))
+    x = jax.ShapeDtypeStruct((c, hp.batch_size, *feature_shape), jnp.float32)
+    y = jax.ShapeDtypeStruct((c, hp.batch_size), jnp.int32)
+    m = jax.jit(jax.vmap(step)).lower(ps, os_, x, y).compile().memory_analysis()
+    return m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes
+
+  return max(total(2) - total(1), 1)
+
+
+def auto_chunk_size(per_client_bytes: int, budget_bytes: int, num_slots: int) -> int:
+  """Largest chunk of clients that fits `budget_bytes` (at least 1, at most `num_slots`)."""
+  return int(max(1, min(num_slots, budget_bytes // max(per_client_bytes, 1))))

@@ -132,13 +132,15 @@ def test_client_metrics_and_gradients_match_per_client_loop(small_data):
   grads = fs.client_gradients(model, params, pool, jnp.arange(10), batch_size=4, chunk_size=3)
   norms = fs.client_gradients(model, params, pool, jnp.arange(10), batch_size=4, chunk_size=3,
                               norm_only=True)
+  metrics_fn = jax.jit(lambda x, y: example_metrics(model, params, x, y))
+  grad_fn = jax.jit(jax.grad(lambda p, x, y: jnp.mean(fs.models.per_example_loss(model, p, x, y))))
   for k in range(10):
     x, y = small_data.train.client(k)
-    em = example_metrics(model, params, jnp.asarray(x), jnp.asarray(y))
+    em = metrics_fn(jnp.asarray(x), jnp.asarray(y))
     np.testing.assert_allclose(m.loss[k], em.loss.mean(), rtol=1e-5)
     np.testing.assert_allclose(m.accuracy[k], em.correct.mean(), rtol=1e-5)
     np.testing.assert_allclose(m.entropy[k], em.entropy.mean(), rtol=1e-5)
-    g = jax.grad(lambda p: jnp.mean(fs.models.per_example_loss(model, p, x, y)))(params)
+    g = grad_fn(params, jnp.asarray(x), jnp.asarray(y))
     chex.assert_trees_all_close(jax.tree.map(lambda a: a[k], grads), g, atol=1e-5)
     np.testing.assert_allclose(norms[k], optax.tree.norm(g), rtol=1e-4)
 
@@ -160,3 +162,25 @@ def test_bad_arguments_fail_before_compute(small_data):
     make_sim(small_data, k=7, n=6)
   with pytest.raises(ValueError, match="num_available"):
     fs.uniform_availability(5, 6)
+
+
+def test_scanned_rounds_equal_single_rounds(small_data):
+  sim = make_sim(small_data, seed=2)
+  state = sim.init()
+  singles = []
+  for _ in range(3):
+    state, m = sim.step(state)
+    singles.append(m)
+  scanned_state, stacked = sim.steps(sim.init(), 3)
+  chex.assert_trees_all_close(scanned_state.params, state.params, atol=1e-6)
+  np.testing.assert_allclose(stacked["local_train_loss"],
+                             [float(m["local_train_loss"]) for m in singles], rtol=1e-5)
+
+
+def test_no_host_device_transfer_inside_a_round(small_data):
+  sim = make_sim(small_data)
+  state, _ = sim.step(sim.init())  # Compile and place everything first.
+  with jax.transfer_guard("disallow"):
+    for _ in range(2):
+      state, metrics = sim.step(state)
+  jax.block_until_ready(state)

@@ -1,0 +1,49 @@
+"""Timing, machine description and result files shared by the benchmark scripts."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from typing import Callable
+
+import jax
+
+
+def machine() -> dict:
+  return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+          "cpus": os.cpu_count(), "jax": jax.__version__, "backend": jax.default_backend(),
+          "devices": [str(d) for d in jax.devices()]}
+
+
+def median_time(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
+  """Median wall time of `fn()` (its outputs blocked on) over `reps` runs after `warmup` runs."""
+  for _ in range(warmup):
+    jax.block_until_ready(fn())
+  times = []
+  for _ in range(reps):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
+  """Rows as a markdown table; `columns` = (key, header); floats get 3 significant digits."""
+  fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else ("-" if v is None else str(v))
+  lines = ["| " + " | ".join(h for _, h in columns) + " |", "|" + "---|" * len(columns)]
+  lines += ["| " + " | ".join(fmt(r.get(k)) for k, _ in columns) + " |" for r in rows]
+  return "\n".join(lines)
+
+
+def write_results(out: str, name: str, rows: list[dict], table: str, extra: dict | None = None):
+  """Writes `<out>/<name>.json` (rows + machine) and `<out>/<name>.md` (the table)."""
+  os.makedirs(out, exist_ok=True)
+  with open(os.path.join(out, f"{name}.json"), "w", encoding="utf-8") as f:
+    json.dump({"machine": machine(), "rows": rows, **(extra or {})}, f, indent=1)
+  with open(os.path.join(out, f"{name}.md"), "w", encoding="utf-8") as f:
+    f.write(table + "\n")
+  print(table)
+  print(f"results: {os.path.join(out, name)}.json / .md")

@@ -1,0 +1,235 @@
+r"""Training throughput of one FedAvg round with K clients, beside what users run today.
+
+  python -m benchmarks.round_throughput            # full table (minutes)
+  python -m benchmarks.round_throughput --quick    # smoke run (seconds)
+
+Variants, all in one process and one run, on the same synthetic data (S samples per client, batch
+B, one local epoch), reported in training samples/s:
+  vectorized:    our `local_train` (vmap over stacked clients, chunked) + FedAvg, one jitted call.
+  jax_loop:      a Python loop over clients calling one jitted SGD step per batch (fedjax-style).
+  torch_loop:    the same loop in PyTorch on CPU (Flower / pfl / FedML style); skipped without torch.
+  central_B:     one model trained on all K*S samples with batch B (the per-client-batch limit).
+  central_KB:    one model trained with the fused batch K*B (the fused-batch limit).
+Extra rows: conv lowering (patches vs lax) and chunk size for the LEAF CNN (with XLA's planned
+memory), and several rounds per compiled call (`Simulator.steps`) against one call per round.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import app, flags
+
+import fedjax_sel as fs
+from benchmarks.common import markdown_table, median_time, write_results
+from fedjax_sel.data.federated import ClientPool, device_pool
+from fedjax_sel.models import masked_mean_loss
+
+FLAGS = flags.FLAGS
+flags.DEFINE_bool("quick", False, "Smoke run: tiny grid, one repetition.")
+flags.DEFINE_string("out", "benchmarks/results", "Folder of the JSON / markdown results.")
+flags.DEFINE_integer("samples_per_client", 64, "S.")
+flags.DEFINE_integer("batch_size", 32, "B.")
+flags.DEFINE_integer("reps", 3, "Timed repetitions (median).")
+
+SHAPES = {"logreg": ((28, 28, 1), 10), "mlp": ((28, 28, 1), 10), "leaf_cnn": ((28, 28, 1), 62)}
+LR = 0.05
+
+
+def grid(quick: bool):
+  if quick:
+    return [("logreg", 4), ("mlp", 4)]
+  return [("logreg", 10), ("logreg", 100), ("logreg", 1000), ("mlp", 10), ("mlp", 100),
+          ("mlp", 1000), ("leaf_cnn", 10), ("leaf_cnn", 100)]
+
+
+def make_pool(k, s, shape, classes, seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.random((k * s, *shape), dtype=np.float32)
+  y = rng.integers(0, classes, k * s).astype(np.int32)
+  return ClientPool(x, y, np.repeat(np.arange(k, dtype=np.int32), s),
+                    (np.arange(k) * s).astype(np.int32), np.full(k, s, np.int32))
+
+
+def vectorized(model, params, pool, k, b, chunk):
+  hp = fs.LocalHParams(batch_size=b, num_epochs=1, chunk_size=chunk)
+  clients = jnp.arange(k, dtype=jnp.int32)
+  keys = fs.keys.client_keys(jax.random.PRNGKey(0), clients)
+  agg = fs.fedavg("examples")
+  dp = device_pool(pool)
+
+  @jax.jit
+  def round_fn(p, dp):
+    res = fs.local_train(model, lambda lr: optax.sgd(lr), hp, p, dp, clients, jnp.ones(k, bool),
+                         keys, jnp.float32(LR), pool.max_count)
+    new, _ = agg.apply((), p, res.params, fs.AggregateInputs(jnp.ones(k, bool), dp.counts[clients],
+                                                              res.train_loss))
+    return new
+  return lambda: round_fn(params, dp), round_fn.lower(params, dp).compile().memory_analysis()
+
+
+def sgd_step_fn(model):
+  @jax.jit
+  def step(p, x, y):
+    g = jax.grad(lambda q: masked_mean_loss(model, q, x, y, jnp.ones(y.shape[0])))(p)
+    return jax.tree.map(lambda a, gi: a - LR * gi, p, g)
+  return step
+
+
+def jax_loop(model, params, pool, k, s, b):
+  step = sgd_step_fn(model)
+  add = jax.jit(lambda acc, p, w: jax.tree.map(lambda a, q: a + w * q, acc, p))
+  x, y = jnp.asarray(pool.x), jnp.asarray(pool.y)
+  batches = [[(x[c * s + i:c * s + i + b], y[c * s + i:c * s + i + b]) for i in range(0, s, b)]
+             for c in range(k)]
+
+  def run():
+    acc = jax.tree.map(jnp.zeros_like, params)
+    for c in range(k):
+      p = params
+      for xb, yb in batches[c]:
+        p = step(p, xb, yb)
+      acc = add(acc, p, 1.0 / k)
+    return acc
+  return run
+
+
+def central(model, params, pool, batch):
+  step = sgd_step_fn(model)
+  x, y = jnp.asarray(pool.x), jnp.asarray(pool.y)
+  batches = [(x[i:i + batch], y[i:i + batch]) for i in range(0, x.shape[0], batch)]
+
+  def run():
+    p = params
+    for xb, yb in batches:
+      p = step(p, xb, yb)
+    return p
+  return run
+
+
+def torch_loop(name, pool, k, s, b, classes):
+  """Returns a runner, or None when torch is not installed."""
+  try:
+    import torch  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return None
+  nn = torch.nn
+  if name == "logreg":
+    net = nn.Sequential(nn.Flatten(), nn.Linear(784, classes))
+  elif name == "mlp":
+    net = nn.Sequential(nn.Flatten(), nn.Linear(784, 200), nn.ReLU(), nn.Linear(200, 200), nn.ReLU(),
+                        nn.Linear(200, classes))
+  else:
+    net = nn.Sequential(nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                        nn.Linear(3136, 2048), nn.ReLU(), nn.Linear(2048, classes))
+  x = torch.from_numpy(np.ascontiguousarray(pool.x.transpose(0, 3, 1, 2)))
+  y = torch.from_numpy(pool.y.astype(np.int64))
+  global_state = {kk: v.clone() for kk, v in net.state_dict().items()}
+  loss_fn = nn.CrossEntropyLoss()
+
+  def run():
+    acc = {kk: torch.zeros_like(v) for kk, v in global_state.items()}
+    for c in range(k):
+      net.load_state_dict(global_state)
+      opt = torch.optim.SGD(net.parameters(), lr=LR)
+      for i in range(0, s, b):
+        opt.zero_grad()
+        loss_fn(net(x[c * s + i:c * s + i + b]), y[c * s + i:c * s + i + b]).backward()
+        opt.step()
+      for kk, v in net.state_dict().items():
+        acc[kk] += v / k
+    return None
+  return run
+
+
+def scan_rounds_rows(quick: bool) -> list[dict]:
+  """Rounds per compiled call: `sim.steps(R)` against R calls of `sim.step`."""
+  rows = []
+  data = fs.build_dataset(fs.DatasetSpec("digits", num_clients=50, partition="iid"), seed=0)
+  rounds = 5 if quick else 20
+  for name in ("logreg", "mlp"):
+    model = fs.build_model(name, data.feature_shape, data.num_classes)
+    sim = fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=16),
+                       fs.uniform_availability(50, 20), fs.random_selector(10), fs.fedavg(), 10, 0)
+    state = sim.init()
+
+    def per_round():
+      s = state
+      for _ in range(rounds):
+        s, _ = sim.step(s)
+      return s
+    t_loop = median_time(per_round, 1 if quick else FLAGS.reps)
+    t_scan = median_time(lambda: sim.steps(state, rounds), 1 if quick else FLAGS.reps)
+    rows.append({"model": name, "rounds": rounds, "per_round_call_ms": 1e3 * t_loop / rounds,
+                 "scanned_ms": 1e3 * t_scan / rounds, "gain": t_loop / t_scan})
+  return rows
+
+
+def main(argv):
+  del argv
+  s, b = FLAGS.samples_per_client, FLAGS.batch_size
+  reps = 1 if FLAGS.quick else FLAGS.reps
+  rows = []
+  for name, k in grid(FLAGS.quick):
+    shape, classes = SHAPES[name]
+    model = fs.build_model(name, shape, classes)
+    params = model.init(jax.random.PRNGKey(0))
+    pool = make_pool(k, s, shape, classes)
+    n = k * s
+    row = {"model": name, "K": k}
+    run, mem = vectorized(model, params, pool, k, b, None)
+    row["vectorized"] = n / median_time(run, reps)
+    row["xla_bytes"] = mem.temp_size_in_bytes + mem.argument_size_in_bytes + mem.output_size_in_bytes
+    loop_clients = min(k, 100)  # The loops are timed on up to 100 clients (throughput is per client).
+    loop_pool = make_pool(loop_clients, s, shape, classes)
+    row["jax_loop"] = loop_clients * s / median_time(jax_loop(model, params, loop_pool,
+                                                              loop_clients, s, b), reps)
+    t = torch_loop(name, loop_pool, loop_clients, s, b, classes)
+    row["torch_loop"] = None if t is None else loop_clients * s / median_time(t, reps)
+    row["central_B"] = n / median_time(central(model, params, pool, b), reps)
+    row["central_KB"] = n / median_time(central(model, params, pool, k * b), reps)
+    row["vs_jax_loop"] = row["vectorized"] / row["jax_loop"]
+    row["vs_torch_loop"] = None if t is None else row["vectorized"] / row["torch_loop"]
+    row["vs_central_B"] = row["vectorized"] / row["central_B"]
+    row["vs_central_KB"] = row["vectorized"] / row["central_KB"]
+    print(row, flush=True)
+    rows.append(row)
+  ablation = []
+  if not FLAGS.quick:
+    k = 100
+    shape, classes = SHAPES["leaf_cnn"]
+    pool = make_pool(k, s, shape, classes)
+    for impl in ("patches", "lax"):
+      model = fs.build_model("leaf_cnn", shape, classes, conv_impl=impl)
+      params = model.init(jax.random.PRNGKey(0))
+      for chunk in ((10, 25, 50, 100) if impl == "patches" else (10,)):
+        run, mem = vectorized(model, params, pool, k, b, chunk)
+        entry = {"conv_impl": impl, "chunk": chunk, "samples_per_s": k * s / median_time(run, reps),
+                 "xla_gb": (mem.temp_size_in_bytes + mem.argument_size_in_bytes
+                            + mem.output_size_in_bytes) / 2**30}
+        print(entry, flush=True)
+        ablation.append(entry)
+  scan_rows = scan_rounds_rows(FLAGS.quick)
+  table = markdown_table(rows, [
+      ("model", "model"), ("K", "K"), ("vectorized", "ours (samples/s)"),
+      ("jax_loop", "JAX per-client loop"), ("torch_loop", "PyTorch per-client loop"),
+      ("central_B", "central, batch B"), ("central_KB", "central, batch K*B"),
+      ("vs_jax_loop", "ours / JAX loop"), ("vs_torch_loop", "ours / torch loop"),
+      ("vs_central_B", "ours / central B"), ("vs_central_KB", "ours / central K*B")])
+  if ablation:
+    table += "\n\nLEAF CNN, K = 100: convolution lowering and client chunk size\n\n" + markdown_table(
+        ablation, [("conv_impl", "conv"), ("chunk", "chunk"), ("samples_per_s", "samples/s"),
+                   ("xla_gb", "XLA planned memory (GiB)")])
+  table += "\n\nSeveral rounds per compiled call (digits, K = 10)\n\n" + markdown_table(
+      scan_rows, [("model", "model"), ("rounds", "rounds"), ("per_round_call_ms", "ms/round, one call each"),
+                  ("scanned_ms", "ms/round, lax.scan"), ("gain", "gain")])
+  write_results(FLAGS.out, "round_throughput" + ("_quick" if FLAGS.quick else ""), rows, table,
+                {"chunk_ablation": ablation, "scan_rounds": scan_rows,
+                 "samples_per_client": s, "batch_size": b})
+
+
+if __name__ == "__main__":
+  app.run(main)
