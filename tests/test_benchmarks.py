@@ -1,0 +1,31 @@
+"""Smoke test: the three benchmark scripts run in --quick mode and write well-formed results.
+
+Benchmarks measure speed; nothing here asserts a time.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("script,keys,extra", [
+    ("round_throughput", {"model", "K", "vectorized", "jax_loop", "central_B", "central_KB",
+                          "vs_jax_loop"}, "scan_rounds"),
+    ("filter_throughput", {"model", "n", "m", "dgf_s", "rgf_s", "limit_s", "host_loop_s"}, "opt"),
+    ("selector_throughput", {"selector", "N", "K", "ms", "selections_per_s"}, "divfl"),
+])
+def test_benchmark_quick_mode(tmp_path, script, keys, extra):
+  proc = subprocess.run([sys.executable, "-m", f"benchmarks.{script}", "--quick",
+                         f"--out={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  with open(tmp_path / f"{script}_quick.json", encoding="utf-8") as f:
+    result = json.load(f)
+  assert result["rows"] and all(keys <= set(r) for r in result["rows"])
+  assert result[extra] and "machine" in result
+  table = (tmp_path / f"{script}_quick.md").read_text(encoding="utf-8")
+  assert table.startswith("| ") and len(table.splitlines()) >= 3
