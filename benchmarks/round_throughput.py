@@ -5,7 +5,8 @@ r"""Training throughput of one FedAvg round with K clients, beside what users ru
 
 Variants, all in one process and one run, on the same synthetic data (S samples per client, batch
 B, one local epoch), reported in training samples/s:
-  vectorized:    our `local_train` (vmap over stacked clients, chunked) + FedAvg, one jitted call.
+  vectorized:    our `local_train` (vmap over stacked clients, chunked) with FedAvg folded in chunk
+                 by chunk, one jitted call (what `Simulator` runs for a linear aggregator).
   jax_loop:      a Python loop over clients calling one jitted SGD step per batch (fedjax-style).
   torch_loop:    the same loop in PyTorch on CPU (Flower / pfl / FedML style); skipped without torch.
   central_B:     one model trained on all K*S samples with batch B (the per-client-batch limit).
@@ -25,6 +26,7 @@ from absl import app, flags
 import fedjax_sel as fs
 from benchmarks.common import markdown_table, median_time, write_results
 from fedjax_sel.data.federated import ClientPool, device_pool
+from fedjax_sel.local_training import auto_chunk_size, bytes_per_client
 from fedjax_sel.models import masked_mean_loss
 
 FLAGS = flags.FLAGS
@@ -54,20 +56,22 @@ def make_pool(k, s, shape, classes, seed=0):
 
 
 def vectorized(model, params, pool, k, b, chunk):
-  hp = fs.LocalHParams(batch_size=b, num_epochs=1, chunk_size=chunk)
+  """Our round; `chunk=None` picks the chunk size as the `Simulator` does (4 GiB budget)."""
+  hp = fs.LocalHParams(batch_size=b, num_epochs=1)
+  if chunk is None:
+    chunk = auto_chunk_size(bytes_per_client(model, lambda lr: optax.sgd(lr), hp, params,
+                                             pool.x.shape[1:]), hp.memory_budget_bytes, k)
+  hp = hp._replace(chunk_size=chunk)
   clients = jnp.arange(k, dtype=jnp.int32)
   keys = fs.keys.client_keys(jax.random.PRNGKey(0), clients)
-  agg = fs.fedavg("examples")
+  weights = fs.fedavg("examples").linear_weights(jnp.ones(k, bool), jnp.asarray(pool.counts))
   dp = device_pool(pool)
 
   @jax.jit
-  def round_fn(p, dp):
-    res = fs.local_train(model, lambda lr: optax.sgd(lr), hp, p, dp, clients, jnp.ones(k, bool),
-                         keys, jnp.float32(LR), pool.max_count)
-    new, _ = agg.apply((), p, res.params, fs.AggregateInputs(jnp.ones(k, bool), dp.counts[clients],
-                                                              res.train_loss))
-    return new
-  return lambda: round_fn(params, dp), round_fn.lower(params, dp).compile().memory_analysis()
+  def round_fn(p, dp):  # FedAvg streamed out of local training, as the Simulator runs it.
+    return fs.local_train(model, lambda lr: optax.sgd(lr), hp, p, dp, clients, jnp.ones(k, bool),
+                          keys, jnp.float32(LR), pool.max_count, combine=weights).params
+  return lambda: round_fn(params, dp), round_fn.lower(params, dp).compile().memory_analysis(), chunk
 
 
 def sgd_step_fn(model):
@@ -180,9 +184,10 @@ def main(argv):
     pool = make_pool(k, s, shape, classes)
     n = k * s
     row = {"model": name, "K": k}
-    run, mem = vectorized(model, params, pool, k, b, None)
+    run, mem, row["chunk"] = vectorized(model, params, pool, k, b, None)
     row["vectorized"] = n / median_time(run, reps)
-    row["xla_bytes"] = mem.temp_size_in_bytes + mem.argument_size_in_bytes + mem.output_size_in_bytes
+    row["xla_gb"] = (mem.temp_size_in_bytes + mem.argument_size_in_bytes
+                     + mem.output_size_in_bytes) / 2**30
     loop_clients = min(k, 100)  # The loops are timed on up to 100 clients (throughput is per client).
     loop_pool = make_pool(loop_clients, s, shape, classes)
     row["jax_loop"] = loop_clients * s / median_time(jax_loop(model, params, loop_pool,
@@ -206,7 +211,7 @@ def main(argv):
       model = fs.build_model("leaf_cnn", shape, classes, conv_impl=impl)
       params = model.init(jax.random.PRNGKey(0))
       for chunk in ((10, 25, 50, 100) if impl == "patches" else (10,)):
-        run, mem = vectorized(model, params, pool, k, b, chunk)
+        run, mem, _ = vectorized(model, params, pool, k, b, chunk)
         entry = {"conv_impl": impl, "chunk": chunk, "samples_per_s": k * s / median_time(run, reps),
                  "xla_gb": (mem.temp_size_in_bytes + mem.argument_size_in_bytes
                             + mem.output_size_in_bytes) / 2**30}
@@ -214,11 +219,12 @@ def main(argv):
         ablation.append(entry)
   scan_rows = scan_rounds_rows(FLAGS.quick)
   table = markdown_table(rows, [
-      ("model", "model"), ("K", "K"), ("vectorized", "ours (samples/s)"),
+      ("model", "model"), ("K", "K"), ("chunk", "chunk"), ("vectorized", "ours (samples/s)"),
       ("jax_loop", "JAX per-client loop"), ("torch_loop", "PyTorch per-client loop"),
       ("central_B", "central, batch B"), ("central_KB", "central, batch K*B"),
       ("vs_jax_loop", "ours / JAX loop"), ("vs_torch_loop", "ours / torch loop"),
-      ("vs_central_B", "ours / central B"), ("vs_central_KB", "ours / central K*B")])
+      ("vs_central_B", "ours / central B"), ("vs_central_KB", "ours / central K*B"),
+      ("xla_gb", "XLA planned GiB")])
   if ablation:
     table += "\n\nLEAF CNN, K = 100: convolution lowering and client chunk size\n\n" + markdown_table(
         ablation, [("conv_impl", "conv"), ("chunk", "chunk"), ("samples_per_s", "samples/s"),

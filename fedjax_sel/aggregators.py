@@ -23,10 +23,16 @@ from fedjax_sel.components import AggregateInputs, Aggregator
 WEIGHTINGS = ("uniform", "examples")
 
 
+def normalized(weights: jax.Array) -> jax.Array:
+  """`w / sum(w)`, or all zeros when the weights sum to 0."""
+  total = jnp.sum(weights)
+  return jnp.where(total > 0, weights / jnp.maximum(total, 1e-30), 0.0)
+
+
 def weighted_mean(client_params, weights: jax.Array, fallback):
   """`sum_k w_k p_k / sum_k w_k`, or `fallback` when all weights are 0."""
   total = jnp.sum(weights)
-  safe = jnp.where(total > 0, weights / jnp.maximum(total, 1e-30), 0.0)
+  safe = normalized(weights)
 
   def avg(stack, old):
     mean = jnp.tensordot(safe, stack, axes=1)
@@ -40,10 +46,15 @@ def fedavg(weighting: str = "examples") -> Aggregator:
   if weighting not in WEIGHTINGS:
     raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
 
-  def apply(state, global_params, client_params, inputs: AggregateInputs):
-    w = inputs.mask.astype(jnp.float32)
+  def weights(mask: jax.Array, num_examples: jax.Array) -> jax.Array:
+    w = mask.astype(jnp.float32)
     if weighting == "examples":
-      w = w * inputs.num_examples.astype(jnp.float32)
-    return weighted_mean(client_params, w, global_params), state
+      w = w * num_examples.astype(jnp.float32)
+    return w
 
-  return Aggregator(init=lambda params: (), apply=apply)
+  def apply(state, global_params, client_params, inputs: AggregateInputs):
+    return weighted_mean(client_params, weights(inputs.mask, inputs.num_examples),
+                         global_params), state
+
+  return Aggregator(init=lambda params: (), apply=apply,
+                    linear_weights=lambda mask, n: normalized(weights(mask, n)))

@@ -79,7 +79,8 @@ class RoundOutcome(NamedTuple):
     trained: `[K]` bool, slot trained and uploaded.
     aggregated: `[K]` bool, slot's model entered the aggregate.
     train_loss: `[K]` mean local training loss.
-    params: stacked `[K, ...]` local models.
+    params: stacked `[K, ...]` local models (None when the engine streamed a linear aggregate and
+      no part declared `reads_local_models`).
     new_params: the aggregated global model w_{t+1}.
   """
 
@@ -104,12 +105,14 @@ class Selector(NamedTuple):
 
   `init(num_clients, params) -> state`;
   `select(state, key, inputs, mask) -> (chosen [N] bool, state)`.
+  `reads_local_models`: whether `observe` reads `outcome.params` (the stacked local models).
   """
 
   init: Callable[[int, Any], Any]
   select: Callable[..., tuple[jax.Array, Any]]
   needs: tuple[str, ...] = ()
   observe: Callable[[Any, RoundInputs, RoundOutcome], Any] = _keep_state
+  reads_local_models: bool = False
 
 
 class Filter(NamedTuple):
@@ -140,6 +143,7 @@ class Participation(NamedTuple):
   apply: Callable[..., tuple[jax.Array, jax.Array, Any]]
   needs: tuple[str, ...] = ()
   observe: Callable[[Any, RoundInputs, RoundOutcome], Any] = _keep_state
+  reads_local_models: bool = False
 
 
 class AggregateInputs(NamedTuple):
@@ -151,10 +155,17 @@ class AggregateInputs(NamedTuple):
 
 
 class Aggregator(NamedTuple):
-  """`apply(state, global_params, client_params [K, ...], inputs) -> (new_global, state)`."""
+  """`apply(state, global_params, client_params [K, ...], inputs) -> (new_global, state)`.
+
+  `linear_weights(mask [K], num_examples [K]) -> [K]`, when set, says the aggregate is
+  `sum_k weights_k w^k` with weights known before training (summing to 1, or all 0 to keep the
+  global model); the engine then streams it out of local training chunk by chunk instead of holding
+  all K local models.
+  """
 
   init: Callable[[Any], Any]
   apply: Callable[..., tuple[Any, Any]]
+  linear_weights: Callable[[jax.Array, jax.Array], jax.Array] | None = None
 
 
 def everyone() -> Participation:

@@ -178,6 +178,10 @@ class Simulator:
       slots = max(clients_per_round, availability.num_available)
       self.local = local._replace(chunk_size=auto_chunk_size(per_client,
                                                              local.memory_budget_bytes, slots))
+    # Stream a linear aggregate out of local training when nothing needs the K local models.
+    self.stream = (aggregator.linear_weights is not None and not selector.reads_local_models
+                   and not self.participation.reads_local_models
+                   and (filter is None or not filter.trains_available))
     self.arrays = self._device_arrays()
     self._step = jax.jit(self._round)
     self._steps = jax.jit(self._rounds, static_argnums=2)
@@ -256,11 +260,18 @@ class Simulator:
     losses = jax.vmap(lambda r: per_example_loss(self.model, params, pool.x[r], pool.y[r]))(rows)
     return jnp.where(pool.counts > 0, jnp.mean(losses, axis=1), 0.0)
 
-  def _train(self, params, arrays, mask, size, t, lr) -> tuple[jax.Array, jax.Array, LocalResult]:
+  def _train(self, params, arrays, mask, size, t, lr,
+             aggregate_mask=None) -> tuple[jax.Array, jax.Array, LocalResult]:
+    """Trains the clients of `mask` in `size` slots; with `aggregate_mask` (streaming mode) the
+    result's params are the linear aggregate of the clients in `mask & aggregate_mask`."""
     slots, valid = _nonzero_slots(mask, size)
     keys = keylib.client_keys(keylib.round_key(self.seed, t, keylib.TRAIN), slots)
+    combine = None
+    if aggregate_mask is not None:
+      combine = self.aggregator.linear_weights(valid & aggregate_mask[slots],
+                                               arrays.train.counts[slots])
     res = local_train(self.model, self.optimizer, self.local, params, arrays.train, slots, valid,
-                      keys, lr, self.max_count, self.client_sharding)
+                      keys, lr, self.max_count, self.client_sharding, combine)
     return slots, valid, res
 
   def _select(self, state, inputs, fmask, t):
@@ -289,7 +300,8 @@ class Simulator:
     def select_and_train(fmask, fstate, info, local):
       chosen, sel_state, train_m, agg_m, part_state = self._select(state, inputs, fmask, t)
       if local is None:
-        slots, valid, res = self._train(params, arrays, train_m, self.k, t, lr)
+        slots, valid, res = self._train(params, arrays, train_m, self.k, t, lr,
+                                        agg_m if self.stream else None)
         trained_models = jnp.sum(valid)
         train_samples = jnp.sum(res.samples)
       else:  # Aggregate the already-trained models of the selected clients (no retraining).
@@ -325,11 +337,17 @@ class Simulator:
     trained = valid & train_m[slots]
     aggregated = trained & agg_m[slots]
     num_examples = arrays.train.counts[slots]
-    new_params, agg_state = self.aggregator.apply(
-        state.aggregator_state, params, res.params,
-        AggregateInputs(aggregated, num_examples, res.train_loss))
+    if self.stream:
+      any_weight = jnp.sum(self.aggregator.linear_weights(aggregated, num_examples)) > 0
+      new_params = jax.tree.map(lambda a, g: jnp.where(any_weight, a, g), res.params, params)
+      agg_state, local_models = state.aggregator_state, None
+    else:
+      new_params, agg_state = self.aggregator.apply(
+          state.aggregator_state, params, res.params,
+          AggregateInputs(aggregated, num_examples, res.train_loss))
+      local_models = res.params
 
-    outcome = RoundOutcome(slots, trained, aggregated, res.train_loss, res.params, new_params)
+    outcome = RoundOutcome(slots, trained, aggregated, res.train_loss, local_models, new_params)
     sel_state = self.selector.observe(sel_state, inputs, outcome)
     part_state = self.participation.observe(part_state, inputs, outcome)
     clients = self._update_clients(state.clients, t, chosen, slots, trained, res.train_loss)

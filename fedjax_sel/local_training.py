@@ -93,7 +93,8 @@ def _chunk_layout(num_slots: int, hp: LocalHParams, multiple: int) -> tuple[int,
 
 def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, global_params: Params,
                 pool: ClientPool, clients: jax.Array, valid: jax.Array, keys: jax.Array,
-                learning_rate: jax.Array, max_count: int, client_sharding=None) -> LocalResult:
+                learning_rate: jax.Array, max_count: int, client_sharding=None,
+                combine: jax.Array | None = None) -> LocalResult:
   """Trains the clients `clients [K]` (slots with `valid [K]` False are no-ops) from the global model.
 
   Args:
@@ -108,9 +109,12 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
     learning_rate: this round's client learning rate.
     max_count: static size of the largest client (`pool.max_count` on the host).
     client_sharding: optional `NamedSharding` of a leading clients axis, for several devices.
+    combine: optional `[K]` weights; then the chunks are folded into `sum_k combine_k w^k` as they
+      finish (a linear aggregate, e.g. FedAvg) and the K local models are never held at once.
 
   Returns:
-    A `LocalResult` over the K slots, in the order given.
+    A `LocalResult` over the K slots, in the order given; with `combine`, its `params` is the
+    weighted sum (unstacked) instead of the stacked local models.
   """
   num_slots = clients.shape[0]
   multiple = client_sharding.mesh.size if client_sharding is not None else 1
@@ -180,10 +184,21 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
     return p, loss_acc / jnp.maximum(n_acc, 1.0), n_acc
 
   chunks = (arrange(clients, 0), arrange(counts_all, 0), arrange(steps_all, 0), arrange(keys, 0))
-  params, loss, samples = jax.lax.map(run_chunk, chunks)
   inverse = jnp.argsort(order)
   unarrange = lambda a: a.reshape(padded, *a.shape[2:])[:num_slots][inverse]
-  return LocalResult(jax.tree.map(unarrange, params), unarrange(loss), unarrange(samples), steps_all)
+  if combine is None:
+    params, loss, samples = jax.lax.map(run_chunk, chunks)
+    return LocalResult(jax.tree.map(unarrange, params), unarrange(loss), unarrange(samples),
+                       steps_all)
+
+  def fold(acc, chunk_and_weights):
+    chunk, w = chunk_and_weights
+    p, loss, samples = run_chunk(chunk)
+    return jax.tree.map(lambda a, q: a + jnp.tensordot(w, q, axes=1), acc, p), (loss, samples)
+
+  zeros = jax.tree.map(jnp.zeros_like, global_params)
+  total, (loss, samples) = jax.lax.scan(fold, zeros, (chunks, arrange(combine, 0.0)))
+  return LocalResult(total, unarrange(loss), unarrange(samples), steps_all)
 
 
 def bytes_per_client(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, params: Params,

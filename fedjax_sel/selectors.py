@@ -155,4 +155,5 @@ def divfl(k: int, proxy: str = "gradient") -> Selector:
     new_rows = jnp.where(outcome.trained[:, None], rows, current_rows)
     return {"table": table.at[outcome.slots].set(new_rows), "filled": state["filled"]}
 
-  return Selector(init=init, select=select, needs=("grad",), observe=observe)
+  return Selector(init=init, select=select, needs=("grad",), observe=observe,
+                  reads_local_models=proxy == "update")

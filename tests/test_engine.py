@@ -184,3 +184,22 @@ def test_no_host_device_transfer_inside_a_round(small_data):
     for _ in range(2):
       state, metrics = sim.step(state)
   jax.block_until_ready(state)
+
+
+def test_streamed_linear_aggregate_equals_stacked_aggregate(small_data):
+  """FedAvg folded chunk by chunk out of local training == averaging the K stacked models."""
+  model = fs.build_model("mlp", small_data.feature_shape, small_data.num_classes, hidden=(16,))
+
+  def sim(aggregator):
+    return fs.Simulator(model, small_data, lambda lr: optax.sgd(lr), fs.LocalHParams(4, chunk_size=2),
+                        fs.uniform_availability(10, 8, 2), fs.random_selector(5), aggregator, 5, 0)
+  streamed, stacked = sim(fs.fedavg("examples")), sim(fs.fedavg("examples")._replace(
+      linear_weights=None))
+  assert streamed.stream and not stacked.stream
+  a, b = streamed.init(), stacked.init()
+  for _ in range(3):
+    a, ma = streamed.step(a)
+    b, mb = stacked.step(b)
+    np.testing.assert_allclose(float(ma["local_train_loss"]), float(mb["local_train_loss"]),
+                               rtol=1e-5)
+  chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
