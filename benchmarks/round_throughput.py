@@ -5,7 +5,8 @@ r"""Training throughput of one FedAvg round with K clients, beside what users ru
 
 Variants, all in one process and one run, on the same synthetic data (S samples per client, batch
 B, one local epoch), reported in training samples/s:
-  vectorized:    our `local_train` (vmap over stacked clients, chunked) with FedAvg folded in chunk
+  vectorized:    our `local_train` (vmap over stacked clients, chunk size from the default memory
+                 budget as the `Simulator` picks it) with FedAvg folded in chunk
                  by chunk, one jitted call (what `Simulator` runs for a linear aggregator).
   jax_loop:      a Python loop over clients calling one jitted SGD step per batch (fedjax-style).
   torch_loop:    the same loop in PyTorch on CPU (Flower / pfl / FedML style); skipped without torch.
@@ -26,7 +27,7 @@ from absl import app, flags
 import fedjax_sel as fs
 from benchmarks.common import markdown_table, median_time, write_results
 from fedjax_sel.data.federated import ClientPool, device_pool
-from fedjax_sel.local_training import auto_chunk_size, bytes_per_client
+from fedjax_sel.local_training import auto_chunk_size, bytes_per_client, default_memory_budget
 from fedjax_sel.models import masked_mean_loss
 
 FLAGS = flags.FLAGS
@@ -56,11 +57,11 @@ def make_pool(k, s, shape, classes, seed=0):
 
 
 def vectorized(model, params, pool, k, b, chunk):
-  """Our round; `chunk=None` picks the chunk size as the `Simulator` does (4 GiB budget)."""
+  """Our round; `chunk=None` picks the chunk size as the `Simulator` does (default budget)."""
   hp = fs.LocalHParams(batch_size=b, num_epochs=1)
   if chunk is None:
     chunk = auto_chunk_size(bytes_per_client(model, lambda lr: optax.sgd(lr), hp, params,
-                                             pool.x.shape[1:]), hp.memory_budget_bytes, k)
+                                             pool.x.shape[1:]), default_memory_budget(), k)
   hp = hp._replace(chunk_size=chunk)
   clients = jnp.arange(k, dtype=jnp.int32)
   keys = fs.keys.client_keys(jax.random.PRNGKey(0), clients)

@@ -27,7 +27,8 @@ from fedjax_sel.components import (STAT_NAMES, AggregateInputs, Aggregator, Clie
 from fedjax_sel.data.federated import ClientPool, FederatedDataset, device_pool
 from fedjax_sel.evaluation import client_gradients, client_metrics
 from fedjax_sel.local_training import (LocalHParams, LocalResult, OptimizerFactory,
-                                       auto_chunk_size, bytes_per_client, local_train)
+                                       auto_chunk_size, bytes_per_client, default_memory_budget,
+                                       local_train)
 from fedjax_sel.models.bundle import Model, example_metrics, per_example_loss
 
 
@@ -176,8 +177,8 @@ class Simulator:
       per_client = bytes_per_client(model, optimizer, local, model.init(jax.random.PRNGKey(0)),
                                     data.feature_shape)
       slots = max(clients_per_round, availability.num_available)
-      self.local = local._replace(chunk_size=auto_chunk_size(per_client,
-                                                             local.memory_budget_bytes, slots))
+      budget = local.memory_budget_bytes or default_memory_budget()
+      self.local = local._replace(chunk_size=auto_chunk_size(per_client, budget, slots))
     # Stream a linear aggregate out of local training when nothing needs the K local models.
     self.stream = (aggregator.linear_weights is not None and not selector.reads_local_models
                    and not self.participation.reads_local_models
