@@ -127,3 +127,23 @@ def test_fixed_steps_mode_counts_and_masks_empty_clients():
   assert res.samples.tolist() == [20.0, 0.0, 20.0]
   chex.assert_trees_all_close(jax.tree.map(lambda a: a[1], res.params), params)
   assert steps_per_client(jnp.array([9, 0, 4]), LocalHParams(batch_size=4, num_epochs=2)).tolist() == [6, 0, 2]
+
+
+def test_chunk_size_follows_memory_budget():
+  from fedjax_sel.local_training import auto_chunk_size, bytes_per_client  # pylint: disable=import-outside-toplevel
+  hp = LocalHParams(batch_size=8)
+  sgd = lambda lr: optax.sgd(lr)
+  sizes = {}
+  for name in ("logreg", "mlp"):
+    model = build_model(name, (28, 28, 1), 10)
+    sizes[name] = bytes_per_client(model, sgd, hp, model.init(jax.random.PRNGKey(0)), (28, 28, 1))
+  # One more client costs at least its own parameters (4 bytes each; XLA may reuse gradient buffers).
+  assert sizes["logreg"] >= 4 * 7850 and sizes["mlp"] >= 4 * 199210
+  assert sizes["mlp"] > sizes["logreg"]
+  momentum = lambda lr: optax.sgd(lr, 0.9)
+  model = build_model("mlp", (28, 28, 1), 10)
+  assert bytes_per_client(model, momentum, hp, model.init(jax.random.PRNGKey(0)),
+                          (28, 28, 1)) > sizes["mlp"]  # Momentum state is per client too.
+  assert auto_chunk_size(sizes["mlp"], 10 * sizes["mlp"], 100) == 10
+  assert auto_chunk_size(sizes["mlp"], 10 * sizes["mlp"], 4) == 4
+  assert auto_chunk_size(sizes["mlp"], 1, 100) == 1
