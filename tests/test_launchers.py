@@ -45,3 +45,32 @@ def test_bad_flags_fail_before_compute(args, needle):
   out = proc.stdout + proc.stderr
   assert needle in out
   assert "[   1/" not in out  # No round ran.
+
+
+def test_filfl_launcher_writes_filter_outputs(tmp_path):
+  out = tmp_path / "filfl"
+  proc = launch("experiments.filfl", "--rounds=3", "--seeds=0", "--num_clients=20",
+                "--num_available=8", "--clients_per_round=3", "--filters=none,dgf", "--opt",
+                "--submod_samples=4", f"--out_dir={out}", "--plot")
+  assert "| FilFL-DGF |" in proc.stdout and "| FedAvg |" in proc.stdout
+  with open(out / "dgf" / "seed0" / "metrics.jsonl", encoding="utf-8") as f:
+    first = json.loads(f.readline())
+  assert first["filter_round"] and first["num_filtered"] == len(first["filtered_in"])
+  assert set(first["filtered_in"]) <= set(range(20))
+  info = first["filter"]
+  assert {"R_filtered", "R_available", "R_empty", "R_opt", "approx_ratio", "submod_verified"} <= set(info)
+  assert info["R_opt"] >= info["R_filtered"] - 1e-6 or first["num_filtered"] == 0
+  assert len(info["submod_verified"]) == 4
+  assert (out / "filfl.png").exists() and (out / "filtered_bad.csv").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--filters=foo"], "--filters"),
+    (["--opt"], "--num_available"),
+    (["--public_fraction=0"], "--public_fraction"),
+    (["--selector=poc", "--poc_d=2"], "--poc_d"),
+])
+def test_filfl_bad_flags_fail_before_compute(args, needle):
+  proc = launch("experiments.filfl", *args, check=False)
+  assert proc.returncode != 0 and needle in proc.stdout + proc.stderr
+  assert "[   1/" not in proc.stdout
