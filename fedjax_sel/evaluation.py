@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_sel.chunking import size_sorted_chunks
 from fedjax_sel.data.federated import ClientPool
 from fedjax_sel.models.bundle import Model, example_metrics, per_example_loss
 
@@ -83,15 +84,9 @@ def client_gradients(model: Model, params: Params, pool: ClientPool, clients: ja
   Returns:
     Stacked gradients (or their global norms), in the order of `clients`; zero for empty clients.
   """
-  num = clients.shape[0]
-  size = min(chunk_size, num)
-  n_chunks = -(-num // size)
   counts = pool.counts[clients]
-  order = jnp.argsort(-counts, stable=True)
-  pad = n_chunks * size - num
-  arranged = jnp.concatenate([clients[order], jnp.zeros((pad,), clients.dtype)]).reshape(n_chunks, size)
-  arranged_counts = jnp.concatenate([counts[order], jnp.zeros((pad,), counts.dtype)]).reshape(
-      n_chunks, size)
+  layout = size_sorted_chunks(counts, chunk_size)
+  size = layout.size
   total = pool.x.shape[0]
   pos = jnp.arange(batch_size)
 
@@ -118,6 +113,5 @@ def client_gradients(model: Model, params: Params, pool: ClientPool, clients: ja
     grads = jax.tree.map(lambda g: g * scale.reshape(-1, *([1] * (g.ndim - 1))), acc)
     return jax.vmap(optax.tree.norm)(grads) if norm_only else grads
 
-  out = jax.lax.map(run_chunk, (arranged, arranged_counts))
-  inverse = jnp.argsort(order)
-  return jax.tree.map(lambda a: a.reshape(n_chunks * size, *a.shape[2:])[:num][inverse], out)
+  out = jax.lax.map(run_chunk, (layout.arrange(clients, 0), layout.arrange(counts, 0)))
+  return jax.tree.map(layout.unarrange, out)

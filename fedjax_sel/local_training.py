@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_sel.chunking import size_sorted_chunks
 from fedjax_sel.data.federated import ClientPool
 from fedjax_sel.models.bundle import Model, per_example_loss
 
@@ -85,13 +86,6 @@ def _epoch_orders(key: jax.Array, count: jax.Array, num_epochs: int, max_count: 
   return jax.vmap(one)(jnp.arange(num_epochs))
 
 
-def _chunk_layout(num_slots: int, hp: LocalHParams, multiple: int) -> tuple[int, int]:
-  """(chunk size, number of chunks) for K slots; chunk size rounded up to `multiple`."""
-  size = min(hp.chunk_size or num_slots, num_slots)
-  size = -(-size // multiple) * multiple
-  return size, -(-num_slots // size)
-
-
 def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, global_params: Params,
                 pool: ClientPool, clients: jax.Array, valid: jax.Array, keys: jax.Array,
                 learning_rate: jax.Array, max_count: int, client_sharding=None,
@@ -117,19 +111,11 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
     A `LocalResult` over the K slots, in the order given; with `combine`, its `params` is the
     weighted sum (unstacked) instead of the stacked local models.
   """
-  num_slots = clients.shape[0]
   multiple = client_sharding.mesh.size if client_sharding is not None else 1
-  size, n_chunks = _chunk_layout(num_slots, hp, multiple)
-  padded = size * n_chunks
   counts_all = jnp.where(valid, pool.counts[clients], 0)
   steps_all = steps_per_client(counts_all, hp)
-  order = jnp.argsort(-steps_all, stable=True)
-  pad = padded - num_slots
-
-  def arrange(a, fill):
-    a = jnp.concatenate([a[order], jnp.full((pad, *a.shape[1:]), fill, a.dtype)])
-    return a.reshape(n_chunks, size, *a.shape[1:])
-
+  layout = size_sorted_chunks(steps_all, hp.chunk_size, multiple)
+  size = layout.size
   tx = optimizer(learning_rate)
   total_rows = pool.x.shape[0]
   def loss_fn(params, xb, yb, mask):
@@ -184,13 +170,11 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
                                                                          zeros))
     return p, loss_acc / jnp.maximum(n_acc, 1.0), n_acc
 
-  chunks = (arrange(clients, 0), arrange(counts_all, 0), arrange(steps_all, 0), arrange(keys, 0))
-  inverse = jnp.argsort(order)
-  unarrange = lambda a: a.reshape(padded, *a.shape[2:])[:num_slots][inverse]
+  chunks = tuple(layout.arrange(a, 0) for a in (clients, counts_all, steps_all, keys))
   if combine is None:
     params, loss, samples = jax.lax.map(run_chunk, chunks)
-    return LocalResult(jax.tree.map(unarrange, params), unarrange(loss), unarrange(samples),
-                       steps_all)
+    return LocalResult(jax.tree.map(layout.unarrange, params), layout.unarrange(loss),
+                       layout.unarrange(samples), steps_all)
 
   def fold(acc, chunk_and_weights):
     chunk, w = chunk_and_weights
@@ -198,8 +182,8 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
     return jax.tree.map(lambda a, q: a + jnp.tensordot(w, q, axes=1), acc, p), (loss, samples)
 
   zeros = jax.tree.map(jnp.zeros_like, global_params)
-  total, (loss, samples) = jax.lax.scan(fold, zeros, (chunks, arrange(combine, 0.0)))
-  return LocalResult(total, unarrange(loss), unarrange(samples), steps_all)
+  total, (loss, samples) = jax.lax.scan(fold, zeros, (chunks, layout.arrange(combine, 0.0)))
+  return LocalResult(total, layout.unarrange(loss), layout.unarrange(samples), steps_all)
 
 
 def default_memory_budget() -> int:

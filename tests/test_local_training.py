@@ -147,3 +147,16 @@ def test_chunk_size_follows_memory_budget():
   assert auto_chunk_size(sizes["mlp"], 10 * sizes["mlp"], 100) == 10
   assert auto_chunk_size(sizes["mlp"], 10 * sizes["mlp"], 4) == 4
   assert auto_chunk_size(sizes["mlp"], 1, 100) == 1
+
+
+def test_size_sorted_chunks_layout():
+  from fedjax_sel.chunking import size_sorted_chunks  # pylint: disable=import-outside-toplevel
+  sizes = jnp.array([3, 9, 1, 5, 7, 5])
+  layout = size_sorted_chunks(sizes, chunk_size=3, multiple=2)  # Rounded up to 4 per chunk.
+  assert (layout.size, layout.num_chunks) == (4, 2)
+  arranged = layout.arrange(sizes, fill=-1)
+  assert arranged.tolist() == [[9, 7, 5, 5], [3, 1, -1, -1]]
+  assert layout.arrange(jnp.arange(6), fill=0).tolist()[0] == [1, 4, 3, 5]  # Stable on ties.
+  assert layout.unarrange(layout.arrange(jnp.arange(6) * 10, fill=0)).tolist() == [0, 10, 20, 30,
+                                                                                  40, 50]
+  assert size_sorted_chunks(sizes, None).num_chunks == 1
