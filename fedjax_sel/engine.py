@@ -24,7 +24,8 @@ from fedjax_sel import keys as keylib
 from fedjax_sel.availability import Availability
 from fedjax_sel.components import (STAT_NAMES, AggregateInputs, Aggregator, ClientState, Filter,
                                    Participation, RoundInputs, RoundOutcome, Selector, everyone)
-from fedjax_sel.data.federated import ClientPool, FederatedDataset, device_pool
+from fedjax_sel.data.federated import (ClientPool, FederatedDataset, device_pool,
+                                       rows_with_replacement)
 from fedjax_sel.evaluation import client_gradients, client_metrics
 from fedjax_sel.local_training import (LocalHParams, LocalResult, OptimizerFactory,
                                        auto_chunk_size, bytes_per_client, default_memory_budget,
@@ -255,9 +256,7 @@ class Simulator:
     keys = keylib.client_keys(keylib.round_key(self.seed, t, keylib.STATS),
                               jnp.arange(self.num_clients))
     u = jax.vmap(lambda k: jax.random.uniform(k, (b,)))(keys)
-    idx = jnp.minimum((u * pool.counts[:, None]).astype(jnp.int32),
-                      jnp.maximum(pool.counts[:, None] - 1, 0))
-    rows = jnp.clip(pool.offsets[:, None] + idx, 0, pool.x.shape[0] - 1)
+    rows = rows_with_replacement(u, pool.offsets[:, None], pool.counts[:, None], pool.x.shape[0])
     losses = jax.vmap(lambda r: per_example_loss(self.model, params, pool.x[r], pool.y[r]))(rows)
     return jnp.where(pool.counts > 0, jnp.mean(losses, axis=1), 0.0)
 

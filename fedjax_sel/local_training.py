@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_sel.chunking import size_sorted_chunks
-from fedjax_sel.data.federated import ClientPool
+from fedjax_sel.data.federated import ClientPool, rows_with_replacement
 from fedjax_sel.models.bundle import Model, per_example_loss
 
 Params = Any
@@ -146,12 +146,12 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
       if hp.num_steps is None:
         j = s % per_epoch
         idx = jnp.take(order[s // per_epoch], j * hp.batch_size + pos, mode="clip")
+        rows = jnp.clip(off + idx, 0, total_rows - 1)
         mask = (j * hp.batch_size + pos < c) & active
       else:
         u = jax.random.uniform(jax.random.fold_in(k, s), (hp.batch_size,))
-        idx = jnp.minimum((u * c).astype(jnp.int32), jnp.maximum(c - 1, 0))
+        rows = rows_with_replacement(u, off, c, total_rows)
         mask = jnp.broadcast_to(active & (c > 0), (hp.batch_size,))
-      rows = jnp.clip(off + idx, 0, total_rows - 1)
       mask = mask.astype(jnp.float32)
       (_, loss_sum), grads = grad_fn(p, pool.x[rows], pool.y[rows], mask)
       updates, o_new = tx.update(grads, o, p)

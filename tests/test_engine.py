@@ -203,3 +203,16 @@ def test_streamed_linear_aggregate_equals_stacked_aggregate(small_data):
     np.testing.assert_allclose(float(ma["local_train_loss"]), float(mb["local_train_loss"]),
                                rtol=1e-5)
   chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
+
+
+def test_batch_loss_stat_matches_per_client_loop(small_data):
+  sim = make_sim(small_data)
+  params = sim.init().params
+  got = np.asarray(jax.jit(lambda p, a: sim._batch_loss(p, a.train, 4))(params, sim.arrays))
+  loss = jax.jit(lambda x, y: fs.models.per_example_loss(sim.model, params, x, y))
+  key = fs.keys.round_key(sim.seed, 4, fs.keys.STATS)
+  for k in range(small_data.num_clients):
+    x, y = small_data.train.client(k)
+    u = np.asarray(jax.random.uniform(jax.random.fold_in(key, k), (sim.local.batch_size,)))
+    idx = np.minimum((u * len(y)).astype(int), len(y) - 1)
+    np.testing.assert_allclose(got[k], float(np.mean(loss(x[idx], y[idx]))), rtol=1e-5)

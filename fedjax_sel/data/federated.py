@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import NamedTuple, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -145,6 +146,15 @@ def split_clients(
       train=pools["train"], val=pools["val"], test=pools["test"],
       public_x=np.asarray(px, np.float32), public_y=np.asarray(py, np.int32),
       num_classes=num_classes, label_hist=label_histogram(pools["train"], num_classes), name=name)
+
+
+def rows_with_replacement(u: jax.Array, offset: jax.Array, count: jax.Array,
+                          total_rows: int) -> jax.Array:
+  """Pool rows of a client drawn uniformly with replacement: `u` in [0, 1) (any shape, broadcast
+  against the client's `offset` / `count`) -> rows in `offset .. offset + count - 1` (clipped into
+  the pool for empty clients, whose draws must be masked)."""
+  idx = jnp.minimum((u * count).astype(jnp.int32), jnp.maximum(count - 1, 0))
+  return jnp.clip(offset + idx, 0, total_rows - 1)
 
 
 def device_pool(pool: ClientPool) -> ClientPool:
