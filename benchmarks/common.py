@@ -1,4 +1,4 @@
-"""Timing, machine description and result files shared by the benchmark scripts."""
+"""Flags, timing, machine description and result files shared by the benchmark scripts."""
 
 from __future__ import annotations
 
@@ -10,6 +10,10 @@ import time
 from typing import Callable
 
 import jax
+from absl import flags
+
+flags.DEFINE_bool("quick", False, "Smoke run: a tiny grid in seconds (no table for publishing).")
+flags.DEFINE_string("out", "benchmarks/results", "Folder of the JSON / markdown results.")
 
 
 def machine() -> dict:
@@ -38,8 +42,11 @@ def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
   return "\n".join(lines)
 
 
-def write_results(out: str, name: str, rows: list[dict], table: str, extra: dict | None = None):
-  """Writes `<out>/<name>.json` (rows + machine) and `<out>/<name>.md` (the table)."""
+def write_results(name: str, rows: list[dict], table: str, extra: dict | None = None):
+  """Writes `<--out>/<name>.json` (rows + machine) and `<--out>/<name>.md` (the table); `name`
+  gets a `_quick` suffix in `--quick` mode so smoke runs never overwrite published results."""
+  out = flags.FLAGS.out
+  name += "_quick" if flags.FLAGS.quick else ""
   os.makedirs(out, exist_ok=True)
   with open(os.path.join(out, f"{name}.json"), "w", encoding="utf-8") as f:
     json.dump({"machine": machine(), "rows": rows, **(extra or {})}, f, indent=1)

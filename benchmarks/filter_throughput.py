@@ -24,8 +24,6 @@ from fedjax_sel import filtering
 from fedjax_sel.models import per_example_loss
 
 FLAGS = flags.FLAGS
-flags.DEFINE_bool("quick", False, "Smoke run.")
-flags.DEFINE_string("out", "benchmarks/results", "Results folder.")
 flags.DEFINE_integer("cnn_max_nm", 60000, "Largest n*m timed for the LEAF CNN (its CPU time grows "
                      "as n*m: n=100, m=2000 takes minutes per variant on 2 cores).")
 flags.DEFINE_integer("reps", 1, "Timed repetitions (median).")
@@ -116,7 +114,7 @@ def main(argv):
       ("dgf_vs_limit", "DGF / limit"), ("host_vs_dgf", "host loop / DGF")])
   table += "\n\nOPT (MLP, m = 500)\n\n" + markdown_table(opt_rows, [
       ("n", "n"), ("subsets", "subsets"), ("opt_s", "s"), ("subsets_per_s", "subsets/s")])
-  write_results(FLAGS.out, "filter_throughput" + ("_quick" if FLAGS.quick else ""), rows, table,
+  write_results("filter_throughput", rows, table,
                 {"opt": opt_rows})
 
 

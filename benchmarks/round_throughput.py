@@ -31,8 +31,6 @@ from fedjax_sel.local_training import auto_chunk_size, bytes_per_client, default
 from fedjax_sel.models import masked_mean_loss
 
 FLAGS = flags.FLAGS
-flags.DEFINE_bool("quick", False, "Smoke run: tiny grid, one repetition.")
-flags.DEFINE_string("out", "benchmarks/results", "Folder of the JSON / markdown results.")
 flags.DEFINE_integer("samples_per_client", 64, "S.")
 flags.DEFINE_integer("batch_size", 32, "B.")
 flags.DEFINE_integer("reps", 3, "Timed repetitions (median).")
@@ -233,7 +231,7 @@ def main(argv):
   table += "\n\nSeveral rounds per compiled call (digits, K = 10)\n\n" + markdown_table(
       scan_rows, [("model", "model"), ("rounds", "rounds"), ("per_round_call_ms", "ms/round, one call each"),
                   ("scanned_ms", "ms/round, lax.scan"), ("gain", "gain")])
-  write_results(FLAGS.out, "round_throughput" + ("_quick" if FLAGS.quick else ""), rows, table,
+  write_results("round_throughput", rows, table,
                 {"chunk_ablation": ablation, "scan_rounds": scan_rows,
                  "samples_per_client": s, "batch_size": b})
 

@@ -21,8 +21,6 @@ from fedjax_sel.components import ClientState, RoundInputs, Selector
 from fedjax_sel.selectors import divfl, power_of_choice, top_k_mask
 
 FLAGS = flags.FLAGS
-flags.DEFINE_bool("quick", False, "Smoke run.")
-flags.DEFINE_string("out", "benchmarks/results", "Results folder.")
 flags.DEFINE_integer("k", 100, "K.")
 flags.DEFINE_integer("proxy_dim", 1000, "DivFL proxy dimension D.")
 flags.DEFINE_integer("reps", 5, "Timed repetitions (median).")
@@ -78,7 +76,7 @@ def main(argv):
   table += "\n\nDivFL (greedy facility location, stale proxy table)\n\n" + markdown_table(
       div_rows, [("n", "n"), ("K", "K"), ("D", "D"), ("ms", "ms"),
                  ("selections_per_s", "selections/s")])
-  write_results(FLAGS.out, "selector_throughput" + ("_quick" if FLAGS.quick else ""), rows, table,
+  write_results("selector_throughput", rows, table,
                 {"divfl": div_rows})
 
 

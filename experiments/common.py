@@ -143,5 +143,6 @@ def model_for(data: fs.FederatedDataset) -> fs.Model:
                         conv_impl=FLAGS.conv_impl)
 
 
-def availability() -> fs.Availability:
-  return fs.uniform_availability(FLAGS.num_clients, FLAGS.num_available, FLAGS.avail_period)
+def availability(redraw_first_period: bool = False) -> fs.Availability:
+  return fs.uniform_availability(FLAGS.num_clients, FLAGS.num_available, FLAGS.avail_period,
+                                 redraw_first_period=redraw_first_period)

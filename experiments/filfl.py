@@ -118,9 +118,8 @@ def main(argv):
             const=FLAGS.filter_const, order=FLAGS.filter_order, opt=FLAGS.opt,
             submod_samples=FLAGS.submod_samples, gammas=gammas)
         filt = filtering.filfl_filter(public_loss, data.public_x, data.public_y, cfg)
-      avail = fs.uniform_availability(FLAGS.num_clients, FLAGS.num_available, FLAGS.avail_period,
-                                      redraw_first_period=FLAGS.avail_reference)
-      sim = fs.Simulator(model, data, common.optimizer(), common.local_hparams(), avail,
+      sim = fs.Simulator(model, data, common.optimizer(), common.local_hparams(),
+                         common.availability(FLAGS.avail_reference),
                          make_selector(), fs.fedavg(FLAGS.weighting), FLAGS.clients_per_round,
                          seed, filter=filt, lr_schedule=common.lr_schedule(), eval_mask=~bad)
       print(f"== {label} seed {seed}: {data.name}, N={data.num_clients}, "
