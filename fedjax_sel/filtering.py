@@ -128,8 +128,8 @@ def greedy_filter(loss_fn: PublicLoss, client_params: Params, valid: jax.Array,
     a = r_x_new - r_x
     b = r_y_new - r_y
     if mode == "dgf":
-      p = (a > b).astype(jnp.float32)
       keep = a > b
+      p = keep.astype(jnp.float32)
     else:
       ap, bp = jnp.maximum(a, 0.0), jnp.maximum(b, 0.0)
       p = jnp.where((ap == 0) & (bp == 0), 1.0, ap / jnp.maximum(ap + bp, 1e-30))
