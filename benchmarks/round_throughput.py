@@ -5,15 +5,18 @@ r"""Training throughput of one FedAvg round with K clients, beside what users ru
 
 Variants, all in one process and one run, on the same synthetic data (S samples per client, batch
 B, one local epoch), reported in training samples/s:
-  vectorized:    our `local_train` (vmap over stacked clients, chunk size from the default memory
-                 budget as the `Simulator` picks it) with FedAvg folded in chunk
+  vectorized:    our `local_train` (vmap over stacked clients, chunk size picked by
+                 `auto_chunk_size` as the `Simulator` picks it) with FedAvg folded in chunk
                  by chunk, one jitted call (what `Simulator` runs for a linear aggregator).
   jax_loop:      a Python loop over clients calling one jitted SGD step per batch (fedjax-style).
   torch_loop:    the same loop in PyTorch on CPU (Flower / pfl / FedML style); skipped without torch.
   central_B:     one model trained on all K*S samples with batch B (the per-client-batch limit).
   central_KB:    one model trained with the fused batch K*B (the fused-batch limit).
-Extra rows: conv lowering (patches vs lax) and chunk size for the LEAF CNN (with XLA's planned
-memory), and several rounds per compiled call (`Simulator.steps`) against one call per round.
+Beside them, the FLOP rate of our round (XLA's count of a client step's FLOPs) and the rate a 20x
+speed-up over the JAX loop would need, against the machine's peak (a 2048^3 float32 GEMM).
+Extra rows: chunk size (all models) and conv lowering (patches vs lax, LEAF CNN) at K = 100 (with
+XLA's planned memory), and several rounds per compiled call (`Simulator.steps`) against one call
+per round.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from absl import app, flags
 import fedjax_sel as fs
 from benchmarks.common import markdown_table, median_time, write_results
 from fedjax_sel.data.federated import ClientPool, device_pool
-from fedjax_sel.local_training import auto_chunk_size, bytes_per_client, default_memory_budget
+from fedjax_sel.local_training import auto_chunk_size, default_memory_budget, step_cost
 from fedjax_sel.models import masked_mean_loss
 
 FLAGS = flags.FLAGS
@@ -55,11 +58,11 @@ def make_pool(k, s, shape, classes, seed=0):
 
 
 def vectorized(model, params, pool, k, b, chunk):
-  """Our round; `chunk=None` picks the chunk size as the `Simulator` does (default budget)."""
+  """Our round; `chunk=None` picks the chunk size as the `Simulator` does (`auto_chunk_size`)."""
   hp = fs.LocalHParams(batch_size=b, num_epochs=1)
   if chunk is None:
-    chunk = auto_chunk_size(bytes_per_client(model, lambda lr: optax.sgd(lr), hp, params,
-                                             pool.x.shape[1:]), default_memory_budget(), k)
+    chunk = auto_chunk_size(step_cost(model, lambda lr: optax.sgd(lr), hp, params, pool.x.shape[1:]),
+                            default_memory_budget(), k)
   hp = hp._replace(chunk_size=chunk)
   clients = jnp.arange(k, dtype=jnp.int32)
   keys = fs.keys.client_keys(jax.random.PRNGKey(0), clients)
@@ -148,6 +151,29 @@ def torch_loop(name, pool, k, s, b, classes):
   return run
 
 
+def chunk_ablation(s: int, b: int, reps: int) -> list[dict]:
+  """K = 100 rounds at several chunk sizes, and the LEAF CNN with `lax.conv` instead of patches."""
+  k, entries = 100, []
+  for name, impl, chunks in (("logreg", "-", (1, 2, 4, 10, 100)), ("mlp", "-", (1, 2, 4, 10, 100)),
+                             ("leaf_cnn", "patches", (1, 2, 4, 10, 25, 100)),
+                             ("leaf_cnn", "lax", (4,))):
+    shape, classes = SHAPES[name]
+    pool = make_pool(k, s, shape, classes)
+    model = fs.build_model(name, shape, classes, conv_impl="patches" if impl == "-" else impl)
+    params = model.init(jax.random.PRNGKey(0))
+    for chunk in chunks:
+      run, mem, _ = vectorized(model, params, pool, k, b, chunk)
+      entry = {"model": name, "conv_impl": impl, "chunk": chunk,
+               "samples_per_s": k * s / median_time(run, reps), "xla_gb": planned_gib(mem)}
+      print(entry, flush=True)
+      entries.append(entry)
+  return entries
+
+
+def planned_gib(mem) -> float:
+  return (mem.temp_size_in_bytes + mem.argument_size_in_bytes + mem.output_size_in_bytes) / 2**30
+
+
 def scan_rounds_rows(quick: bool) -> list[dict]:
   """Rounds per compiled call: `sim.steps(R)` against R calls of `sim.step`."""
   rows = []
@@ -171,10 +197,18 @@ def scan_rounds_rows(quick: bool) -> list[dict]:
   return rows
 
 
+def peak_gflops(reps: int) -> float:
+  """The machine's float32 GEMM rate in GFLOP/s (a jitted 2048 x 2048 x 2048 product)."""
+  a = jnp.asarray(np.random.default_rng(0).random((2048, 2048), dtype=np.float32))
+  matmul = jax.jit(lambda m: m @ m)
+  return 2 * 2048**3 / median_time(lambda: matmul(a), max(reps, 3)) / 1e9
+
+
 def main(argv):
   del argv
   s, b = FLAGS.samples_per_client, FLAGS.batch_size
   reps = 1 if FLAGS.quick else FLAGS.reps
+  peak = peak_gflops(reps)
   rows = []
   for name, k in grid(FLAGS.quick):
     shape, classes = SHAPES[name]
@@ -185,8 +219,7 @@ def main(argv):
     row = {"model": name, "K": k}
     run, mem, row["chunk"] = vectorized(model, params, pool, k, b, None)
     row["vectorized"] = n / median_time(run, reps)
-    row["xla_gb"] = (mem.temp_size_in_bytes + mem.argument_size_in_bytes
-                     + mem.output_size_in_bytes) / 2**30
+    row["xla_gb"] = planned_gib(mem)
     loop_clients = min(k, 100)  # The loops are timed on up to 100 clients (throughput is per client).
     loop_pool = make_pool(loop_clients, s, shape, classes)
     row["jax_loop"] = loop_clients * s / median_time(jax_loop(model, params, loop_pool,
@@ -199,23 +232,13 @@ def main(argv):
     row["vs_torch_loop"] = None if t is None else row["vectorized"] / row["torch_loop"]
     row["vs_central_B"] = row["vectorized"] / row["central_B"]
     row["vs_central_KB"] = row["vectorized"] / row["central_KB"]
+    flops_per_sample = step_cost(model, lambda lr: optax.sgd(lr), fs.LocalHParams(b), params,
+                                 shape).flops / b
+    row["gflops"] = row["vectorized"] * flops_per_sample / 1e9
+    row["gflops_20x_loop"] = 20 * row["jax_loop"] * flops_per_sample / 1e9
     print(row, flush=True)
     rows.append(row)
-  ablation = []
-  if not FLAGS.quick:
-    k = 100
-    shape, classes = SHAPES["leaf_cnn"]
-    pool = make_pool(k, s, shape, classes)
-    for impl in ("patches", "lax"):
-      model = fs.build_model("leaf_cnn", shape, classes, conv_impl=impl)
-      params = model.init(jax.random.PRNGKey(0))
-      for chunk in ((10, 25, 50, 100) if impl == "patches" else (10,)):
-        run, mem, _ = vectorized(model, params, pool, k, b, chunk)
-        entry = {"conv_impl": impl, "chunk": chunk, "samples_per_s": k * s / median_time(run, reps),
-                 "xla_gb": (mem.temp_size_in_bytes + mem.argument_size_in_bytes
-                            + mem.output_size_in_bytes) / 2**30}
-        print(entry, flush=True)
-        ablation.append(entry)
+  ablation = [] if FLAGS.quick else chunk_ablation(s, b, reps)
   scan_rows = scan_rounds_rows(FLAGS.quick)
   table = markdown_table(rows, [
       ("model", "model"), ("K", "K"), ("chunk", "chunk"), ("vectorized", "ours (samples/s)"),
@@ -223,16 +246,18 @@ def main(argv):
       ("central_B", "central, batch B"), ("central_KB", "central, batch K*B"),
       ("vs_jax_loop", "ours / JAX loop"), ("vs_torch_loop", "ours / torch loop"),
       ("vs_central_B", "ours / central B"), ("vs_central_KB", "ours / central K*B"),
+      ("gflops", "ours GFLOP/s"), ("gflops_20x_loop", "GFLOP/s for 20x JAX loop"),
       ("xla_gb", "XLA planned GiB")])
+  table += f"\n\nPeak float32 GEMM rate of this machine: {peak:.0f} GFLOP/s."
   if ablation:
-    table += "\n\nLEAF CNN, K = 100: convolution lowering and client chunk size\n\n" + markdown_table(
-        ablation, [("conv_impl", "conv"), ("chunk", "chunk"), ("samples_per_s", "samples/s"),
-                   ("xla_gb", "XLA planned memory (GiB)")])
+    table += "\n\nK = 100: client chunk size and convolution lowering\n\n" + markdown_table(
+        ablation, [("model", "model"), ("conv_impl", "conv"), ("chunk", "chunk"),
+                   ("samples_per_s", "samples/s"), ("xla_gb", "XLA planned memory (GiB)")])
   table += "\n\nSeveral rounds per compiled call (digits, K = 10)\n\n" + markdown_table(
       scan_rows, [("model", "model"), ("rounds", "rounds"), ("per_round_call_ms", "ms/round, one call each"),
                   ("scanned_ms", "ms/round, lax.scan"), ("gain", "gain")])
   write_results("round_throughput", rows, table,
-                {"chunk_ablation": ablation, "scan_rounds": scan_rows,
+                {"chunk_ablation": ablation, "scan_rounds": scan_rows, "peak_gflops": peak,
                  "samples_per_client": s, "batch_size": b})
 
 

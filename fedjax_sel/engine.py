@@ -6,10 +6,16 @@ the host; the client axis of local training is sharded over all local devices wh
 several.
 
 Example:
+  >>> import optax
+  >>> from fedjax_sel import (DatasetSpec, build_dataset, build_model, fedavg, random_selector,
+  ...                         uniform_availability)
+  >>> data = build_dataset(DatasetSpec("digits", num_clients=20), seed=0)
+  >>> model = build_model("logreg", data.feature_shape, data.num_classes)
   >>> sim = Simulator(model, data, lambda lr: optax.sgd(lr), LocalHParams(batch_size=10),
-  ...                 uniform_availability(20, 10), random_selector(5), fedavg(), seed=0)
-  >>> state = sim.init()
-  >>> state, metrics = sim.step(state)          # doctest: +SKIP
+  ...                 uniform_availability(20, 10), random_selector(5), fedavg(), 5, seed=0)
+  >>> state, metrics = sim.step(sim.init())
+  >>> int(state.round), int(metrics["num_trained"])
+  (1, 5)
 """
 
 from __future__ import annotations
@@ -28,8 +34,8 @@ from fedjax_sel.data.federated import (ClientPool, FederatedDataset, device_pool
                                        rows_with_replacement)
 from fedjax_sel.evaluation import client_gradients, client_metrics
 from fedjax_sel.local_training import (LocalHParams, LocalResult, OptimizerFactory,
-                                       auto_chunk_size, bytes_per_client, default_memory_budget,
-                                       local_train)
+                                       auto_chunk_size, default_memory_budget, local_train,
+                                       step_cost)
 from fedjax_sel.models.bundle import Model, example_metrics, per_example_loss
 
 
@@ -175,11 +181,11 @@ class Simulator:
                                 axis_types=(jax.sharding.AxisType.Auto,))
       self.client_sharding = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec("clients"))
     if local.chunk_size is None:
-      per_client = bytes_per_client(model, optimizer, local, model.init(jax.random.PRNGKey(0)),
-                                    data.feature_shape)
+      cost = step_cost(model, optimizer, local, model.init(jax.random.PRNGKey(0)),
+                       data.feature_shape)
       slots = max(clients_per_round, availability.num_available)
       budget = local.memory_budget_bytes or default_memory_budget()
-      self.local = local._replace(chunk_size=auto_chunk_size(per_client, budget, slots))
+      self.local = local._replace(chunk_size=auto_chunk_size(cost, budget, slots))
     # Stream a linear aggregate out of local training when nothing needs the K local models.
     self.stream = (aggregator.linear_weights is not None and not selector.reads_local_models
                    and not self.participation.reads_local_models

@@ -10,9 +10,14 @@ batch and a loss function in; the kept mask and per-step gains out. The whole gr
 `lax.scan` over the clients with running parameter sums for X and Y; each step evaluates its two
 candidate averages as one batched forward pass.
 
-Example:
-  >>> out = greedy_filter(loss_fn, client_params, valid, global_params, key, mode="dgf")
-  >>> out.kept            # [n] bool          # doctest: +SKIP
+Example (three one-vector "models"; the public loss is the distance to a target):
+  >>> import jax, jax.numpy as jnp
+  >>> loss_fn = lambda p: jnp.sum((p["w"] - jnp.array([1.0, -1.0])) ** 2)
+  >>> clients = {"w": jnp.array([[1.0, -1.0], [0.8, -1.2], [5.0, 5.0]])}
+  >>> out = greedy_filter(loss_fn, clients, jnp.ones(3, bool), {"w": jnp.zeros(2)},
+  ...                     jax.random.PRNGKey(0), mode="dgf")
+  >>> out.kept.tolist()
+  [True, True, False]
 """
 
 from __future__ import annotations

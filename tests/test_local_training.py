@@ -129,24 +129,31 @@ def test_fixed_steps_mode_counts_and_masks_empty_clients():
   assert steps_per_client(jnp.array([9, 0, 4]), LocalHParams(batch_size=4, num_epochs=2)).tolist() == [6, 0, 2]
 
 
-def test_chunk_size_follows_memory_budget():
-  from fedjax_sel.local_training import auto_chunk_size, bytes_per_client  # pylint: disable=import-outside-toplevel
+def test_chunk_size_follows_memory_budget_and_step_cost():
+  from fedjax_sel.local_training import StepCost, auto_chunk_size, step_cost  # pylint: disable=import-outside-toplevel
   hp = LocalHParams(batch_size=8)
   sgd = lambda lr: optax.sgd(lr)
-  sizes = {}
+  costs = {}
   for name in ("logreg", "mlp"):
     model = build_model(name, (28, 28, 1), 10)
-    sizes[name] = bytes_per_client(model, sgd, hp, model.init(jax.random.PRNGKey(0)), (28, 28, 1))
+    costs[name] = step_cost(model, sgd, hp, model.init(jax.random.PRNGKey(0)), (28, 28, 1))
   # One more client costs at least its own parameters (4 bytes each; XLA may reuse gradient buffers).
-  assert sizes["logreg"] >= 4 * 7850 and sizes["mlp"] >= 4 * 199210
-  assert sizes["mlp"] > sizes["logreg"]
+  assert costs["logreg"].bytes >= 4 * 7850 and costs["mlp"].bytes >= 4 * 199210
+  # A step's FLOPs: at least forward + weight gradient, 2 * 2 * B * (weights), at most 5x that.
+  for name, weights in (("logreg", 7840), ("mlp", 784 * 200 + 200 * 200 + 200 * 10)):
+    assert 4 * 8 * weights <= costs[name].flops <= 5 * 4 * 8 * weights
   momentum = lambda lr: optax.sgd(lr, 0.9)
   model = build_model("mlp", (28, 28, 1), 10)
-  assert bytes_per_client(model, momentum, hp, model.init(jax.random.PRNGKey(0)),
-                          (28, 28, 1)) > sizes["mlp"]  # Momentum state is per client too.
-  assert auto_chunk_size(sizes["mlp"], 10 * sizes["mlp"], 100) == 10
-  assert auto_chunk_size(sizes["mlp"], 10 * sizes["mlp"], 4) == 4
-  assert auto_chunk_size(sizes["mlp"], 1, 100) == 1
+  assert step_cost(model, momentum, hp, model.init(jax.random.PRNGKey(0)),
+                   (28, 28, 1)).bytes > costs["mlp"].bytes  # Momentum state is per client too.
+  mlp = costs["mlp"]
+  assert auto_chunk_size(mlp, 10 * mlp.bytes, 100, platform="gpu") == 10
+  assert auto_chunk_size(mlp, 10 * mlp.bytes, 4, platform="gpu") == 4
+  assert auto_chunk_size(mlp, 1, 100, platform="gpu") == 1
+  # CPU: a few clients per chunk, one when a step is tiny; the memory budget still caps it.
+  assert auto_chunk_size(StepCost(mlp.bytes, 1e9), 10 * mlp.bytes, 100, platform="cpu") == 4
+  assert auto_chunk_size(StepCost(mlp.bytes, 1e9), 2 * mlp.bytes, 100, platform="cpu") == 2
+  assert auto_chunk_size(StepCost(mlp.bytes, 1e5), 10 * mlp.bytes, 100, platform="cpu") == 1
 
 
 def test_size_sorted_chunks_layout():
