@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from fedjax_sel.models import PatchConv, build_model, masked_mean_loss
+from fedjax_sel.models.pooling import max_pool_2x2
 
 
 @pytest.mark.parametrize("kernel,strides,padding", [((5, 5), (1, 1), "SAME"), ((3, 3), (2, 2), "SAME"),
@@ -26,6 +27,16 @@ def test_patch_conv_equals_flax_conv(kernel, strides, padding):
   g_ref = jax.vmap(jax.grad(lambda k: loss(ref, k)))(kernels)
   g_got = jax.vmap(jax.grad(lambda k: loss(PatchConv(6, kernel, strides, padding), k)))(kernels)
   chex.assert_trees_all_close(g_got, g_ref, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 6, 3), (1, 7, 5, 2)])
+def test_max_pool_2x2_equals_flax_max_pool(shape):
+  x = jax.random.normal(jax.random.PRNGKey(0), shape)  # No ties: gradients agree exactly.
+  want = lambda a: nn.max_pool(a, (2, 2), strides=(2, 2), padding="SAME")
+  chex.assert_trees_all_equal(max_pool_2x2(x), want(x))
+  w = jax.random.normal(jax.random.PRNGKey(1), want(x).shape)
+  grad = lambda f: jax.grad(lambda a: jnp.sum(f(a) * w))(x)
+  chex.assert_trees_all_equal(grad(max_pool_2x2), grad(want))
 
 
 @pytest.mark.parametrize("name,shape,classes", [

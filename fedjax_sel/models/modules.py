@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_sel.models.conv import PatchConv
+from fedjax_sel.models.pooling import max_pool_2x2
 
 
 class LogisticRegression(nn.Module):
@@ -40,18 +41,14 @@ class MLP(nn.Module):
     return nn.Dense(self.num_classes)(x)
 
 
-def _pool(x):
-  return nn.max_pool(x, (2, 2), strides=(2, 2), padding="SAME")
-
-
 class LeafCNN(nn.Module):
   num_classes: int = 62
   conv_impl: str = "patches"
 
   @nn.compact
   def __call__(self, x):
-    x = _pool(nn.relu(PatchConv(32, (5, 5), impl=self.conv_impl)(x)))
-    x = _pool(nn.relu(PatchConv(64, (5, 5), impl=self.conv_impl)(x)))
+    x = max_pool_2x2(nn.relu(PatchConv(32, (5, 5), impl=self.conv_impl)(x)))
+    x = max_pool_2x2(nn.relu(PatchConv(64, (5, 5), impl=self.conv_impl)(x)))
     x = nn.relu(nn.Dense(2048)(x.reshape(x.shape[0], -1)))
     return nn.Dense(self.num_classes)(x)
 
@@ -62,8 +59,8 @@ class CifarCNN(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    x = _pool(nn.relu(PatchConv(32, (5, 5), impl=self.conv_impl)(x)))
-    x = _pool(nn.relu(PatchConv(64, (5, 5), impl=self.conv_impl)(x)))
+    x = max_pool_2x2(nn.relu(PatchConv(32, (5, 5), impl=self.conv_impl)(x)))
+    x = max_pool_2x2(nn.relu(PatchConv(64, (5, 5), impl=self.conv_impl)(x)))
     x = x.reshape(x.shape[0], -1)
     x = nn.relu(nn.Dense(512)(x))
     x = nn.relu(nn.Dense(128)(x))
