@@ -9,6 +9,8 @@ For n client models and a public set of m examples:
   host_loop:    Algorithm 1 as the reference code runs it: a Python loop, candidate averages from
                 running sums, one jitted forward call per candidate and a host decision per client.
   opt:          exhaustive OPT over 2^n - 1 subsets (n <= 16, MLP).
+Beside them, DGF's FLOP rate (XLA's count of one forward pass) and the rate 10x the host loop would
+need, against the machine's peak (a 2048^3 float32 GEMM).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 from absl import app, flags
 
 import fedjax_sel as fs
-from benchmarks.common import markdown_table, median_time, write_results
+from benchmarks.common import cost_flops, markdown_table, median_time, peak_gflops, write_results
 from fedjax_sel import filtering
 from fedjax_sel.models import per_example_loss
 
@@ -81,24 +83,30 @@ def main(argv):
     configs += [("leaf_cnn", n, m) for m in (500, 2000) for n in (10, 30, 100, 300)
                 if n * m <= FLAGS.cnn_max_nm]
     opt_ns = [8, 12, 16]
+  peak = peak_gflops()
   rows = []
   for name, n, m in configs:
     loss_fn, clients, base = setup(name, n, m)
     valid = jnp.ones(n, bool)
     row = {"model": name, "n": n, "m": m}
+    # Sub-second configurations are noisy: repeat them (the LEAF CNN's large ones take minutes).
+    reps = max(FLAGS.reps, 5 if name == "mlp" else (3 if n * m <= 15000 else 1))
     key = jax.random.PRNGKey(0)
     for mode in ("dgf", "rgf"):
       # Compiled ahead of time, so a long configuration runs once per repetition only.
       fn = jax.jit(lambda c, v, p, k, mode=mode: filtering.greedy_filter(
           loss_fn, c, v, p, k, mode=mode)).lower(clients, valid, base, key).compile()
-      row[mode + "_s"] = median_time(lambda fn=fn: fn(clients, valid, base, key), FLAGS.reps,
-                                     warmup=0)
+      row[mode + "_s"] = median_time(lambda fn=fn: fn(clients, valid, base, key), reps, warmup=0)
     single = jax.jit(loss_fn)
     row["forward_s"] = median_time(lambda: single(base), 3)
     row["limit_s"] = (2 * n + 1) * row["forward_s"]
-    row["host_loop_s"] = median_time(host_loop(loss_fn, clients, base, n), FLAGS.reps, warmup=0)
+    row["host_loop_s"] = median_time(host_loop(loss_fn, clients, base, n), reps, warmup=0)
     row["dgf_vs_limit"] = row["dgf_s"] / row["limit_s"]
     row["host_vs_dgf"] = row["host_loop_s"] / row["dgf_s"]
+    # FLOP rates: DGF's, and what 10x the host loop would need (compare with the machine's peak).
+    forward_flops = cost_flops(single.lower(base).compile())
+    row["dgf_gflops"] = (2 * n + 1) * forward_flops / row["dgf_s"] / 1e9
+    row["gflops_10x_host"] = 10 * (2 * n + 1) * forward_flops / row["host_loop_s"] / 1e9
     print(row, flush=True)
     rows.append(row)
   opt_rows = []
@@ -111,11 +119,12 @@ def main(argv):
   table = markdown_table(rows, [
       ("model", "model"), ("n", "n"), ("m", "m"), ("dgf_s", "DGF s"), ("rgf_s", "RGF s"),
       ("limit_s", "(2n+1) forwards s"), ("host_loop_s", "host loop s"),
-      ("dgf_vs_limit", "DGF / limit"), ("host_vs_dgf", "host loop / DGF")])
+      ("dgf_vs_limit", "DGF / limit"), ("host_vs_dgf", "host loop / DGF"),
+      ("dgf_gflops", "DGF GFLOP/s"), ("gflops_10x_host", "GFLOP/s for 10x host loop")])
+  table += f"\n\nPeak float32 GEMM rate of this machine: {peak:.0f} GFLOP/s."
   table += "\n\nOPT (MLP, m = 500)\n\n" + markdown_table(opt_rows, [
       ("n", "n"), ("subsets", "subsets"), ("opt_s", "s"), ("subsets_per_s", "subsets/s")])
-  write_results("filter_throughput", rows, table,
-                {"opt": opt_rows})
+  write_results("filter_throughput", rows, table, {"opt": opt_rows, "peak_gflops": peak})
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import optax
 from absl import app, flags
 
 import fedjax_sel as fs
-from benchmarks.common import markdown_table, median_time, write_results
+from benchmarks.common import markdown_table, median_time, peak_gflops, write_results
 from fedjax_sel.data.federated import ClientPool, device_pool
 from fedjax_sel.local_training import auto_chunk_size, default_memory_budget, step_cost
 from fedjax_sel.models import masked_mean_loss
@@ -197,18 +197,11 @@ def scan_rounds_rows(quick: bool) -> list[dict]:
   return rows
 
 
-def peak_gflops(reps: int) -> float:
-  """The machine's float32 GEMM rate in GFLOP/s (a jitted 2048 x 2048 x 2048 product)."""
-  a = jnp.asarray(np.random.default_rng(0).random((2048, 2048), dtype=np.float32))
-  matmul = jax.jit(lambda m: m @ m)
-  return 2 * 2048**3 / median_time(lambda: matmul(a), max(reps, 3)) / 1e9
-
-
 def main(argv):
   del argv
   s, b = FLAGS.samples_per_client, FLAGS.batch_size
   reps = 1 if FLAGS.quick else FLAGS.reps
-  peak = peak_gflops(reps)
+  peak = peak_gflops()
   rows = []
   for name, k in grid(FLAGS.quick):
     shape, classes = SHAPES[name]

@@ -122,12 +122,12 @@ def greedy_filter(loss_fn: PublicLoss, client_params: Params, valid: jax.Array,
     u = visit[i]
     live = valid[u]
     w_u = jax.tree.map(lambda a: a[u], client_params)
-    x_new = jax.tree.map(jnp.add, x_sum, w_u)
-    y_new = jax.tree.map(jnp.subtract, y_sum, w_u)
-    cand = jax.tree.map(lambda a, b: jnp.stack([a, b]),
-                        _scale(x_new, 1.0 / (x_count + 1.0)),
-                        _scale(y_new, 1.0 / jnp.maximum(y_count - 1.0, 1.0)))
-    r_pair = r_of_pair(cand)
+    # Both candidate averages in one pass over the parameters (no separate X u {u}, Y minus u).
+    sx, sy = 1.0 / (x_count + 1.0), 1.0 / jnp.maximum(y_count - 1.0, 1.0)
+    cand = jax.tree.map(lambda xs, ys, wu: jnp.stack([(xs + wu) * sx, (ys - wu) * sy]),
+                        x_sum, y_sum, w_u)
+    # Slots past the available clients cost no forward pass.
+    r_pair = jax.lax.cond(live, r_of_pair, lambda c: jnp.zeros((2,), jnp.float32), cand)
     r_x_new = r_pair[0]
     r_y_new = jnp.where(y_count - 1.0 > 0, r_pair[1], r_empty)
     a = r_x_new - r_x
@@ -141,9 +141,10 @@ def greedy_filter(loss_fn: PublicLoss, client_params: Params, valid: jax.Array,
       keep = jax.random.uniform(jax.random.fold_in(coin_key, i)) < p
     keep = keep & live
     drop = (~keep) & live
-    pick = lambda cond, new, old: jax.tree.map(lambda n_, o_: jnp.where(cond, n_, o_), new, old)
-    carry = (pick(keep, x_new, x_sum), x_count + keep, jnp.where(keep, r_x_new, r_x),
-             pick(drop, y_new, y_sum), y_count - drop, jnp.where(drop, r_y_new, r_y))
+    x_sum = jax.tree.map(lambda xs, wu: jnp.where(keep, xs + wu, xs), x_sum, w_u)
+    y_sum = jax.tree.map(lambda ys, wu: jnp.where(drop, ys - wu, ys), y_sum, w_u)
+    carry = (x_sum, x_count + keep, jnp.where(keep, r_x_new, r_x),
+             y_sum, y_count - drop, jnp.where(drop, r_y_new, r_y))
     return carry, (keep, jnp.where(live, a, 0.0), jnp.where(live, b, 0.0), jnp.where(live, p, 0.0))
 
   init = (zero, jnp.zeros((), jnp.float32), r_empty, y_sum, y_count, r_all)
