@@ -249,17 +249,22 @@ def step_cost(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, param
 
 def auto_chunk_size(cost: StepCost, budget_bytes: int, num_slots: int,
                     platform: str | None = None) -> int:
-  """Clients per vmapped chunk: the largest chunk that fits `budget_bytes` (at least 1, at most
-  `num_slots`); on CPU (`platform`, default the first device's) at most `CPU_CHUNK_SIZE`, and 1 when
-  a client's step is below `CPU_TINY_STEP_FLOPS`.
+  """Clients per vmapped chunk. The cap: the largest chunk that fits `budget_bytes` (at least 1, at
+  most `num_slots`); on CPU (`platform`, default the first device's) at most `CPU_CHUNK_SIZE`, and
+  1 when a client's step is below `CPU_TINY_STEP_FLOPS`. Under the cap: on CPU, where a chunk's
+  time grows with its size, the size that pads `num_slots` least (padded slots compute like real
+  ones), the largest on ties; on accelerators, the fewest chunks, evened out.
 
   Example:
     >>> auto_chunk_size(StepCost(bytes=2**20, flops=3e7), 2**30, 100, platform="gpu")
     100
     >>> auto_chunk_size(StepCost(bytes=2**20, flops=3e7), 2**30, 100, platform="cpu")
     4
+    >>> auto_chunk_size(StepCost(bytes=2**20, flops=3e7), 2**30, 10, platform="cpu")  # Not 4: 12 slots.
+    2
   """
-  fit = int(max(1, min(num_slots, budget_bytes // max(cost.bytes, 1))))
+  cap = int(max(1, min(num_slots, budget_bytes // max(cost.bytes, 1))))
   if (platform or jax.devices()[0].platform) != "cpu":
-    return fit
-  return min(fit, 1 if cost.flops < CPU_TINY_STEP_FLOPS else CPU_CHUNK_SIZE)
+    return -(-num_slots // -(-num_slots // cap))
+  cap = min(cap, 1 if cost.flops < CPU_TINY_STEP_FLOPS else CPU_CHUNK_SIZE)
+  return min(range(1, cap + 1), key=lambda c: (-(-num_slots // c) * c, -c))

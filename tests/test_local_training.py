@@ -154,6 +154,11 @@ def test_chunk_size_follows_memory_budget_and_step_cost():
   assert auto_chunk_size(StepCost(mlp.bytes, 1e9), 10 * mlp.bytes, 100, platform="cpu") == 4
   assert auto_chunk_size(StepCost(mlp.bytes, 1e9), 2 * mlp.bytes, 100, platform="cpu") == 2
   assert auto_chunk_size(StepCost(mlp.bytes, 1e5), 10 * mlp.bytes, 100, platform="cpu") == 1
+  # CPU: under the cap, the size that pads the slots least (10 slots: chunks of 2, not 3 or 4).
+  assert auto_chunk_size(StepCost(mlp.bytes, 1e9), 10 * mlp.bytes, 10, platform="cpu") == 2
+  # Accelerators: the fewest chunks, evened out (10 slots under a cap of 7: 2 chunks of 5).
+  assert auto_chunk_size(mlp, 7 * mlp.bytes, 10, platform="gpu") == 5
+  assert auto_chunk_size(mlp, 7 * mlp.bytes, 13, platform="gpu") == 7
 
 
 def test_size_sorted_chunks_layout():
