@@ -121,9 +121,10 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
   def loss_fn(params, xb, yb, mask):
     losses = per_example_loss(model, params, xb, yb)
     mean = jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-    sq = sum(jnp.sum((p - g) ** 2) for p, g in
-             zip(jax.tree.leaves(params), jax.tree.leaves(global_params)))
-    return mean + 0.5 * hp.prox_mu * sq, jnp.sum(losses * mask)
+    if hp.prox_mu:  # FedAvg skips the term: its value and gradient are passes over every weight.
+      mean += 0.5 * hp.prox_mu * sum(jnp.sum((p - g) ** 2) for p, g in
+                                     zip(jax.tree.leaves(params), jax.tree.leaves(global_params)))
+    return mean, jnp.sum(losses * mask)
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
