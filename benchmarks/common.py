@@ -41,13 +41,6 @@ def peak_gflops() -> float:
   return 2 * 2048**3 / median_time(lambda: matmul(a), 5) / 1e9
 
 
-def cost_flops(compiled) -> float:
-  """FLOPs of a compiled computation, from XLA's cost analysis (0 when it gives none)."""
-  analysis = compiled.cost_analysis()
-  analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
-  return float((analysis or {}).get("flops", 0.0))
-
-
 def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
   """Rows as a markdown table; `columns` = (key, header); floats get 3 significant digits."""
   fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else ("-" if v is None else str(v))

@@ -21,8 +21,9 @@ import numpy as np
 from absl import app, flags
 
 import fedjax_sel as fs
-from benchmarks.common import cost_flops, markdown_table, median_time, peak_gflops, write_results
+from benchmarks.common import markdown_table, median_time, peak_gflops, write_results
 from fedjax_sel import filtering
+from fedjax_sel.compiled_cost import flops
 from fedjax_sel.models import per_example_loss
 
 FLAGS = flags.FLAGS
@@ -104,7 +105,7 @@ def main(argv):
     row["dgf_vs_limit"] = row["dgf_s"] / row["limit_s"]
     row["host_vs_dgf"] = row["host_loop_s"] / row["dgf_s"]
     # FLOP rates: DGF's, and what 10x the host loop would need (compare with the machine's peak).
-    forward_flops = cost_flops(single.lower(base).compile())
+    forward_flops = flops(single.lower(base).compile())
     row["dgf_gflops"] = (2 * n + 1) * forward_flops / row["dgf_s"] / 1e9
     row["gflops_10x_host"] = 10 * (2 * n + 1) * forward_flops / row["host_loop_s"] / 1e9
     print(row, flush=True)

@@ -29,6 +29,7 @@ from absl import app, flags
 
 import fedjax_sel as fs
 from benchmarks.common import markdown_table, median_time, peak_gflops, write_results
+from fedjax_sel.compiled_cost import planned_bytes
 from fedjax_sel.data.federated import ClientPool, device_pool
 from fedjax_sel.local_training import auto_chunk_size, default_memory_budget, step_cost
 from fedjax_sel.models import masked_mean_loss
@@ -58,12 +59,8 @@ def make_pool(k, s, shape, classes, seed=0):
 
 
 def vectorized(model, params, pool, k, b, chunk):
-  """Our round; `chunk=None` picks the chunk size as the `Simulator` does (`auto_chunk_size`)."""
-  hp = fs.LocalHParams(batch_size=b, num_epochs=1)
-  if chunk is None:
-    chunk = auto_chunk_size(step_cost(model, lambda lr: optax.sgd(lr), hp, params, pool.x.shape[1:]),
-                            default_memory_budget(), k)
-  hp = hp._replace(chunk_size=chunk)
+  """Our round with `chunk` clients per vmapped chunk; returns the runner and XLA's planned GiB."""
+  hp = fs.LocalHParams(batch_size=b, num_epochs=1, chunk_size=chunk)
   clients = jnp.arange(k, dtype=jnp.int32)
   keys = fs.keys.client_keys(jax.random.PRNGKey(0), clients)
   weights = fs.fedavg("examples").linear_weights(jnp.ones(k, bool), jnp.asarray(pool.counts))
@@ -73,7 +70,7 @@ def vectorized(model, params, pool, k, b, chunk):
   def round_fn(p, dp):  # FedAvg streamed out of local training, as the Simulator runs it.
     return fs.local_train(model, lambda lr: optax.sgd(lr), hp, p, dp, clients, jnp.ones(k, bool),
                           keys, jnp.float32(LR), pool.max_count, combine=weights).params
-  return lambda: round_fn(params, dp), round_fn.lower(params, dp).compile().memory_analysis(), chunk
+  return lambda: round_fn(params, dp), planned_bytes(round_fn.lower(params, dp).compile()) / 2**30
 
 
 def sgd_step_fn(model):
@@ -162,18 +159,14 @@ def chunk_ablation(s: int, b: int, reps: int) -> list[dict]:
     model = fs.build_model(name, shape, classes, conv_impl="patches" if impl == "-" else impl)
     params = model.init(jax.random.PRNGKey(0))
     for chunk in chunks:
-      run, mem, _ = vectorized(model, params, pool, k, b, chunk)
+      run, gib = vectorized(model, params, pool, k, b, chunk)
       # lax.conv under vmap is ~10x slower (minutes per round): one timed run is enough.
       entry = {"model": name, "conv_impl": impl, "chunk": chunk,
                "samples_per_s": k * s / median_time(run, 1 if impl == "lax" else reps),
-               "xla_gb": planned_gib(mem)}
+               "xla_gb": gib}
       print(entry, flush=True)
       entries.append(entry)
   return entries
-
-
-def planned_gib(mem) -> float:
-  return (mem.temp_size_in_bytes + mem.argument_size_in_bytes + mem.output_size_in_bytes) / 2**30
 
 
 def scan_rounds_rows(quick: bool) -> list[dict]:
@@ -212,9 +205,11 @@ def main(argv):
     pool = make_pool(k, s, shape, classes)
     n = k * s
     row = {"model": name, "K": k}
-    run, mem, row["chunk"] = vectorized(model, params, pool, k, b, None)
+    # The step's cost picks the chunk size as the `Simulator` does, and gives the FLOP rates below.
+    cost = step_cost(model, lambda lr: optax.sgd(lr), fs.LocalHParams(b), params, shape)
+    row["chunk"] = auto_chunk_size(cost, default_memory_budget(), k)
+    run, row["xla_gb"] = vectorized(model, params, pool, k, b, row["chunk"])
     row["vectorized"] = n / median_time(run, reps)
-    row["xla_gb"] = planned_gib(mem)
     loop_clients = min(k, 100)  # The loops are timed on up to 100 clients (throughput is per client).
     loop_pool = make_pool(loop_clients, s, shape, classes)
     row["jax_loop"] = loop_clients * s / median_time(jax_loop(model, params, loop_pool,
@@ -227,8 +222,7 @@ def main(argv):
     row["vs_torch_loop"] = None if t is None else row["vectorized"] / row["torch_loop"]
     row["vs_central_B"] = row["vectorized"] / row["central_B"]
     row["vs_central_KB"] = row["vectorized"] / row["central_KB"]
-    flops_per_sample = step_cost(model, lambda lr: optax.sgd(lr), fs.LocalHParams(b), params,
-                                 shape).flops / b
+    flops_per_sample = cost.flops / b
     row["gflops"] = row["vectorized"] * flops_per_sample / 1e9
     row["gflops_20x_loop"] = 20 * row["jax_loop"] * flops_per_sample / 1e9
     print(row, flush=True)

@@ -2,8 +2,9 @@
 self-regulation.
 
 The flat namespace below is the public API; modules hold one concern each:
-`data` (pools, partitioners, sources), `models`, `local_training`, `evaluation`, `components`
-(the pure part types), `availability`, `selectors`, `aggregators`, `engine`, `runner`.
+`data` (pools, partitioners, sources), `models`, `local_training`, `compiled_cost` (XLA's memory
+and FLOP counts), `evaluation`, `components` (the pure part types), `availability`, `selectors`,
+`aggregators`, `engine`, `runner`.
 """
 
 from fedjax_sel.aggregators import fedavg, weighted_mean

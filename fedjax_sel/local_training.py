@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_sel.chunking import size_sorted_chunks
+from fedjax_sel.compiled_cost import flops, planned_bytes
 from fedjax_sel.data.federated import ClientPool, rows_with_replacement
 from fedjax_sel.models.bundle import Model, per_example_loss
 
@@ -187,11 +188,13 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
   return LocalResult(total, layout.unarrange(loss), layout.unarrange(samples), steps_all)
 
 
-# CPU defaults, from a sweep of chunk sizes 1-100 at K = 100 on a 2-core x86_64 machine (README,
-# Performance): XLA:CPU runs a vmapped chunk's per-client GEMMs as batched dots, which beat plain ones
-# only when each client's step does real work; a few clients per chunk also keep the working set in
-# cache. Logistic regression (1 MFLOP per client step) was fastest at 1 client per chunk (1.4x chunk
-# 4, 1.7x chunk 100); the MLP (29 MFLOP), CIFAR and LEAF CNNs (3.3 GFLOP) at 2-4 (MLP 2.4x chunk 100).
+# CPU defaults, from chunk sweeps at K = 100 on a 2-core x86_64 machine (README, Performance):
+# XLA:CPU runs a vmapped chunk's per-client GEMMs as batched dots, which beat plain ones only when
+# each client's step does real work; a few clients per chunk also keep the working set in cache.
+# Logistic regression (1 MFLOP per client step): a bare loop of 200 client steps took 7.8 ms at 1
+# client per chunk against 11.5-12.8 ms at 2-16 (full-round sweeps are noise-level on this model:
+# chunk 1 was 1.4x chunk 4 in two runs and 0.85x in the published one); the MLP (29 MFLOP), CIFAR and
+# LEAF CNNs (3.3 GFLOP) were fastest at 2-4 (MLP 2.4-2.6x chunk 100).
 CPU_CHUNK_SIZE = 4
 CPU_TINY_STEP_FLOPS = 1e7
 
@@ -237,15 +240,8 @@ def step_cost(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, param
     y = jax.ShapeDtypeStruct((c, hp.batch_size), jnp.int32)
     return jax.jit(jax.vmap(step)).lower(ps, os_, x, y).compile()
 
-  def total_bytes(compiled_step):
-    m = compiled_step.memory_analysis()
-    return m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes
-
   one = compiled(1)
-  analysis = one.cost_analysis()
-  analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
-  return StepCost(max(total_bytes(compiled(2)) - total_bytes(one), 1),
-                  float((analysis or {}).get("flops", 0.0)))
+  return StepCost(max(planned_bytes(compiled(2)) - planned_bytes(one), 1), flops(one))
 
 
 def auto_chunk_size(cost: StepCost, budget_bytes: int, num_slots: int,
