@@ -58,3 +58,198 @@ def fedavg(weighting: str = "examples") -> Aggregator:
 
   return Aggregator(init=lambda params: (), apply=apply,
                     linear_weights=lambda mask, n: normalized(weights(mask, n)))
+
+
+# --- Robust aggregators (SPEC section 4) ------------------------------------------------------
+# They see all K slots and the mask of the slots to aggregate; masked-out slots never influence the
+# result. Statistics run in float32 and the result is cast back to each leaf's dtype (bfloat16
+# models sort and average in float32). With no aggregated slot the global model is kept.
+
+TRIM_ROUNDINGS = ("floor", "ceil")
+
+
+def _masked_sorted(stack: jax.Array, mask: jax.Array) -> jax.Array:
+  """`stack [K, ...]` sorted along the slots with masked-out slots last (+inf), in float32."""
+  m = mask.reshape(-1, *([1] * (stack.ndim - 1)))
+  return jnp.sort(jnp.where(m, stack.astype(jnp.float32), jnp.inf), axis=0)
+
+
+def _take_rank(sorted_stack: jax.Array, rank: jax.Array) -> jax.Array:
+  return jax.lax.dynamic_index_in_dim(sorted_stack, rank, axis=0, keepdims=False)
+
+
+def _masked_median_leaf(stack: jax.Array, mask: jax.Array) -> jax.Array:
+  s = _masked_sorted(stack, mask)
+  n = jnp.sum(mask)
+  lo, hi = (n - 1) // 2, n // 2
+  return 0.5 * (_take_rank(s, jnp.maximum(lo, 0)) + _take_rank(s, jnp.maximum(hi, 0)))
+
+
+def _keep_if_empty(fn):
+  """Wraps a per-leaf `fn(stack, mask) -> float32 leaf` with the dtype cast and the empty case."""
+  def apply(state, global_params, client_params, inputs: AggregateInputs):
+    mask = inputs.mask
+    some = jnp.any(mask)
+    new = jax.tree.map(lambda st, g: jnp.where(some, fn(st, mask), g).astype(g.dtype),
+                       client_params, global_params)
+    return new, state
+  return apply
+
+
+def coordinate_median() -> Aggregator:
+  """Coordinate-wise median of the aggregated models (mean of the two middle values for even n).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from fedjax_sel.components import AggregateInputs
+    >>> stack = jnp.array([[1.], [9.], [3.], [100.]])
+    >>> new, _ = coordinate_median().apply((), jnp.zeros(1), stack, AggregateInputs(
+    ...     jnp.array([True, True, True, False]), jnp.ones(4), jnp.zeros(4)))
+    >>> new.tolist()
+    [3.0]
+  """
+  return Aggregator(init=lambda params: (), apply=_keep_if_empty(_masked_median_leaf))
+
+
+def trim_count(n: jax.Array, beta: float, rounding: str = "floor") -> jax.Array:
+  """Values trimmed per side: `int(beta * n)` (canonical) or `ceil(beta * n)` (the reference
+  code's), capped so that at least one value is left."""
+  x = beta * n.astype(jnp.float32)
+  t = jnp.floor(x) if rounding == "floor" else jnp.ceil(x)
+  return jnp.minimum(t.astype(jnp.int32), (n - 1) // 2)
+
+
+def trimmed_mean(beta: float = 0.3, rounding: str = "floor") -> Aggregator:
+  """Coordinate-wise trimmed mean: per coordinate, drop the `t` largest and `t` smallest values of
+  the n aggregated models (t from `trim_count`) and average the rest.
+
+  Args:
+    beta: share trimmed per side, in [0, 0.5).
+    rounding: "floor" (t = int(beta * n), the textbook) or "ceil" (the FedSRC reference code's).
+  """
+  if not 0.0 <= beta < 0.5:
+    raise ValueError(f"trimmed-mean beta (share trimmed per side) must be in [0, 0.5), got {beta}")
+  if rounding not in TRIM_ROUNDINGS:
+    raise ValueError(f"trim rounding must be one of {TRIM_ROUNDINGS}, got {rounding!r}")
+
+  def leaf(stack, mask):
+    s = _masked_sorted(stack, mask)
+    n = jnp.sum(mask)
+    t = trim_count(n, beta, rounding)
+    rank = jnp.arange(stack.shape[0]).reshape(-1, *([1] * (stack.ndim - 1)))
+    keep = (rank >= t) & (rank < n - t)
+    return jnp.sum(jnp.where(keep, s, 0.0), axis=0) / jnp.maximum(n - 2 * t, 1)
+
+  return Aggregator(init=lambda params: (), apply=_keep_if_empty(leaf))
+
+
+def flatten_stack(client_params) -> jax.Array:
+  """Stacked `[K, ...]` models -> `[K, D]` float32 rows."""
+  leaves = jax.tree.leaves(client_params)
+  return jnp.concatenate([a.reshape(a.shape[0], -1).astype(jnp.float32) for a in leaves], axis=1)
+
+
+def byzantine_count(n: jax.Array | int, f: float | int) -> jax.Array | int:
+  """f as a count (int) or as a fraction of n (float in [0, 1))."""
+  if isinstance(f, float):
+    return jnp.floor(f * n).astype(jnp.int32) if isinstance(n, jax.Array) else int(f * n)
+  return f
+
+
+def check_krum(cohort: int, f: float | int) -> None:
+  """Raises ValueError unless Krum's condition n >= 2f + 3 holds for a cohort of n models."""
+  count = byzantine_count(cohort, f)
+  if cohort < 2 * count + 3:
+    raise ValueError(f"Krum needs n >= 2f + 3 aggregated models: n={cohort}, f={count} (from "
+                     f"krum_f={f}); lower f to at most {(cohort - 3) // 2} or enlarge the cohort")
+
+
+def krum_scores(rows: jax.Array, mask: jax.Array, f: float | int,
+                normalize: bool = False) -> jax.Array:
+  """`[K]` Krum scores: the sum of the squared L2 distances from each aggregated row to its
+  n - f - 2 closest other aggregated rows (Blanchard et al. 2017); +inf for masked-out slots.
+
+  When n < 2f + 3 in a round (a mask smaller than the cohort `check_krum` approved), at least one
+  neighbour is still scored. `normalize=True` divides every row by its L2 norm first (the FedSRC
+  reference code's distance, on directions only).
+  """
+  if normalize:
+    rows = rows / jnp.maximum(jnp.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+  sq = jnp.sum(rows ** 2, axis=1)
+  dist = jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * rows @ rows.T, 0.0)
+  k = rows.shape[0]
+  valid_pair = mask[:, None] & mask[None, :] & ~jnp.eye(k, dtype=bool)
+  dist = jnp.sort(jnp.where(valid_pair, dist, jnp.inf), axis=1)
+  n = jnp.sum(mask)
+  closest = jnp.maximum(n - byzantine_count(n, f) - 2, 1)
+  take = jnp.arange(k)[None, :] < closest
+  scores = jnp.sum(jnp.where(take & jnp.isfinite(dist), dist, 0.0), axis=1)
+  return jnp.where(mask, scores, jnp.inf)
+
+
+def krum(f: float | int = 0.3, multi: int | None = None, normalize: bool = False) -> Aggregator:
+  """Krum (`multi=None`: the single best-scored model) or Multi-Krum (the mean of the `multi`
+  best-scored models; `multi=0` means n - f).
+
+  Args:
+    f: assumed Byzantine models, a count (int) or a fraction of the aggregated n (float).
+    multi: Multi-Krum's m.
+    normalize: score on L2-normalized models (the FedSRC reference code's variant).
+  """
+  if isinstance(f, float) and not 0.0 <= f < 0.5:
+    raise ValueError(f"krum_f as a fraction must be in [0, 0.5), got {f}")
+  if isinstance(f, int) and f < 0:
+    raise ValueError(f"krum_f as a count must be >= 0, got {f}")
+  if multi is not None and multi < 0:
+    raise ValueError(f"multi_krum_m must be >= 0, got {multi}")
+
+  def apply(state, global_params, client_params, inputs: AggregateInputs):
+    scores = krum_scores(flatten_stack(client_params), inputs.mask, f, normalize)
+    n = jnp.sum(inputs.mask)
+    if multi is None:
+      m = jnp.minimum(n, 1)
+    elif multi == 0:
+      m = jnp.maximum(n - byzantine_count(n, f), 1)
+    else:
+      m = jnp.minimum(n, multi)
+    rank = jnp.argsort(jnp.argsort(scores, stable=True), stable=True)
+    weights = (rank < m) & inputs.mask
+    return weighted_mean(client_params, weights.astype(jnp.float32), global_params), state
+
+  return Aggregator(init=lambda params: (), apply=apply)
+
+
+def median_spread(values: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(median, sqrt(mean((v - median)^2))) of the masked values (0, 0 when none)."""
+  med = _masked_median_leaf(values, mask)
+  n = jnp.maximum(jnp.sum(mask), 1)
+  spread = jnp.sqrt(jnp.sum(jnp.where(mask, (values - med) ** 2, 0.0)) / n)
+  return jnp.where(jnp.any(mask), med, 0.0), spread
+
+
+def fedasl_weights(losses: jax.Array, mask: jax.Array, alpha: float = 1.0,
+                   beta: float = 0.2) -> jax.Array:
+  """FedASL's normalized weights 1 / v_k: v_k = beta * s for clients whose training loss lies within
+  alpha * s of the median loss, |L_k - median| outside; s = sqrt(mean((L - median)^2)). When s = 0
+  every aggregated client lies at the median and the weights are uniform."""
+  med, s = median_spread(losses.astype(jnp.float32), mask)
+  dev = jnp.abs(losses - med)
+  v = jnp.where(dev <= alpha * s, beta * s, dev)
+  w = jnp.where(s > 0, 1.0 / jnp.maximum(v, 1e-30), 1.0)
+  return normalized(jnp.where(mask, w, 0.0))
+
+
+def fedasl(alpha: float = 1.0, beta: float = 0.2) -> Aggregator:
+  """FedASL: a weighted mean whose weights shrink with the distance of a client's reported training
+  loss from the median loss (`fedasl_weights`)."""
+  if alpha <= 0 or beta <= 0:
+    raise ValueError(f"fedasl alpha and beta must be > 0, got alpha={alpha}, beta={beta}")
+
+  def apply(state, global_params, client_params, inputs: AggregateInputs):
+    w = fedasl_weights(inputs.train_loss, inputs.mask, alpha, beta)
+    return weighted_mean(client_params, w, global_params), state
+
+  return Aggregator(init=lambda params: (), apply=apply)
+
+
+AGGREGATORS = ("fedavg", "median", "trimmed_mean", "krum", "multi_krum", "fedasl")

@@ -137,6 +137,8 @@ class Participation(NamedTuple):
 
   `apply(state, key, inputs, chosen) -> (train [N] bool, aggregate [N] bool, state)`: who trains
   (and uploads), and whom of those the server aggregates.
+  `report(state) -> dict` of scalars the engine writes into the round's metrics under `"rule"`
+  (e.g. the round's threshold), read after `observe`.
   """
 
   init: Callable[[int], Any]
@@ -144,6 +146,7 @@ class Participation(NamedTuple):
   needs: tuple[str, ...] = ()
   observe: Callable[[Any, RoundInputs, RoundOutcome], Any] = _keep_state
   reads_local_models: bool = False
+  report: Callable[[Any], dict] = lambda state: {}
 
 
 class AggregateInputs(NamedTuple):

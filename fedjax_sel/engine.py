@@ -44,6 +44,8 @@ class Costs(NamedTuple):
 
   Attributes:
     client_eval_samples: samples evaluated by clients (forward passes for selection / rules).
+    client_grad_samples: samples whose loss gradient clients computed for selection (a forward and
+      a backward pass each: gradient norms, DivFL proxies).
     train_samples: training samples processed by clients.
     uploads: models uploaded to the server.
     downloads: models downloaded by clients.
@@ -51,6 +53,7 @@ class Costs(NamedTuple):
   """
 
   client_eval_samples: jax.Array
+  client_grad_samples: jax.Array
   train_samples: jax.Array
   uploads: jax.Array
   downloads: jax.Array
@@ -58,7 +61,7 @@ class Costs(NamedTuple):
 
   @staticmethod
   def zeros() -> "Costs":
-    return Costs(*(jnp.zeros((), jnp.float32) for _ in range(5)))
+    return Costs(*(jnp.zeros((), jnp.float32) for _ in range(6)))
 
 
 class EngineState(NamedTuple):
@@ -358,12 +361,12 @@ class Simulator:
     part_state = self.participation.observe(part_state, inputs, outcome)
     clients = self._update_clients(state.clients, t, chosen, slots, trained, res.train_loss)
 
-    evals = jnp.zeros((), jnp.float32)
+    evals, grads = self._stat_costs(arrays, avail)
     if self.needs:  # Every available client evaluates the global model for the stats.
-      evals = jnp.sum(jnp.where(avail, arrays.train.counts, 0)).astype(jnp.float32)
       downloads = jnp.maximum(downloads, jnp.sum(avail).astype(jnp.float32))
     round_costs = Costs(
         client_eval_samples=evals,
+        client_grad_samples=grads,
         train_samples=train_samples,
         uploads=trained_models,
         downloads=downloads,
@@ -371,6 +374,8 @@ class Simulator:
     costs = jax.tree.map(jnp.add, state.costs, round_costs)
 
     w = jnp.where(trained, res.samples, 0.0)
+    did = jnp.zeros((self.num_clients,), bool).at[slots].max(trained)
+    agg = jnp.zeros((self.num_clients,), bool).at[slots].max(aggregated)
     metrics = {
         "round": t,
         "lr": lr,
@@ -384,12 +389,32 @@ class Simulator:
         "cost": round_costs._asdict(),
         "cumulative_cost": costs._asdict(),
         "filter": info,
+        "selected": chosen,
+        "trained_clients": did,
+        "aggregated_clients": agg,
+        "rule": self.participation.report(part_state),
     }
     if filt is not None:
       metrics["filtered_in"] = fmask
     new_state = EngineState(t + 1, new_params, clients, fstate, sel_state, part_state, agg_state,
                             fmask, avail, costs)
     return new_state, metrics
+
+  def _stat_costs(self, arrays: DataArrays, avail) -> tuple[jax.Array, jax.Array]:
+    """Samples the available clients evaluated (forward) and differentiated (forward and
+    backward) to compute this round's stats."""
+    wanted = set(self.needs)
+    count = lambda pool: jnp.sum(jnp.where(avail, pool.counts, 0)).astype(jnp.float32)
+    evals = jnp.zeros((), jnp.float32)
+    if wanted & {"loss", "accuracy", "entropy"}:
+      evals += count(arrays.train)
+    for split, pool in (("val", arrays.val), ("test", arrays.test)):
+      if wanted & {f"{split}_loss", f"{split}_accuracy"}:
+        evals += count(pool)
+    if "batch_loss" in wanted:
+      evals += self.local.batch_size * jnp.sum(avail & (arrays.train.counts > 0))
+    grads = count(arrays.train) if wanted & {"grad", "grad_norm"} else jnp.zeros((), jnp.float32)
+    return evals, grads
 
   @staticmethod
   def _update_clients(clients: ClientState, t, chosen, slots, trained, train_loss) -> ClientState:

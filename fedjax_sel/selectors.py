@@ -157,3 +157,36 @@ def divfl(k: int, proxy: str = "gradient") -> Selector:
 
   return Selector(init=init, select=select, needs=("grad",), observe=observe,
                   reads_local_models=proxy == "update")
+
+
+def all_selector() -> Selector:
+  """Every client of the mask (full participation)."""
+  return Selector(init=lambda n, params: (), select=lambda state, key, inputs, mask: (mask, state))
+
+
+def group_random_selector(groups, sizes: tuple[int, ...]) -> Selector:
+  """A uniform sample of `sizes[g]` clients from each group g of the mask (all of a group that
+  holds fewer); `groups` is an `[N]` int array of group ids 0..G-1 (e.g. FedALIGN's priority and
+  non-priority clients under partial participation).
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> sel = group_random_selector(jnp.array([0, 0, 1, 1, 1]), (1, 2))
+    >>> chosen, _ = sel.select((), jax.random.PRNGKey(0), None, jnp.ones(5, bool))
+    >>> int(chosen[:2].sum()), int(chosen[2:].sum())
+    (1, 2)
+  """
+  if any(s < 0 for s in sizes):
+    raise ValueError(f"group sample sizes must be >= 0, got {sizes}")
+  groups = jnp.asarray(groups, jnp.int32)
+
+  def select(state, key, inputs, mask):
+    del inputs
+    u = jax.random.uniform(key, mask.shape)
+    chosen = jnp.zeros(mask.shape, bool)
+    for g, size in enumerate(sizes):
+      if size:
+        chosen |= top_k_mask(u, mask & (groups == g), size)
+    return chosen, state
+
+  return Selector(init=lambda n, params: (), select=select)

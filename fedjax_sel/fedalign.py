@@ -1,0 +1,206 @@
+"""FedALIGN (SPEC section 2): prioritized FL in which non-priority clients join only when aligned.
+
+A priority set P (a `[N]` mask) defines the objective F(w) = sum_{k in P} p_k F_k(w). Each round the
+server broadcasts w_t and F(w_t), the data-weighted mean of the priority clients' losses at w_t
+(before local training). Priority clients always train and are aggregated. A non-priority client k
+computes F_k(w_t) on its own data; it trains and uploads only if F_k(w_t) <= F(w_t) + eps_t, and the
+server aggregates it only if F_k(w_t) >= F(w_t) - eps_t (Algorithm 1: together |F - F_k| <= eps_t).
+With `metric="accuracy"` the comparison is on accuracies and the inequalities flip: train iff
+A_k >= A - eps_t, aggregate iff A_k <= A + eps_t. Ties at exactly eps_t are included.
+
+The first `warmup_fraction` of the rounds (rounded) train and aggregate priority clients only; after
+that eps_t follows a schedule from eps_0 to 0 at the last round (t' = t - warm-up rounds):
+  linear:   eps_0 * (1 - t' / (T - 1 - warm-up))  (eps_0 if only one round follows the warm-up);
+  constant: eps_0;
+  inverse:  eps_0 / (1 + t');
+  or any jit-able callable t' -> eps_t.
+
+Under partial participation (a selector sampling each group), F(w_t) is the mean over the priority
+clients sampled this round: the server hears only from them.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> from fedjax_sel.components import ClientState, RoundInputs
+  >>> rule = fedalign_rule(jnp.array([True, False, False, False]), rounds=10, eps0=0.2,
+  ...                      warmup_fraction=0.0, schedule="constant")
+  >>> stats = {"loss": jnp.array([1.0, 1.1, 1.5, 0.5])}
+  >>> inputs = RoundInputs(0, None, jnp.ones(4, bool), stats, ClientState.create(4), jnp.ones(4),
+  ...                      None)
+  >>> train, agg, _ = rule.apply(rule.init(4), jax.random.PRNGKey(0), inputs, jnp.ones(4, bool))
+  >>> train.tolist(), agg.tolist()   # Client 3 trains (0.5 <= 1.2) but is refused (0.5 < 0.8).
+  ([True, True, False, True], [True, True, False, False])
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_sel.components import Participation, RoundInputs
+
+SCHEDULES = ("linear", "constant", "inverse")
+METRICS = ("loss", "accuracy")
+SPLITS = ("train", "val")
+
+Schedule = Callable[[jax.Array], jax.Array]
+
+
+def warmup_rounds(rounds: int, warmup_fraction: float) -> int:
+  """Rounds of priority-only warm-up: round(fraction * T)."""
+  return int(round(warmup_fraction * rounds))
+
+
+def eps_schedule(schedule: str | Schedule, eps0: float, rounds: int,
+                 warmup_fraction: float) -> Schedule:
+  """Round t -> eps_t for the rounds after the warm-up (see the module docstring).
+
+  Example:
+    >>> f = eps_schedule("linear", 0.2, rounds=12, warmup_fraction=0.1)   # 1 warm-up round.
+    >>> [round(float(f(t)), 3) for t in (1, 6, 11)]
+    [0.2, 0.1, 0.0]
+  """
+  check_schedule(schedule, eps0, rounds, warmup_fraction)
+  w = warmup_rounds(rounds, warmup_fraction)
+  span = max(rounds - 1 - w, 1)
+  eps0 = jnp.float32(eps0)
+
+  def since(t):
+    return jnp.maximum(jnp.asarray(t) - w, 0).astype(jnp.float32)
+
+  if callable(schedule):
+    return lambda t: jnp.asarray(schedule(since(t)), jnp.float32)
+  if schedule == "linear":
+    return lambda t: eps0 * jnp.maximum(1.0 - since(t) / span, 0.0)
+  if schedule == "constant":
+    return lambda t: eps0 + 0.0 * since(t)
+  return lambda t: eps0 / (1.0 + since(t))
+
+
+def check_schedule(schedule, eps0: float, rounds: int, warmup_fraction: float) -> None:
+  """Raises ValueError naming the bad argument and its accepted range."""
+  if not callable(schedule) and schedule not in SCHEDULES:
+    raise ValueError(f"eps_schedule must be one of {SCHEDULES} or a callable, got {schedule!r}")
+  if not (np.isfinite(eps0) and eps0 >= 0):
+    raise ValueError(f"eps0 (initial alignment tolerance) must be a finite number >= 0, got {eps0}")
+  if not 0.0 <= warmup_fraction < 1.0:
+    raise ValueError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}")
+  if rounds < 1:
+    raise ValueError(f"rounds must be >= 1, got {rounds}")
+
+
+def check_priority(priority: np.ndarray) -> None:
+  """Refuses an empty priority set and one that holds every client (then FedALIGN is FedAvg)."""
+  priority = np.asarray(priority, bool)
+  if not priority.any():
+    raise ValueError("the priority set is empty: choose at least one priority client")
+  if priority.all():
+    raise ValueError(f"the priority set holds all {priority.size} clients: FedALIGN would be "
+                     "plain FedAvg; leave at least one non-priority client")
+
+
+def alignment_masks(value, objective, eps, priority, chosen, warmup, metric: str = "loss"):
+  """(train, aggregate) `[N]` masks of Algorithm 1 for per-client `value` (loss or accuracy at
+  w_t), the priority `objective` and tolerance `eps`."""
+  if metric == "loss":
+    may_train, may_join = value <= objective + eps, value >= objective - eps
+  else:
+    may_train, may_join = value >= objective - eps, value <= objective + eps
+  others = ~priority & ~warmup
+  train = chosen & (priority | (others & may_train))
+  return train, train & (priority | (others & may_join))
+
+
+def fedalign_rule(priority, rounds: int, eps0: float = 0.2, schedule: str | Schedule = "linear",
+                  warmup_fraction: float = 0.1, metric: str = "loss",
+                  split: str = "train") -> Participation:
+  """The FedALIGN participation rule.
+
+  Args:
+    priority: `[N]` bool, the priority set P.
+    rounds: T (the schedule reaches 0 at round T - 1).
+    eps0: initial tolerance eps_0 (in units of the metric).
+    schedule: "linear", "constant", "inverse" or a callable t' -> eps.
+    warmup_fraction: share of the rounds with priority clients only, in [0, 1).
+    metric: "loss" or "accuracy" (the paper's experiments' proxy).
+    split: data a client evaluates w_t on: "train" or "val" (its validation split).
+
+  The state, reported in the round metrics under "rule": `eps`, `warmup`, `objective` (F(w_t) or
+  the priority accuracy), `others_trained`, `others_aggregated` (non-priority clients).
+  """
+  if metric not in METRICS:
+    raise ValueError(f"align_metric must be one of {METRICS}, got {metric!r}")
+  if split not in SPLITS:
+    raise ValueError(f"align_split must be one of {SPLITS}, got {split!r}")
+  check_priority(priority)
+  eps_fn = eps_schedule(schedule, eps0, rounds, warmup_fraction)
+  w_rounds = warmup_rounds(rounds, warmup_fraction)
+  priority = jnp.asarray(priority, bool)
+  stat = metric if split == "train" else f"val_{metric}"
+
+  def init(num_clients):
+    del num_clients
+    z = jnp.zeros((), jnp.float32)
+    return {"eps": z, "warmup": jnp.asarray(True), "objective": z, "others_trained": z,
+            "others_aggregated": z}
+
+  def apply(state, key, inputs: RoundInputs, chosen):
+    del key, state
+    value = inputs.stats[stat]
+    weights = jnp.where(priority & chosen, inputs.num_examples, 0).astype(jnp.float32)
+    objective = jnp.sum(weights * value) / jnp.maximum(jnp.sum(weights), 1e-30)
+    warmup = jnp.asarray(inputs.round) < w_rounds
+    eps = eps_fn(inputs.round)
+    train, aggregate = alignment_masks(value, objective, eps, priority, chosen, warmup, metric)
+    count = lambda m: jnp.sum(m & ~priority).astype(jnp.float32)
+    return train, aggregate, {"eps": jnp.where(warmup, 0.0, eps), "warmup": warmup,
+                              "objective": objective, "others_trained": count(train),
+                              "others_aggregated": count(aggregate)}
+
+  return Participation(init=init, apply=apply, needs=(stat,), report=lambda state: state)
+
+
+def priority_only(priority) -> Participation:
+  """The "None" baseline: only the priority clients train and are aggregated (FedAvg on P)."""
+  check_priority(priority)
+  priority = jnp.asarray(priority, bool)
+  return Participation(init=lambda n: (),
+                       apply=lambda state, key, inputs, chosen: (chosen & priority,
+                                                                 chosen & priority, state))
+
+
+PRIORITY_CHOICES = ("random", "ids", "classes")
+
+
+def choose_priority(num_clients: int, *, count: int = 0, ids=(), classes=(), label_hist=None,
+                    seed: int = 0) -> np.ndarray:
+  """`[N]` priority mask: `count` clients drawn by seed, explicit `ids`, or the clients holding
+  any training example of the given `classes` (exactly one of the three).
+
+  Example:
+    >>> choose_priority(5, ids=[1, 3]).tolist()
+    [False, True, False, True, False]
+  """
+  given = [bool(count), len(ids) > 0, len(classes) > 0]
+  if sum(given) != 1:
+    raise ValueError("choose the priority set one way: a count, ids or classes")
+  mask = np.zeros(num_clients, bool)
+  if count:
+    if not 1 <= count < num_clients:
+      raise ValueError(f"num_priority must be in 1..{num_clients - 1}, got {count}")
+    mask[np.random.default_rng(seed).permutation(num_clients)[:count]] = True
+  elif len(ids):
+    bad = [i for i in ids if not 0 <= int(i) < num_clients]
+    if bad:
+      raise ValueError(f"priority ids {bad} out of range 0..{num_clients - 1}")
+    mask[np.asarray(ids, int)] = True
+  else:
+    hist = np.asarray(label_hist)
+    bad = [c for c in classes if not 0 <= int(c) < hist.shape[1]]
+    if bad:
+      raise ValueError(f"priority classes {bad} out of range 0..{hist.shape[1] - 1}")
+    mask = (hist[:, np.asarray(classes, int)] > 0).any(axis=1)
+  check_priority(mask)
+  return mask

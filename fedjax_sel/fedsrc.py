@@ -1,0 +1,277 @@
+"""FedSRC (SPEC section 4): clients that decide themselves whether to train.
+
+Each round the server sends the global model w_t and a threshold phi computed from the training
+losses the participants of the previous round reported. A sampled client k evaluates w_t on its own
+test data (or, as an option, on one mini-batch) and trains and uploads only if that loss is at most
+its personal threshold Phi_k, which tightens with the client's heterogeneity index RHI_k. Abstaining
+clients save their training and their upload, at the price of one forward pass over the evaluated
+samples.
+
+Paper mode (default):
+  phi = median(L) + alpha * sigma, sigma = sqrt(mean((L - median(L))^2)) over the reported losses L;
+  Phi_k = phi * (1 - beta * RHI_k); alpha is adapted after every gated round by an integral step,
+  alpha <- clip(alpha + alpha_gain * (target - rate), 0, alpha_max), where rate is the share of the
+  sampled clients that trained. Since alpha stays bounded, the summed shortfall
+  sum_t (target - rate_t) = (alpha_T - alpha_0) / alpha_gain stays bounded too, so the participation
+  rate holds the target *on average over rounds* (a fixed-size sign step would only balance the
+  number of rounds above and below the target).
+Reference mode (`mode="reference"`, the reference code's rule):
+  cutoff = max(median(L) + ref_beta * std(L), cut) with the sample standard deviation about the mean;
+  client k trains iff its loss <= cutoff - RHI_k * std(L); alpha is not used.
+Both modes: round 0 (no reported losses yet) everyone sampled trains; an abstaining client takes
+part anyway with probability `reinclude_prob`, or after `reinclude_after` consecutive abstentions
+(0 = never); a round with fewer than two participants keeps the previous global model and threshold.
+
+Robust aggregators (median, trimmed mean, Krum, Multi-Krum, FedASL) live in `aggregators.py`; any of
+them combines with this rule.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> from fedjax_sel.components import ClientState, RoundInputs
+  >>> rule = fedsrc_rule()
+  >>> inputs = RoundInputs(0, None, jnp.ones(3, bool), {"test_loss": jnp.array([0.1, 5.0, 0.2])},
+  ...                      ClientState.create(3), jnp.ones(3), jnp.eye(3, dtype=jnp.int32))
+  >>> train, agg, state = rule.apply(rule.init(3), jax.random.PRNGKey(0), inputs, jnp.ones(3, bool))
+  >>> train.tolist()   # Round 0: everyone sampled trains.
+  [True, True, True]
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_sel import keys as keylib
+from fedjax_sel.aggregators import median_spread
+from fedjax_sel.components import Participation, RoundInputs, RoundOutcome
+
+MODES = ("paper", "reference")
+DECISION_STATS = ("test_loss", "batch_loss", "loss")
+
+
+def heterogeneity_index(label_hist, kappa: float = 0.7):
+  """`[N]` RHI_k = kappa * HI_k + (1 - kappa) * (1 - NE_k) from `[N, C]` label histograms.
+
+  HI_k = 1 - (c_k - 1) / (C - 1) with c_k the classes client k holds; NE_k the entropy of its label
+  distribution divided by log c_k (NE = 1 when c_k <= 1). An IID client scores near 0, a one-class
+  client 1. Works on numpy and jax arrays.
+  """
+  xp = jnp if isinstance(label_hist, jax.Array) else np
+  hist = label_hist.astype(xp.float32)
+  num_classes = hist.shape[1]
+  c = xp.sum(hist > 0, axis=1).astype(xp.float32)
+  p = hist / xp.maximum(xp.sum(hist, axis=1, keepdims=True), 1.0)
+  ent = -xp.sum(xp.where(p > 0, p * xp.log(xp.where(p > 0, p, 1.0)), 0.0), axis=1)
+  ne = xp.where(c > 1, ent / xp.log(xp.maximum(c, 2.0)), 1.0)
+  hi = 1.0 - (c - 1.0) / max(num_classes - 1, 1)
+  return kappa * hi + (1.0 - kappa) * (1.0 - ne)
+
+
+class FedSRCConfig(NamedTuple):
+  """FedSRC's settings (SPEC section 4).
+
+  Attributes:
+    mode: "paper" or "reference".
+    beta: RHI personalization of the threshold, Phi_k = phi * (1 - beta * RHI_k), in [0, 0.9].
+    kappa: RHI's mix of the class-count index and the label entropy, in [0, 1].
+    target: participation target, share of the sampled clients, in (0, 1].
+    alpha0: initial alpha (spread multiplier of phi).
+    alpha_gain: integral step of alpha per unit of participation shortfall.
+    alpha_max: upper bound of alpha (lower bound 0).
+    decision_stat: the loss a client compares with its threshold: "test_loss" (its test split),
+      "batch_loss" (one mini-batch of its training data) or "loss" (all its training data).
+    reinclude_prob: q, probability that an abstaining client takes part anyway, in [0, 1].
+    reinclude_after: consecutive abstentions after which a client takes part anyway (0 = never).
+    ref_beta: reference mode's multiplier of the sample std.
+    cut: reference mode's floor of the cutoff.
+  """
+
+  mode: str = "paper"
+  beta: float = 0.5
+  kappa: float = 0.7
+  target: float = 0.7
+  alpha0: float = 1.0
+  alpha_gain: float = 1.0
+  alpha_max: float = 5.0
+  decision_stat: str = "test_loss"
+  reinclude_prob: float = 0.1
+  reinclude_after: int = 0
+  ref_beta: float = 1.0
+  cut: float = 0.0
+
+
+def check_config(cfg: FedSRCConfig) -> None:
+  """Raises ValueError naming the bad field and its accepted range, before any compute."""
+  if cfg.mode not in MODES:
+    raise ValueError(f"fedsrc_mode must be one of {MODES}, got {cfg.mode!r}")
+  if cfg.decision_stat not in DECISION_STATS:
+    raise ValueError(f"decision_stat must be one of {DECISION_STATS}, got {cfg.decision_stat!r}")
+  ranges = {"beta": (cfg.beta, 0.0, 0.9), "kappa": (cfg.kappa, 0.0, 1.0),
+            "reinclude_prob": (cfg.reinclude_prob, 0.0, 1.0), "alpha0": (cfg.alpha0, 0.0, np.inf),
+            "alpha_gain": (cfg.alpha_gain, 0.0, np.inf), "alpha_max": (cfg.alpha_max, 0.0, np.inf),
+            "ref_beta": (cfg.ref_beta, 0.0, np.inf)}
+  for name, (v, lo, hi) in ranges.items():
+    if not (np.isfinite(v) and lo <= v <= hi):
+      raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
+  if not (np.isfinite(cfg.target) and 0.0 < cfg.target <= 1.0):
+    raise ValueError(f"participation target must be in (0, 1], got {cfg.target}")
+  if cfg.alpha0 > cfg.alpha_max:
+    raise ValueError(f"alpha0 ({cfg.alpha0}) must be <= alpha_max ({cfg.alpha_max})")
+  if cfg.reinclude_after < 0:
+    raise ValueError(f"reinclude_after must be >= 0, got {cfg.reinclude_after}")
+  if not np.isfinite(cfg.cut):
+    raise ValueError(f"cut must be finite, got {cfg.cut}")
+
+
+def sample_std(values: jax.Array, mask: jax.Array) -> jax.Array:
+  """Sample standard deviation (about the mean, n - 1 denominator) of the masked values; 0 for
+  fewer than two."""
+  n = jnp.sum(mask)
+  mean = jnp.sum(jnp.where(mask, values, 0.0)) / jnp.maximum(n, 1)
+  var = jnp.sum(jnp.where(mask, (values - mean) ** 2, 0.0)) / jnp.maximum(n - 1, 1)
+  return jnp.where(n >= 2, jnp.sqrt(var), 0.0)
+
+
+def client_thresholds(cfg: FedSRCConfig, median, spread, alpha, rhi):
+  """`[N]` personal thresholds: paper phi*(1 - beta*RHI_k), phi = median + alpha*spread; reference
+  max(median + ref_beta*spread, cut) - RHI_k*spread (`spread` is sigma about the median in paper
+  mode, the sample std in reference mode)."""
+  if cfg.mode == "paper":
+    return (median + alpha * spread) * (1.0 - cfg.beta * rhi)
+  return jnp.maximum(median + cfg.ref_beta * spread, cfg.cut) - rhi * spread
+
+
+def fedsrc_rule(cfg: FedSRCConfig = FedSRCConfig()) -> Participation:
+  """The FedSRC participation rule.
+
+  State (a dict of scalars): `ready` (losses have been reported), `median`, `spread`, `alpha`, and
+  for the report `gated` (the threshold applied this round), `phi` (the server threshold of the
+  round, 0 when not gated), `selected`, `passed` (sampled clients under their threshold), `rate`
+  (share of the sampled clients that trained).
+  """
+  check_config(cfg)
+
+  def init(num_clients):
+    del num_clients
+    f = lambda v: jnp.asarray(v, jnp.float32)
+    return {"ready": jnp.asarray(False), "median": f(0.0), "spread": f(0.0),
+            "alpha": f(cfg.alpha0), "phi": f(0.0), "selected": f(0.0), "passed": f(0.0),
+            "rate": f(1.0), "gated": jnp.asarray(False)}
+
+  def apply(state, key, inputs: RoundInputs, chosen):
+    value = inputs.stats[cfg.decision_stat]
+    rhi = heterogeneity_index(inputs.label_hist, cfg.kappa)
+    thresholds = client_thresholds(cfg, state["median"], state["spread"], state["alpha"], rhi)
+    passed = value <= thresholds
+    n = chosen.shape[0]
+    u = jax.vmap(lambda k: jax.random.uniform(k))(keylib.client_keys(key, jnp.arange(n)))
+    forced = u < cfg.reinclude_prob
+    if cfg.reinclude_after > 0:
+      forced |= inputs.clients.consecutive_skips >= cfg.reinclude_after
+    train = chosen & jnp.where(state["ready"], passed | forced, True)
+    phi = (state["median"] + state["alpha"] * state["spread"] if cfg.mode == "paper" else
+           jnp.maximum(state["median"] + cfg.ref_beta * state["spread"], cfg.cut))
+    state = dict(state, phi=jnp.where(state["ready"], phi, 0.0),
+                 selected=jnp.sum(chosen).astype(jnp.float32),
+                 passed=jnp.sum(chosen & passed).astype(jnp.float32), gated=state["ready"])
+    aggregate = train & (jnp.sum(train) >= 2)
+    return train, aggregate, state
+
+  def observe(state, inputs: RoundInputs, outcome: RoundOutcome):
+    del inputs
+    reported = outcome.trained
+    n = jnp.sum(reported)
+    losses = outcome.train_loss.astype(jnp.float32)
+    if cfg.mode == "paper":
+      median, spread = median_spread(losses, reported)
+    else:
+      median, _ = median_spread(losses, reported)
+      spread = sample_std(losses, reported)
+    enough = n >= 2
+    rate = n / jnp.maximum(state["selected"], 1.0)
+    alpha = state["alpha"]
+    if cfg.mode == "paper":
+      stepped = jnp.clip(alpha + cfg.alpha_gain * (cfg.target - rate), 0.0, cfg.alpha_max)
+      alpha = jnp.where(state["gated"], stepped, alpha)
+    return dict(state, ready=state["ready"] | enough,
+                median=jnp.where(enough, median, state["median"]),
+                spread=jnp.where(enough, spread, state["spread"]), alpha=alpha, rate=rate)
+
+  def report(state):
+    return {k: state[k] for k in ("gated", "phi", "alpha", "median", "spread", "selected", "passed",
+                                  "rate")}
+
+  return Participation(init=init, apply=apply, needs=(cfg.decision_stat,), observe=observe,
+                       report=report)
+
+
+# --- Accounting (host side, from the per-round records) ---------------------------------------
+
+FORWARD_COST = 1.0 / 3.0  # A forward pass over one sample, in training-step-per-sample units.
+
+
+class Savings(NamedTuple):
+  """Per-round `[T]` savings of the abstaining clients (SPEC section 4 cost model).
+
+  Attributes:
+    abstained: sampled clients that did not train.
+    train_samples_saved: training samples the abstainers did not process (gross computation saved).
+    eval_samples: samples every sampled client evaluated to decide (rounds after the first).
+    net_samples_saved: gross minus `FORWARD_COST` times the evaluated samples.
+    uploads_saved: uploads skipped (one per abstainer).
+    train_samples: training samples processed by those who trained.
+  """
+
+  abstained: np.ndarray
+  train_samples_saved: np.ndarray
+  eval_samples: np.ndarray
+  net_samples_saved: np.ndarray
+  uploads_saved: np.ndarray
+  train_samples: np.ndarray
+
+  def totals(self) -> dict:
+    return {k: float(np.sum(v)) for k, v in self._asdict().items()}
+
+
+def savings(records: list[dict], train_samples_per_client: np.ndarray,
+            eval_samples_per_client: np.ndarray) -> Savings:
+  """Savings of each round from its `selected` and `trained_clients` id lists.
+
+  Args:
+    records: per-round records of a run (`fedjax_sel.run`'s output or metrics.jsonl lines).
+    train_samples_per_client: `[N]` samples a client processes when it trains (E * m_k, or steps * B).
+    eval_samples_per_client: `[N]` samples a client evaluates to decide (its test split, or B).
+  """
+  rows = []
+  for r in records:
+    sel = np.asarray(r["selected"], int)
+    tr = np.asarray(r["trained_clients"], int)
+    gated = bool(r["rule"]["gated"])
+    abst = np.setdiff1d(sel, tr)
+    saved = float(train_samples_per_client[abst].sum())
+    evals = float(eval_samples_per_client[sel].sum()) if gated else 0.0
+    rows.append((len(abst), saved, evals, saved - FORWARD_COST * evals, len(abst),
+                 float(train_samples_per_client[tr].sum())))
+  cols = np.array(rows, dtype=float).reshape(-1, 6).T
+  return Savings(*cols)
+
+
+def exclusions(records: list[dict], kinds: np.ndarray) -> dict[str, np.ndarray]:
+  """Per round `[T]`, for each client kind (`kinds [N]`: "good" or a corruption kind), how many
+  sampled clients of that kind abstained, and how many were sampled."""
+  out = {}
+  for kind in sorted(set(kinds.tolist())):
+    members = kinds == kind
+    sampled, excluded = [], []
+    for r in records:
+      sel = np.zeros(len(kinds), bool)
+      sel[np.asarray(r["selected"], int)] = True
+      tr = np.zeros(len(kinds), bool)
+      tr[np.asarray(r["trained_clients"], int)] = True
+      sampled.append(int((sel & members).sum()))
+      excluded.append(int((sel & ~tr & members).sum()))
+    out[f"{kind}_sampled"], out[f"{kind}_excluded"] = np.array(sampled), np.array(excluded)
+  return out
