@@ -57,7 +57,7 @@ def heterogeneity_index(label_hist, kappa: float = 0.7):
 
   HI_k = 1 - (c_k - 1) / (C - 1) with c_k the classes client k holds; NE_k the entropy of its label
   distribution divided by log c_k (NE = 1 when c_k <= 1). An IID client scores near 0, a one-class
-  client 1. Works on numpy and jax arrays.
+  client kappa (its NE is 1 by convention). Works on numpy and jax arrays.
   """
   xp = jnp if isinstance(label_hist, jax.Array) else np
   hist = label_hist.astype(xp.float32)
@@ -86,7 +86,7 @@ class FedSRCConfig(NamedTuple):
     reinclude_prob: q, probability that an abstaining client takes part anyway, in [0, 1].
     reinclude_after: consecutive abstentions after which a client takes part anyway (0 = never).
     ref_beta: reference mode's multiplier of the sample std.
-    cut: reference mode's floor of the cutoff.
+    cut: reference mode's floor of the cutoff (+inf lets every client pass: plain FedAvg).
   """
 
   mode: str = "paper"
@@ -122,8 +122,8 @@ def check_config(cfg: FedSRCConfig) -> None:
     raise ValueError(f"alpha0 ({cfg.alpha0}) must be <= alpha_max ({cfg.alpha_max})")
   if cfg.reinclude_after < 0:
     raise ValueError(f"reinclude_after must be >= 0, got {cfg.reinclude_after}")
-  if not np.isfinite(cfg.cut):
-    raise ValueError(f"cut must be finite, got {cfg.cut}")
+  if np.isnan(cfg.cut) or cfg.cut == -np.inf:
+    raise ValueError(f"cut must be a number or +inf (every client passes), got {cfg.cut}")
 
 
 def sample_std(values: jax.Array, mask: jax.Array) -> jax.Array:

@@ -182,3 +182,22 @@ def test_build_dataset_public_split_is_stratified():
 def test_char_windows():
   x, y = sources.char_windows("abcdefgh", window=3)
   assert x.shape == (5, 3) and y.tolist() == sources.encode_chars("defgh").tolist()
+
+
+def test_corruption_kinds_split_evenly_and_flip_is_a_wrong_class():
+  from fedjax_sel.data.corruption import corrupt_clients, corruption_kinds  # pylint: disable=import-outside-toplevel
+  from tests.conftest import ragged_dataset  # pylint: disable=import-outside-toplevel
+  data = ragged_dataset([30] * 20, num_classes=4)
+  bad_data, bad = corrupt_clients(data, 0.3, seed=5)
+  kinds = corruption_kinds(20, 0.3, seed=5)
+  assert (bad == (kinds != "good")).all() and bad.sum() == 6
+  assert sorted(kinds[bad].tolist()) == ["flip"] * 2 + ["noise"] * 2 + ["shuffle"] * 2
+  for k in np.flatnonzero(kinds == "flip"):
+    _, y_old = data.train.client(int(k))
+    _, y_new = bad_data.train.client(int(k))
+    assert len(set(y_new.tolist())) == 1 and y_new[0] != np.bincount(y_old).argmax()
+  for k in np.flatnonzero(kinds == "noise"):
+    x_old, y_old = data.train.client(int(k))
+    x_new, y_new = bad_data.train.client(int(k))
+    assert (y_new == y_old).all() and not np.allclose(x_new, x_old)
+    assert x_new.min() >= data.train.x.min() - 1e-6 and x_new.max() <= data.train.x.max() + 1e-6

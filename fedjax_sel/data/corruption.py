@@ -2,7 +2,8 @@
 
 Kinds:
   shuffle: every label replaced by a uniformly random class (over all C classes).
-  flip: every label set to one class drawn per client (a constant wrong label for the others).
+  flip: every label set to one class drawn per client among those other than its most frequent
+    label (one wrong class).
   noise: features x + N(0, 0.7^2), clipped back to the pool's feature range.
 
 The training and validation splits of the bad clients are corrupted; test splits stay clean so that
@@ -19,6 +20,7 @@ import numpy as np
 from fedjax_sel.data.federated import ClientPool, FederatedDataset, label_histogram
 
 KINDS = ("shuffle", "flip", "noise")
+GOOD = "good"
 
 
 def _corrupt_pool(pool: ClientPool, bad_kind: dict[int, str], num_classes: int, noise_std: float,
@@ -27,8 +29,10 @@ def _corrupt_pool(pool: ClientPool, bad_kind: dict[int, str], num_classes: int, 
     kind = bad_kind.get(k)
     if kind == "shuffle":
       y = rng.integers(0, num_classes, len(y)).astype(np.int32)
-    elif kind == "flip":
-      y = np.full(len(y), rng.integers(0, num_classes), np.int32)
+    elif kind == "flip":  # One class other than the client's most frequent one.
+      wrong = (np.bincount(y, minlength=num_classes).argmax() + rng.integers(1, num_classes)
+               ) % num_classes
+      y = np.full(len(y), wrong, np.int32)
     elif kind == "noise":
       x = np.clip(x + rng.normal(0.0, noise_std, x.shape), lo, hi).astype(np.float32)
     return x, y
@@ -49,12 +53,26 @@ def corrupt_clients(data: FederatedDataset, fraction: float, kinds: tuple[str, .
     raise ValueError(f"corruption kinds must be a non-empty subset of {KINDS}, got {kinds}")
   n = data.num_clients
   rng = np.random.default_rng(seed)
-  bad_ids = np.sort(rng.permutation(n)[:int(round(fraction * n))])
-  bad_kind = {int(k): kinds[i % len(kinds)] for i, k in enumerate(bad_ids)}
+  kind_of = _assign_kinds(n, fraction, kinds, rng)
+  bad_kind = {int(k): str(kind_of[k]) for k in np.flatnonzero(kind_of != GOOD)}
   lo, hi = float(data.train.x.min()), float(data.train.x.max())
   train = _corrupt_pool(data.train, bad_kind, data.num_classes, noise_std, lo, hi, rng)
   val = _corrupt_pool(data.val, bad_kind, data.num_classes, noise_std, lo, hi, rng)
-  bad = np.zeros(n, bool)
-  bad[bad_ids] = True
   return data._replace(train=train, val=val,
-                       label_hist=label_histogram(train, data.num_classes)), bad
+                       label_hist=label_histogram(train, data.num_classes)), kind_of != GOOD
+
+
+def _assign_kinds(n: int, fraction: float, kinds: tuple[str, ...],
+                  rng: np.random.Generator) -> np.ndarray:
+  bad_ids = np.sort(rng.permutation(n)[:int(round(fraction * n))])
+  kind_of = np.full(n, GOOD, dtype=object)
+  for i, k in enumerate(bad_ids):
+    kind_of[k] = kinds[i % len(kinds)]
+  return kind_of.astype(str)
+
+
+def corruption_kinds(num_clients: int, fraction: float, kinds: tuple[str, ...] = KINDS,
+                     seed: int = 0) -> np.ndarray:
+  """`[N]` str: each client's corruption kind ("good" for clean clients), as `corrupt_clients` with
+  the same arguments assigns them."""
+  return _assign_kinds(num_clients, fraction, kinds, np.random.default_rng(seed))
