@@ -148,3 +148,35 @@ def model_for(data: fs.FederatedDataset) -> fs.Model:
 def availability(redraw_first_period: bool = False) -> fs.Availability:
   return fs.uniform_availability(FLAGS.num_clients, FLAGS.num_available, FLAGS.avail_period,
                                  redraw_first_period=redraw_first_period)
+
+
+def apply_preset(presets: dict[str, dict], name: str | None, flag: str = "preset") -> None:
+  """Sets the flags of `presets[name]` that the command line did not set explicitly."""
+  if name is None:
+    return
+  if name not in presets:
+    raise app.UsageError(f"--{flag} must be one of {sorted(presets)}, got {name!r}")
+  for key, value in presets[name].items():
+    if not FLAGS[key].present:
+      FLAGS[key].value = value
+
+
+def preset_help(presets: dict[str, dict]) -> str:
+  """One line per preset listing what it sets (for a flag's --help text)."""
+  return "; ".join(f"{name}: " + ", ".join(f"--{k}={','.join(v) if isinstance(v, list) else v}"
+                                          for k, v in values.items())
+                   for name, values in presets.items())
+
+
+def mean_std(values) -> str:
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  values = np.asarray(values, float)
+  return f"{values.mean():.4f} +- {values.std():.4f}"
+
+
+def check_finite(**values) -> None:
+  """Rejects NaN and infinite float flags, naming the flag."""
+  import math  # pylint: disable=import-outside-toplevel
+  for name, v in values.items():
+    if v is not None and not math.isfinite(v):
+      raise app.UsageError(f"--{name} must be a finite number, got {v}")

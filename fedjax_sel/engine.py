@@ -141,8 +141,9 @@ class Simulator:
     lr_schedule: round -> client learning rate.
     eval_batch_size: batch of the vectorized evaluations.
     init_params: optional initial global model (default: `model.init` from the seed).
-    eval_mask: optional `[N]` bool; `evaluate` then also reports `clean_train_loss` /
-      `clean_train_accuracy` over these clients' training data (e.g. the non-corrupted ones).
+    eval_mask: optional `[N]` bool; `evaluate` then also reports `clean_{train,test}_loss` /
+      `clean_{train,test}_accuracy` over these clients' training and test data (e.g. the
+      non-corrupted ones, or FedALIGN's priority clients).
   """
 
   def __init__(self, model: Model, data: FederatedDataset, optimizer: OptimizerFactory,
@@ -433,9 +434,9 @@ class Simulator:
     for split, pool in (("test", arrays.test), ("train", arrays.train)):
       m = client_metrics(self.model, params, pool, self.eval_batch_size)
       out[f"{split}_loss"], out[f"{split}_accuracy"] = m.pooled()
-      if split == "train" and self.eval_mask is not None:
+      if self.eval_mask is not None:
         clean = m._replace(count=jnp.where(self.eval_mask, m.count, 0.0))
-        out["clean_train_loss"], out["clean_train_accuracy"] = clean.pooled()
+        out[f"clean_{split}_loss"], out[f"clean_{split}_accuracy"] = clean.pooled()
     if self.data.public_y.shape[0]:
       m = example_metrics(self.model, params, arrays.public_x, arrays.public_y)
       out["public_loss"], out["public_accuracy"] = jnp.mean(m.loss), jnp.mean(m.correct)

@@ -1,0 +1,273 @@
+r"""FedALIGN launcher: prioritized FL with aligned non-priority clients, against "None" and "All".
+
+  python -m experiments.fedalign --seeds=0,1,2 --plot
+  python -m experiments.fedalign --preset=fmnist --plot          # The paper's Fashion-MNIST setup.
+  python -m experiments.fedalign --preset=synth --plot           # SYNTH(1,1) at three noise levels.
+
+Methods (`--methods`): fedalign (the rule), none (FedAvg on the priority clients only) and all
+(FedAvg on every client); with --prox_mu > 0 all three train with FedProx. Default data (offline):
+digits in uni-class shards, N = 30 clients, 2 priority clients, logistic regression, E = 5, lr 0.1,
+full participation, 50 rounds, 3 seeds.
+
+Per run it writes `<out_dir>/<group>/<method>/seed<s>/metrics.jsonl` (group: `main`, or the SYNTH
+noise level) with, per round: `priority_objective` (F(w_t), the priority clients' data-weighted
+training loss), `priority_test_accuracy` / `priority_test_loss` (on the priority clients' test data),
+`test_accuracy` (all clients), `others_trained` / `others_aggregated` (non-priority clients),
+`eps` and the cost counters; plus `summary.md` and, with --plot, `fedalign.png`.
+"""
+
+import os
+
+import numpy as np
+from absl import app, flags
+
+import fedjax_sel as fs
+from experiments import common
+from fedjax_sel import fedalign
+from fedjax_sel.data.corruption import LABEL_NOISE_MODES, NOISE_PRESETS, noisy_clients
+from fedjax_sel.selectors import all_selector, group_random_selector
+
+FLAGS = flags.FLAGS
+PRESETS = {
+    "fmnist": {"dataset": "fashion_mnist", "partition": "uni_class", "num_clients": 60,
+               "num_priority": 2, "model": "logreg", "local_epochs": 5, "lr": 0.1,
+               "batch_size": 32, "rounds": 100},
+    "emnist": {"dataset": "tfds", "tfds_name": "emnist/balanced", "partition": "uni_class",
+               "num_clients": 60, "num_priority": 2, "model": "mlp", "local_epochs": 5,
+               "lr": 0.1, "batch_size": 32, "rounds": 100},
+    "cifar10": {"dataset": "tfds", "tfds_name": "cifar10", "partition": "uni_class",
+                "num_clients": 60, "num_priority": 2, "model": "cifar_cnn", "local_epochs": 5,
+                "lr": 0.01, "batch_size": 32, "rounds": 100},
+    "synth": {"dataset": "synth", "num_clients": 20, "num_priority": 10, "model": "logreg",
+              "local_epochs": 5, "lr": 0.1, "batch_size": 32, "rounds": 100,
+              "synth_noise": ["low", "medium", "high"]},
+}
+flags.DEFINE_string("preset", None, "The paper's setups; each value is overridable by its flag. "
+                    + common.preset_help(PRESETS))
+flags.DEFINE_list("methods", ["fedalign", "none", "all"], "Runs to compare: fedalign, none "
+                  "(FedAvg on the priority clients only), all (FedAvg on every client).")
+flags.DEFINE_integer("num_priority", 2, "Number of priority clients, drawn by seed (unless "
+                     "--priority_ids or --priority_classes is given).", lower_bound=0)
+flags.DEFINE_list("priority_ids", [], "Explicit priority client ids (instead of a random draw).")
+flags.DEFINE_list("priority_classes", [], "Priority clients: those holding any of these classes.")
+flags.DEFINE_float("eps0", 0.2, "eps_0, the initial alignment tolerance: a non-priority client joins "
+                   "when its loss (or accuracy) is within eps_t of the priority clients' (default "
+                   "0.2; 0.4 for the high SYNTH noise level unless given).")
+flags.DEFINE_enum("eps_schedule", "linear", fedalign.SCHEDULES, "How eps_t decays from eps_0 to 0 "
+                  "at the last round after the warm-up.")
+flags.DEFINE_float("warmup_fraction", 0.1, "Share of the rounds at the start with priority clients "
+                   "only, in [0, 1).")
+flags.DEFINE_enum("align_metric", "loss", fedalign.METRICS, "What clients compare with the "
+                  "priority clients: loss, or accuracy (the paper's experiments' proxy).")
+flags.DEFINE_enum("align_split", "train", fedalign.SPLITS, "Data a client evaluates the global "
+                  "model on to decide: its training data or its validation split (--val_fraction).")
+flags.DEFINE_enum("participation", "full", ("full", "partial"), "full: every client every round; "
+                  "partial: a uniform sample of each group per round.")
+flags.DEFINE_integer("priority_per_round", 1, "Partial participation: priority clients sampled per "
+                     "round.", lower_bound=1)
+flags.DEFINE_integer("others_per_round", 10, "Partial participation: non-priority clients sampled "
+                     "per round.", lower_bound=0)
+flags.DEFINE_list("synth_noise", ["medium"], f"SYNTH: noise levels of the non-priority clients, "
+                  f"one group of runs each; presets {NOISE_PRESETS} as (label noise share, "
+                  f"irrelevant points share).")
+flags.DEFINE_enum("label_noise_mode", "random", LABEL_NOISE_MODES, "SYNTH noise: random labels "
+                  "or flipped to another class.")
+
+for _name, _value in (("rounds", 50), ("num_clients", 30), ("partition", "uni_class"),
+                      ("model", "logreg"), ("local_epochs", 5), ("lr", 0.1), ("batch_size", 32),
+                      ("seeds", ["0", "1", "2"]), ("weighting", "examples"),
+                      ("out_dir", "runs/fedalign"), ("clients_per_round", 1), ("num_available", 1)):
+  FLAGS.set_default(_name, _value)
+
+LABELS = {"fedalign": "FedALIGN", "none": "None", "all": "All"}
+
+
+def check_flags():
+  common.apply_preset(PRESETS, FLAGS.preset)
+  bad = [m for m in FLAGS.methods if m not in LABELS]
+  if bad or not FLAGS.methods:
+    raise app.UsageError(f"--methods must list values among {sorted(LABELS)}, got {FLAGS.methods}")
+  common.check_finite(eps0=FLAGS.eps0, warmup_fraction=FLAGS.warmup_fraction, lr=FLAGS.lr)
+  if FLAGS.eps0 < 0:
+    raise app.UsageError(f"--eps0 must be >= 0, got {FLAGS.eps0}")
+  if not 0.0 <= FLAGS.warmup_fraction < 1.0:
+    raise app.UsageError(f"--warmup_fraction must be in [0, 1), got {FLAGS.warmup_fraction}")
+  ways = sum([bool(FLAGS.priority_ids), bool(FLAGS.priority_classes)])
+  if ways > 1:
+    raise app.UsageError("give at most one of --priority_ids and --priority_classes")
+  if not ways and not 1 <= FLAGS.num_priority < FLAGS.num_clients:
+    raise app.UsageError(f"--num_priority must be in 1..{FLAGS.num_clients - 1} (fewer than "
+                         f"--num_clients), got {FLAGS.num_priority}")
+  for flag in ("priority_ids", "priority_classes"):
+    try:
+      [int(v) for v in FLAGS[flag].value]
+    except ValueError as e:
+      raise app.UsageError(f"--{flag} must be integers, got {FLAGS[flag].value}") from e
+  bad_ids = [int(v) for v in FLAGS.priority_ids if not 0 <= int(v) < FLAGS.num_clients]
+  if bad_ids:
+    raise app.UsageError(f"--priority_ids {bad_ids} out of range 0..{FLAGS.num_clients - 1}")
+  unknown = [lvl for lvl in FLAGS.synth_noise if lvl not in NOISE_PRESETS]
+  if FLAGS.dataset == "synth" and (unknown or not FLAGS.synth_noise):
+    raise app.UsageError(f"--synth_noise must list levels among {sorted(NOISE_PRESETS)}, got "
+                         f"{FLAGS.synth_noise}")
+  if FLAGS.align_split == "val" and FLAGS.val_fraction <= 0:
+    raise app.UsageError("--align_split=val needs --val_fraction > 0")
+
+
+def priority_mask(data, seed) -> np.ndarray:
+  n = data.num_clients
+  try:
+    if FLAGS.priority_ids:
+      return fedalign.choose_priority(n, ids=[int(v) for v in FLAGS.priority_ids])
+    if FLAGS.priority_classes:
+      return fedalign.choose_priority(n, classes=[int(v) for v in FLAGS.priority_classes],
+                                      label_hist=data.label_hist)
+    return fedalign.choose_priority(n, count=FLAGS.num_priority, seed=seed + 7)
+  except ValueError as e:
+    flag = ("--priority_ids" if FLAGS.priority_ids else "--priority_classes"
+            if FLAGS.priority_classes else "--num_priority")
+    raise app.UsageError(f"{flag}: {e}") from e
+
+
+def groups() -> list[str]:
+  return list(FLAGS.synth_noise) if FLAGS.dataset == "synth" else ["main"]
+
+
+def load(seed, group):
+  data = common.load_data(seed)
+  priority = priority_mask(data, seed)
+  if group != "main":
+    label_noise, irrelevant = NOISE_PRESETS[group]
+    data = noisy_clients(data, ~priority, label_noise, irrelevant, seed=seed + 300,
+                         mode=FLAGS.label_noise_mode)
+  return data, priority
+
+
+def eps0_for(group) -> float:
+  if group == "high" and not FLAGS["eps0"].present:
+    return 0.4
+  return FLAGS.eps0
+
+
+def make_rule(method, priority, group):
+  if method == "none":
+    return fedalign.priority_only(priority)
+  if method == "all":
+    return fs.everyone()
+  return fedalign.fedalign_rule(priority, FLAGS.rounds, eps0=eps0_for(group),
+                                schedule=FLAGS.eps_schedule, warmup_fraction=FLAGS.warmup_fraction,
+                                metric=FLAGS.align_metric, split=FLAGS.align_split)
+
+
+def participation_parts(priority):
+  """(availability, selector, K) of full or partial participation."""
+  n = len(priority)
+  if FLAGS.participation == "full":
+    return fs.uniform_availability(n, n), all_selector(), n
+  sizes = (min(FLAGS.others_per_round, int((~priority).sum())),
+           min(FLAGS.priority_per_round, int(priority.sum())))
+  return (fs.uniform_availability(n, n), group_random_selector(priority.astype(np.int32), sizes),
+          max(sum(sizes), 1))
+
+
+def round_extras(priority):
+  def extra(state, record):
+    del state
+    trained = np.asarray(record["trained_clients"], int)
+    aggregated = np.asarray(record["aggregated_clients"], int)
+    out = {"others_trained": int((~priority[trained]).sum()),
+           "others_aggregated": int((~priority[aggregated]).sum()),
+           "eps": float(record["rule"].get("eps", 0.0))}
+    if "clean_train_loss" in record:
+      out.update(priority_objective=record["clean_train_loss"],
+                 priority_test_accuracy=record["clean_test_accuracy"],
+                 priority_test_loss=record["clean_test_loss"])
+    return out
+  return extra
+
+
+def main(argv):
+  del argv
+  check_flags()
+  seeds = common.seeds()
+  loaded = {(s, g): load(s, g) for g in groups() for s in seeds}  # Data errors before training.
+  suffix = "+Prox" if FLAGS.prox_mu else ""
+  results = {}
+  for group in groups():
+    runs = results.setdefault(group, {})
+    for method in FLAGS.methods:
+      label = LABELS[method] + suffix
+      runs[label] = []
+      for seed in seeds:
+        data, priority = loaded[(seed, group)]
+        model = common.model_for(data)
+        avail, selector, k = participation_parts(priority)
+        sim = fs.Simulator(model, data, common.optimizer(), common.local_hparams(), avail, selector,
+                           fs.fedavg(FLAGS.weighting), k, seed,
+                           participation=make_rule(method, priority, group),
+                           lr_schedule=common.lr_schedule(), eval_mask=priority)
+        print(f"== {group} {label} seed {seed}: {data.name}, N={data.num_clients}, priority "
+              f"{np.flatnonzero(priority).tolist()}")
+        recs = fs.run(sim, FLAGS.rounds, os.path.join(FLAGS.out_dir, group, method, f"seed{seed}"),
+                      eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
+                      resume=FLAGS.resume, label=f"{group} {label} s{seed} ",
+                      extra=round_extras(priority))
+        runs[label].append(recs)
+  write_outputs(results)
+
+
+def summary(runs: dict, warmup: int) -> str:
+  """Per method: final / best / post-warm-up mean priority test accuracy, the round where FedALIGN
+  first leads None, included non-priority clients and costs."""
+  from fedjax_sel.plotting import metric_matrix  # pylint: disable=import-outside-toplevel
+  lines = ["| method | final priority acc | best priority acc | mean priority acc after warm-up | "
+           "final acc (all clients) | non-priority aggregated / round | non-priority trained / "
+           "round | train samples | uploads |", "|" + "---|" * 9]
+  curves = {}
+  for label, group in runs.items():
+    rounds, acc = metric_matrix(group, "priority_test_accuracy")
+    _, all_acc = metric_matrix(group, "test_accuracy")
+    curves[label] = (rounds, acc.mean(0))
+    post = rounds >= warmup
+    agg = np.mean([[r["others_aggregated"] for r in recs if r["round"] >= warmup] for recs in group])
+    trn = np.mean([[r["others_trained"] for r in recs if r["round"] >= warmup] for recs in group])
+    cost = np.mean([recs[-1]["cumulative_cost"]["train_samples"] for recs in group])
+    up = np.mean([recs[-1]["cumulative_cost"]["uploads"] for recs in group])
+    lines.append(f"| {label} | {common.mean_std(acc[:, -1])} | {common.mean_std(acc.max(1))} | "
+                 f"{common.mean_std(acc[:, post].mean(1))} | {common.mean_std(all_acc[:, -1])} | "
+                 f"{agg:.2f} | {trn:.2f} | {cost:.3g} | {up:.0f} |")
+  lead = [lb for lb in curves if lb.startswith("FedALIGN")]
+  none = [lb for lb in curves if lb.startswith("None")]
+  if lead and none:
+    (r, fa), (_, nn) = curves[lead[0]], curves[none[0]]
+    ahead = np.flatnonzero((fa > nn) & (r >= warmup))
+    first = int(r[ahead[0]]) if len(ahead) else "never"
+    lines.append(f"\nFirst round (after warm-up) where FedALIGN's mean priority accuracy leads "
+                 f"None's: {first}.")
+  return "\n".join(lines)
+
+
+def write_outputs(results):
+  warmup = fedalign.warmup_rounds(FLAGS.rounds, FLAGS.warmup_fraction)
+  text = []
+  for group, runs in results.items():
+    text.append(f"## {group} (eps_0 = {eps0_for(group)}, warm-up {warmup} rounds, "
+                f"{len(common.seeds())} seeds)\n\n" + summary(runs, warmup))
+  out = "\n\n".join(text)
+  print(out)
+  with open(os.path.join(FLAGS.out_dir, "summary.md"), "w", encoding="utf-8") as f:
+    f.write(out + "\n")
+  if FLAGS.plot:
+    from fedjax_sel.plotting import plot_panels  # pylint: disable=import-outside-toplevel
+    keys = ["priority_test_accuracy", "priority_objective", "test_accuracy", "others_aggregated"]
+    titles = {"priority_test_accuracy": "priority test accuracy",
+              "priority_objective": "priority training loss F(w_t)",
+              "test_accuracy": "test accuracy (all clients)",
+              "others_aggregated": "non-priority clients aggregated"}
+    path = os.path.join(FLAGS.out_dir, "fedalign.png")
+    plot_panels(results, keys, path, titles=titles)
+    print(f"figure: {path}")
+
+
+if __name__ == "__main__":
+  app.run(main)
