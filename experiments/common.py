@@ -40,6 +40,8 @@ flags.DEFINE_integer("max_examples", None, "Subsample the centralized pool.", lo
 
 # Model and local training.
 flags.DEFINE_enum("model", "mlp", fs.MODELS, "Model architecture.")
+flags.DEFINE_list("hidden", ["200", "200"], "Hidden layer widths of --model=mlp (e.g. 200,100 for "
+                  "FedSRC's MNIST MLP 784-200-100-10, 64 for its FEMNIST MLP).")
 flags.DEFINE_enum("conv_impl", "patches", CONV_IMPLS, "Convolution lowering (patches is fast "
                   "under vmap on CPU).")
 flags.DEFINE_float("lr", 0.1, "Client learning rate.", lower_bound=0.0)
@@ -141,8 +143,15 @@ def lr_schedule():
 
 
 def model_for(data: fs.FederatedDataset) -> fs.Model:
+  try:
+    hidden = tuple(int(h) for h in FLAGS.hidden)
+  except ValueError as e:
+    raise app.UsageError(f"--hidden must be a comma-separated list of integers, got "
+                         f"{FLAGS.hidden}") from e
+  if not hidden or min(hidden) < 1:
+    raise app.UsageError(f"--hidden widths must be >= 1, got {FLAGS.hidden}")
   return fs.build_model(FLAGS.model, data.feature_shape, data.num_classes,
-                        conv_impl=FLAGS.conv_impl)
+                        conv_impl=FLAGS.conv_impl, hidden=hidden)
 
 
 def availability(redraw_first_period: bool = False) -> fs.Availability:

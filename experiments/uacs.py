@@ -1,0 +1,271 @@
+r"""UACS-FL launcher: entropy-based active client selection against random and gradient-norm selection.
+
+  python -m experiments.uacs --scenarios=1,2,3 --seeds=0,1,2,3,4 --plot
+
+Methods (`--methods`): entropy_eps (Entropy+Eps-Greedy, eps = --explore_prob), entropy (Entropy
+Based, eps = 0), random, grad_norm (Gradient Norm). Default data: the 2-D boundary data of
+`fedjax_sel/data/boundary.py` (100 clients, 6 near the boundary), logistic regression, m = 10
+clients per round, uniform mean of the m local models, 60 rounds. `--library_data` runs the same
+methods on the library's datasets instead (--dataset, --partition, ...: digits, synth,
+fashion_mnist IDX).
+
+Per run it writes `<out_dir>/scenario<s>/<method>/seed<k>/metrics.jsonl` with, per round: test
+accuracy and loss, the selected ids (`selected`), how many boundary clients were selected
+(`boundary_selected`), the cost counters (`client_eval_samples`: entropy forward passes,
+`client_grad_samples`: gradient norms); plus `summary.md` and, with --plot, `uacs.png`.
+"""
+
+import os
+
+import numpy as np
+from absl import app, flags
+
+import fedjax_sel as fs
+from experiments import common
+from fedjax_sel import uacs
+from fedjax_sel.data.boundary import SCENARIOS, BoundaryConfig, boundary_dataset, check_config
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("methods", list(uacs.METHODS), f"Runs to compare: {uacs.METHODS}.")
+flags.DEFINE_list("scenarios", ["1", "2", "3"], "Boundary data scenarios: 1 boundary clients in "
+                  "boxes, 2 spread along the whole boundary, 3 like 1 with far clients confined "
+                  "to small regions.")
+flags.DEFINE_float("explore_prob", 0.1, "eps of Entropy+Eps-Greedy: probability of picking the m "
+                   "clients uniformly at random in a round, in [0, 1].")
+flags.DEFINE_bool("library_data", False, "Use --dataset/--partition (digits, synth, fashion_mnist, "
+                  "...) instead of the 2-D boundary data.")
+flags.DEFINE_integer("num_boundary", 6, "Boundary clients (holding points near the decision "
+                     "boundary).")
+flags.DEFINE_integer("samples_per_client", 50, "Points of each far client.")
+flags.DEFINE_integer("boundary_samples", 50, "Points of each boundary client.")
+flags.DEFINE_float("gap0", 0.05, "Minimum distance of far class-0 points to the true boundary.")
+flags.DEFINE_float("gap1", 0.5, "Minimum distance of far class-1 points to the true boundary "
+                   "(equal gaps: the far clients alone place the boundary right).")
+flags.DEFINE_float("box_size", 0.25, "Side of a boundary client's box (scenarios 1, 3).")
+flags.DEFINE_float("band", 0.1, "Half-width across the boundary of scenario 2's boundary points.")
+flags.DEFINE_float("region_size", 0.2, "Side of a far client's square (scenario 3).")
+flags.DEFINE_integer("test_samples", 4000, "Uniform test points over the square.")
+
+for _name, _value in (("rounds", 60), ("num_clients", 100), ("clients_per_round", 10),
+                      ("num_available", 100), ("model", "logreg"), ("local_epochs", 1),
+                      ("batch_size", 10), ("lr", 0.5), ("weighting", "uniform"),
+                      ("seeds", ["0", "1", "2", "3", "4"]), ("out_dir", "runs/uacs")):
+  FLAGS.set_default(_name, _value)
+
+
+def boundary_config(scenario: int) -> BoundaryConfig:
+  return BoundaryConfig(scenario=scenario, num_clients=FLAGS.num_clients,
+                        num_boundary=FLAGS.num_boundary, samples_per_client=FLAGS.samples_per_client,
+                        boundary_samples=FLAGS.boundary_samples, gap0=FLAGS.gap0, gap1=FLAGS.gap1,
+                        box_size=FLAGS.box_size, band=FLAGS.band, region_size=FLAGS.region_size,
+                        test_samples=FLAGS.test_samples)
+
+
+def check_flags() -> list:
+  bad = [m for m in FLAGS.methods if m not in uacs.METHODS]
+  if bad or not FLAGS.methods:
+    raise app.UsageError(f"--methods must list values among {sorted(uacs.METHODS)}, got "
+                         f"{FLAGS.methods}")
+  common.check_finite(explore_prob=FLAGS.explore_prob, lr=FLAGS.lr, gap0=FLAGS.gap0,
+                      gap1=FLAGS.gap1, box_size=FLAGS.box_size, band=FLAGS.band,
+                      region_size=FLAGS.region_size)
+  if not 0.0 <= FLAGS.explore_prob <= 1.0:
+    raise app.UsageError(f"--explore_prob must be in [0, 1], got {FLAGS.explore_prob}")
+  if not 1 <= FLAGS.clients_per_round <= FLAGS.num_clients:
+    raise app.UsageError(f"--clients_per_round (m) must be in 1..{FLAGS.num_clients} "
+                         f"(--num_clients), got {FLAGS.clients_per_round}")
+  if FLAGS.library_data:
+    return ["library"]
+  try:
+    scenarios = [int(s) for s in FLAGS.scenarios]
+  except ValueError as e:
+    raise app.UsageError(f"--scenarios must be integers among {SCENARIOS}, got "
+                         f"{FLAGS.scenarios}") from e
+  if not scenarios or any(s not in SCENARIOS for s in scenarios):
+    raise app.UsageError(f"--scenarios must be among {SCENARIOS}, got {FLAGS.scenarios}")
+  for s in scenarios:
+    try:
+      check_config(boundary_config(s))
+    except ValueError as e:
+      name = str(e).split()[0]
+      raise app.UsageError(f"--{name}: {e}") from e
+  return scenarios
+
+
+def make_selector(method):
+  m = FLAGS.clients_per_round
+  if method == "entropy_eps":
+    return uacs.entropy_selector(m, FLAGS.explore_prob)
+  if method == "entropy":
+    return uacs.entropy_selector(m, 0.0)
+  if method == "grad_norm":
+    return uacs.grad_norm_selector(m)
+  return fs.random_selector(m)
+
+
+def load(scenario, seed):
+  if scenario == "library":
+    data = common.load_data(seed)
+    return data, np.zeros(data.num_clients, bool)
+  return boundary_dataset(boundary_config(scenario), seed)
+
+
+def group_name(scenario) -> str:
+  return "library" if scenario == "library" else f"scenario{scenario}"
+
+
+def main(argv):
+  del argv
+  scenarios = check_flags()
+  seeds = common.seeds()
+  loaded = {(s, k): load(s, k) for s in scenarios for k in seeds}
+  n = FLAGS.num_clients
+  results, finals = {}, {}
+  for scenario in scenarios:
+    group = group_name(scenario)
+    runs = results.setdefault(group, {})
+    for method in FLAGS.methods:
+      label = uacs.METHODS[method]
+      runs[label] = []
+      for seed in seeds:
+        data, is_boundary = loaded[(scenario, seed)]
+        model = common.model_for(data)
+        sim = fs.Simulator(model, data, common.optimizer(), common.local_hparams(),
+                           fs.uniform_availability(data.num_clients, data.num_clients),
+                           make_selector(method), fs.fedavg(FLAGS.weighting),
+                           FLAGS.clients_per_round, seed, lr_schedule=common.lr_schedule())
+
+        def extra(state, record, is_boundary=is_boundary, key=(group, label, seed), model=model):
+          if record["round"] == FLAGS.rounds - 1:
+            finals[key] = (model, state.params)
+          return {"boundary_selected": int(is_boundary[np.asarray(record["selected"], int)].sum())}
+
+        print(f"== {group} {label} seed {seed}: {data.name}, N={n}, boundary clients "
+              f"{np.flatnonzero(is_boundary).tolist()}")
+        recs = fs.run(sim, FLAGS.rounds, os.path.join(FLAGS.out_dir, group, method, f"seed{seed}"),
+                      eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
+                      resume=FLAGS.resume, label=f"{group} {label} s{seed} ", extra=extra)
+        runs[label].append(recs)
+  write_outputs(results, loaded, finals, scenarios)
+
+
+def first_hit(recs, level):
+  for r in recs:
+    if r.get("test_accuracy", 0.0) >= level:
+      return r["round"]
+  return None
+
+
+def summary(runs, num_boundary) -> str:
+  lines = ["| method | rounds to 90% acc (mean, seeds reaching) | rounds to 95% acc | final test acc "
+           "| best test acc | boundary share of selections | client forward samples | client "
+           "gradient samples |", "|" + "---|" * 8]
+  for label, group in runs.items():
+    cells = []
+    for level in (0.9, 0.95):
+      hits = [h for h in (first_hit(recs, level) for recs in group) if h is not None]
+      cells.append(f"{np.mean(hits):.1f} ({len(hits)}/{len(group)})" if hits else
+                   f"never (0/{len(group)})")
+    final = [[r for r in recs if "test_accuracy" in r][-1]["test_accuracy"] for recs in group]
+    best = [max(r.get("test_accuracy", 0.0) for r in recs) for recs in group]
+    picks = sum(len(r["selected"]) for recs in group for r in recs)
+    share = sum(r["boundary_selected"] for recs in group for r in recs) / max(picks, 1)
+    cost = group[0][-1]["cumulative_cost"]
+    lines.append(f"| {label} | {cells[0]} | {cells[1]} | {common.mean_std(final)} | "
+                 f"{common.mean_std(best)} | {share:.3f} | {cost['client_eval_samples']:.3g} | "
+                 f"{cost['client_grad_samples']:.3g} |")
+  if num_boundary:
+    lines.append(f"\n(boundary clients are {num_boundary} of {FLAGS.num_clients}: random selection "
+                 f"picks them at a share of about {num_boundary / FLAGS.num_clients:.3f})")
+  return "\n".join(lines)
+
+
+def write_outputs(results, loaded, finals, scenarios):
+  parts = []
+  for scenario in scenarios:
+    group = group_name(scenario)
+    nb = 0 if scenario == "library" else FLAGS.num_boundary
+    parts.append(f"## {group} (m = {FLAGS.clients_per_round}, eps = {FLAGS.explore_prob}, "
+                 f"{len(common.seeds())} seeds)\n\n" + summary(results[group], nb))
+  text = "\n\n".join(parts)
+  print(text)
+  with open(os.path.join(FLAGS.out_dir, "summary.md"), "w", encoding="utf-8") as f:
+    f.write(text + "\n")
+  if FLAGS.plot:
+    path = os.path.join(FLAGS.out_dir, "uacs.png")
+    plot(results, loaded, finals, scenarios, path)
+    print(f"figure: {path}")
+
+
+def plot(results, loaded, finals, scenarios, path):
+  """Per scenario: the data with boundary clients and true / learned boundaries (seed 0), test
+  accuracy per round (mean and std over seeds), selection frequency of each client."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+  from fedjax_sel.plotting import metric_matrix  # pylint: disable=import-outside-toplevel
+  seed = common.seeds()[0]
+  fig, axes = plt.subplots(len(scenarios), 3, figsize=(15, 4.4 * len(scenarios)), squeeze=False)
+  for row, scenario in zip(axes, scenarios):
+    group = group_name(scenario)
+    data, is_b = loaded[(scenario, seed)]
+    ax = row[0]
+    if scenario != "library":
+      cfg = boundary_config(scenario)
+      x, y, owner = (np.asarray(data.train.x), np.asarray(data.train.y),
+                     np.asarray(data.train.client_id))
+      near = is_b[owner]
+      ax.scatter(x[~near, 0], x[~near, 1], c=y[~near], cmap="coolwarm", s=3, alpha=0.4)
+      ax.scatter(x[near, 0], x[near, 1], c=y[near], cmap="coolwarm", s=14, marker="^",
+                 edgecolors="k", linewidths=0.4, label="boundary clients")
+      d = cfg.domain
+      g = np.linspace(-d, d, 200)
+      gx, gy = np.meshgrid(g, g)
+      grid = np.stack([gx.ravel(), gy.ravel()], axis=1).astype(np.float32)
+      a, b, c = cfg.line
+      ax.contour(gx, gy, (a * gx + b * gy + c), levels=[0.0], colors="k", linestyles=":")
+      for i, label in enumerate(results[group]):
+        model, params = finals[(group, label, seed)]
+        logits = np.asarray(model.apply(params, jnp.asarray(grid)))
+        margin = (logits[:, 1] - logits[:, 0]).reshape(gx.shape)
+        ax.contour(gx, gy, margin, levels=[0.0], colors=[f"C{i}"])
+        ax.plot([], [], color=f"C{i}", label=label)
+      ax.plot([], [], "k:", label="true boundary")
+      ax.set_xlim(-d, d)
+      ax.set_ylim(-d, d)
+      ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(f"{group}: data (seed {seed}) and learned boundaries")
+    ax = row[1]
+    for label, runs in results[group].items():
+      rounds, vals = metric_matrix(runs, "test_accuracy")
+      ax.plot(rounds, vals.mean(0), label=label)
+      ax.fill_between(rounds, vals.mean(0) - vals.std(0), vals.mean(0) + vals.std(0), alpha=0.2)
+    ax.set_title(f"{group}: test accuracy")
+    ax.set_xlabel("round")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax = row[2]
+    labels = list(results[group])
+    width = 0.8 / len(labels)
+    for i, label in enumerate(labels):
+      freq = np.zeros(data.num_clients)
+      total = 0
+      for recs in results[group][label]:
+        for r in recs:
+          freq[np.asarray(r["selected"], int)] += 1
+          total += 1
+      ax.bar(np.arange(data.num_clients) + i * width, freq / max(total, 1), width, label=label)
+    for k in np.flatnonzero(is_b):
+      ax.axvline(k + 0.4, color="k", lw=0.5, ls=":")
+    ax.set_title(f"{group}: selection frequency per client (dotted: boundary clients)")
+    ax.set_xlabel("client id")
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+if __name__ == "__main__":
+  app.run(main)
