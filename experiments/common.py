@@ -61,7 +61,8 @@ flags.DEFINE_integer("chunk_size", None, "Clients vmapped together (default: fro
 # Rounds.
 flags.DEFINE_integer("rounds", 30, "T.", lower_bound=1)
 flags.DEFINE_integer("clients_per_round", 10, "K.", lower_bound=1)
-flags.DEFINE_integer("num_available", 25, "n, clients available per round.", lower_bound=1)
+flags.DEFINE_integer("num_available", 25, "n, clients available per round (0: all clients).",
+                     lower_bound=0)
 flags.DEFINE_integer("avail_period", 5, "Rounds between availability redraws.", lower_bound=1)
 flags.DEFINE_enum("weighting", "examples", ("uniform", "examples"), "FedAvg weights.")
 flags.DEFINE_list("seeds", ["0"], "Seeds; one run each.")
@@ -84,7 +85,7 @@ def seeds() -> list[int]:
 @flags.multi_flags_validator(["clients_per_round", "num_available", "num_clients"],
                              message="need --clients_per_round <= --num_available <= --num_clients")
 def _check_counts(f):
-  return f["clients_per_round"] <= f["num_available"] <= f["num_clients"]
+  return f["clients_per_round"] <= (f["num_available"] or f["num_clients"]) <= f["num_clients"]
 
 
 def dataset_spec(**overrides) -> fs.DatasetSpec:
@@ -155,7 +156,8 @@ def model_for(data: fs.FederatedDataset) -> fs.Model:
 
 
 def availability(redraw_first_period: bool = False) -> fs.Availability:
-  return fs.uniform_availability(FLAGS.num_clients, FLAGS.num_available, FLAGS.avail_period,
+  return fs.uniform_availability(FLAGS.num_clients, FLAGS.num_available or FLAGS.num_clients,
+                                 FLAGS.avail_period,
                                  redraw_first_period=redraw_first_period)
 
 

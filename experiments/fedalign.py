@@ -76,7 +76,7 @@ flags.DEFINE_enum("label_noise_mode", "random", LABEL_NOISE_MODES, "SYNTH noise:
 for _name, _value in (("rounds", 50), ("num_clients", 30), ("partition", "uni_class"),
                       ("model", "logreg"), ("local_epochs", 5), ("lr", 0.1), ("batch_size", 32),
                       ("seeds", ["0", "1", "2"]), ("weighting", "examples"),
-                      ("out_dir", "runs/fedalign"), ("clients_per_round", 1), ("num_available", 1)):
+                      ("out_dir", "runs/fedalign"), ("clients_per_round", 1), ("num_available", 0)):
   FLAGS.set_default(_name, _value)
 
 LABELS = {"fedalign": "FedALIGN", "none": "None", "all": "All"}

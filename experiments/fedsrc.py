@@ -77,7 +77,7 @@ flags.DEFINE_float("fedasl_alpha", 1.0, "FedASL: band around the median loss, in
 flags.DEFINE_float("fedasl_beta", 0.2, "FedASL: v_k inside the band, in sigmas.")
 
 for _name, _value in (("rounds", 40), ("num_clients", 50), ("clients_per_round", 10),
-                      ("num_available", 50), ("avail_period", 1), ("model", "mlp"),
+                      ("num_available", 0), ("avail_period", 1), ("model", "mlp"),
                       ("local_epochs", 2), ("lr", 0.1), ("batch_size", 16),
                       ("seeds", ["0", "1", "2"]), ("out_dir", "runs/fedsrc")):
   FLAGS.set_default(_name, _value)

@@ -64,7 +64,7 @@ def check_flags():
   kinds = [k for k in FLAGS.corrupt_kinds if k not in KINDS]
   if kinds:
     raise app.UsageError(f"--corrupt_kinds must be among {KINDS}, got {FLAGS.corrupt_kinds}")
-  if FLAGS.opt and FLAGS.num_available > 16:
+  if FLAGS.opt and (FLAGS.num_available or FLAGS.num_clients) > 16:
     raise app.UsageError(f"--opt enumerates 2^n subsets: needs --num_available <= 16, got "
                          f"{FLAGS.num_available}")
   if FLAGS.public_fraction <= 0 and FLAGS.public_text is None and set(FLAGS.filters) - {"none"}:

@@ -47,7 +47,7 @@ flags.DEFINE_float("region_size", 0.2, "Side of a far client's square (scenario 
 flags.DEFINE_integer("test_samples", 4000, "Uniform test points over the square.")
 
 for _name, _value in (("rounds", 60), ("num_clients", 100), ("clients_per_round", 10),
-                      ("num_available", 100), ("model", "logreg"), ("local_epochs", 1),
+                      ("num_available", 0), ("model", "logreg"), ("local_epochs", 1),
                       ("batch_size", 10), ("lr", 0.5), ("weighting", "uniform"),
                       ("seeds", ["0", "1", "2", "3", "4"]), ("out_dir", "runs/uacs")):
   FLAGS.set_default(_name, _value)
@@ -131,7 +131,7 @@ def main(argv):
         data, is_boundary = loaded[(scenario, seed)]
         model = common.model_for(data)
         sim = fs.Simulator(model, data, common.optimizer(), common.local_hparams(),
-                           fs.uniform_availability(data.num_clients, data.num_clients),
+                           common.availability(),
                            make_selector(method), fs.fedavg(FLAGS.weighting),
                            FLAGS.clients_per_round, seed, lr_schedule=common.lr_schedule())
 

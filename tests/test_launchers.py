@@ -74,3 +74,98 @@ def test_filfl_bad_flags_fail_before_compute(args, needle):
   proc = launch("experiments.filfl", *args, check=False)
   assert proc.returncode != 0 and needle in proc.stdout + proc.stderr
   assert "[   1/" not in proc.stdout
+
+
+def records(path):
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
+def test_fedalign_launcher_writes_priority_metrics(tmp_path):
+  out = tmp_path / "fa"
+  proc = launch("experiments.fedalign", "--rounds=4", "--seeds=0", "--num_clients=12",
+                "--num_priority=2", "--warmup_fraction=0.25", f"--out_dir={out}", "--plot")
+  assert "| FedALIGN |" in proc.stdout and "| None |" in proc.stdout and "| All |" in proc.stdout
+  recs = records(out / "main" / "fedalign" / "seed0" / "metrics.jsonl")
+  assert [r["round"] for r in recs] == [0, 1, 2, 3]
+  assert recs[0]["rule"]["warmup"] and recs[0]["others_trained"] == 0
+  for r in recs:
+    assert {"priority_objective", "priority_test_accuracy", "test_accuracy", "eps",
+            "others_aggregated", "cumulative_cost"} <= set(r)
+    assert r["others_aggregated"] <= r["others_trained"] <= 10
+  none = records(out / "main" / "none" / "seed0" / "metrics.jsonl")
+  assert all(len(r["trained_clients"]) == 2 for r in none)
+  assert (out / "fedalign.png").exists() and (out / "summary.md").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--eps0=-0.1"], "--eps0"),
+    (["--eps0=nan"], "--eps0"),
+    (["--warmup_fraction=1.0"], "--warmup_fraction"),
+    (["--num_priority=0"], "--num_priority"),
+    (["--num_priority=30"], "--num_priority"),
+    (["--priority_ids=3,99"], "--priority_ids"),
+    (["--eps_schedule=cosine"], "eps_schedule"),
+    (["--methods=fedalign,best"], "--methods"),
+])
+def test_fedalign_bad_flags_fail_before_compute(args, needle):
+  proc = launch("experiments.fedalign", *args, check=False)
+  assert proc.returncode != 0 and needle in proc.stdout + proc.stderr
+  assert "[   1/" not in proc.stdout
+
+
+def test_uacs_launcher_writes_selection_metrics(tmp_path):
+  out = tmp_path / "uacs"
+  proc = launch("experiments.uacs", "--rounds=3", "--seeds=0", "--scenarios=1", "--num_clients=20",
+                "--num_boundary=3", "--clients_per_round=3", "--samples_per_client=20",
+                f"--out_dir={out}", "--plot")
+  for label in ("Entropy+Eps-Greedy", "Entropy Based", "Random", "Gradient Norm"):
+    assert f"| {label} |" in proc.stdout
+  recs = records(out / "scenario1" / "grad_norm" / "seed0" / "metrics.jsonl")
+  assert all(len(r["selected"]) == 3 and 0 <= r["boundary_selected"] <= 3 for r in recs)
+  assert recs[0]["cost"]["client_grad_samples"] > 0
+  assert (out / "uacs.png").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--explore_prob=1.5"], "--explore_prob"),
+    (["--clients_per_round=0"], "clients_per_round"),
+    (["--clients_per_round=200"], "--clients_per_round"),
+    (["--scenarios=4"], "--scenarios"),
+    (["--num_boundary=150"], "--num_boundary"),
+    (["--samples_per_client=0"], "--samples_per_client"),
+])
+def test_uacs_bad_flags_fail_before_compute(args, needle):
+  proc = launch("experiments.uacs", *args, check=False)
+  assert proc.returncode != 0 and needle in proc.stdout + proc.stderr
+  assert "[   1/" not in proc.stdout
+
+
+def test_fedsrc_launcher_writes_savings_and_exclusions(tmp_path):
+  out = tmp_path / "fedsrc"
+  proc = launch("experiments.fedsrc", "--rounds=3", "--seeds=0", "--num_clients=20",
+                "--num_available=20", "--clients_per_round=8", "--methods=fedsrc,krum,fedasl",
+                "--fedsrc_with=median", "--splits=iid", f"--out_dir={out}", "--plot")
+  assert "| FedSRC+Median |" in proc.stdout and "uploads saved" in proc.stdout
+  recs = records(out / "iid" / "fedsrc" / "seed0" / "metrics.jsonl")
+  assert recs[0]["participation_rate"] == 1.0 and not recs[0]["rule"]["gated"]
+  assert recs[1]["rule"]["gated"] and recs[1]["rule"]["phi"] > 0
+  for r in recs:
+    sampled = sum(v for k, v in r.items() if k.endswith("_sampled"))
+    excluded = sum(v for k, v in r.items() if k.endswith("_excluded"))
+    assert sampled == 8 and excluded == 8 - len(r["trained_clients"])
+  assert (out / "fedsrc.png").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--bad_fraction=1.5"], "--bad_fraction"),
+    (["--fedsrc_beta=0.95"], "--fedsrc_beta"),
+    (["--krum_f=0.45"], "--krum_f"),
+    (["--methods=fedavg,bulyan"], "--methods"),
+    (["--participation_target=0"], "--participation_target"),
+    (["--reinclude_prob=2"], "--reinclude_prob"),
+])
+def test_fedsrc_bad_flags_fail_before_compute(args, needle):
+  proc = launch("experiments.fedsrc", *args, check=False)
+  assert proc.returncode != 0 and needle in proc.stdout + proc.stderr
+  assert "[   1/" not in proc.stdout
