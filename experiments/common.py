@@ -191,3 +191,10 @@ def check_finite(**values) -> None:
   for name, v in values.items():
     if v is not None and not math.isfinite(v):
       raise app.UsageError(f"--{name} must be a finite number, got {v}")
+
+
+def run_sim(sim: fs.Simulator, *path: str, label: str, extra=None) -> list[dict]:
+  """Runs `sim` for --rounds into `<out_dir>/<path...>` with the launchers' shared run flags."""
+  return fs.run(sim, FLAGS.rounds, os.path.join(FLAGS.out_dir, *path), eval_every=FLAGS.eval_every,
+                checkpoint_every=FLAGS.checkpoint_every, resume=FLAGS.resume, label=label,
+                extra=extra)

@@ -208,10 +208,8 @@ def main(argv):
                            lr_schedule=common.lr_schedule(), eval_mask=priority)
         print(f"== {group} {label} seed {seed}: {data.name}, N={data.num_clients}, priority "
               f"{np.flatnonzero(priority).tolist()}")
-        recs = fs.run(sim, FLAGS.rounds, os.path.join(FLAGS.out_dir, group, method, f"seed{seed}"),
-                      eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
-                      resume=FLAGS.resume, label=f"{group} {label} s{seed} ",
-                      extra=round_extras(priority))
+        recs = common.run_sim(sim, group, method, f"seed{seed}", label=f"{group} {label} s{seed} ",
+                              extra=round_extras(priority))
         runs[label].append(recs)
   write_outputs(results)
 

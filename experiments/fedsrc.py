@@ -215,10 +215,8 @@ def main(argv):
                            lr_schedule=common.lr_schedule(), eval_mask=kinds == "good")
         print(f"== {group} {label} seed {seed}: {data.name}, N={data.num_clients}, bad clients "
               f"{int((kinds != 'good').sum())}")
-        recs = fs.run(sim, FLAGS.rounds, os.path.join(FLAGS.out_dir, group, key, f"seed{seed}"),
-                      eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
-                      resume=FLAGS.resume, label=f"{group} {label} s{seed} ",
-                      extra=round_extras(kinds))
+        recs = common.run_sim(sim, group, key, f"seed{seed}", label=f"{group} {label} s{seed} ",
+                              extra=round_extras(kinds))
         runs[label].append((recs, data, kinds))
   write_outputs(results)
 

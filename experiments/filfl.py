@@ -124,9 +124,7 @@ def main(argv):
                          seed, filter=filt, lr_schedule=common.lr_schedule(), eval_mask=~bad)
       print(f"== {label} seed {seed}: {data.name}, N={data.num_clients}, "
             f"bad clients={int(bad.sum())}, public m={len(data.public_y)}")
-      recs = fs.run(sim, FLAGS.rounds, os.path.join(FLAGS.out_dir, filt_name, f"seed{seed}"),
-                    eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
-                    resume=FLAGS.resume, label=f"{label} s{seed} ")
+      recs = common.run_sim(sim, filt_name, f"seed{seed}", label=f"{label} s{seed} ")
       for r in recs:
         if r.get("filtered_in") is not None and r["filter_round"]:
           ids = np.array(r["filtered_in"], dtype=int)

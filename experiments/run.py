@@ -30,9 +30,7 @@ def main(argv):
         lr_schedule=common.lr_schedule())
     label = "FedProx" if FLAGS.prox_mu else "FedAvg"
     print(f"== {label} seed {seed}: {data.name}, N={data.num_clients}, model={FLAGS.model}")
-    runs.append(fs.run(sim, FLAGS.rounds, os.path.join(FLAGS.out_dir, f"seed{seed}"),
-                       eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
-                       resume=FLAGS.resume, label=f"{label} s{seed} "))
+    runs.append(common.run_sim(sim, f"seed{seed}", label=f"{label} s{seed} "))
   table = fs.summary_table([(f"{label} seed {s}", r) for s, r in zip(seeds, runs)])
   print(table)
   with open(os.path.join(FLAGS.out_dir, "summary.md"), "w", encoding="utf-8") as f:

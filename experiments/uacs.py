@@ -142,9 +142,8 @@ def main(argv):
 
         print(f"== {group} {label} seed {seed}: {data.name}, N={n}, boundary clients "
               f"{np.flatnonzero(is_boundary).tolist()}")
-        recs = fs.run(sim, FLAGS.rounds, os.path.join(FLAGS.out_dir, group, method, f"seed{seed}"),
-                      eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
-                      resume=FLAGS.resume, label=f"{group} {label} s{seed} ", extra=extra)
+        recs = common.run_sim(sim, group, method, f"seed{seed}", label=f"{group} {label} s{seed} ",
+                              extra=extra)
         runs[label].append(recs)
   write_outputs(results, loaded, finals, scenarios)
 
