@@ -246,19 +246,16 @@ def plot(results, loaded, finals, scenarios, path):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     ax = row[2]
-    labels = list(results[group])
-    width = 0.8 / len(labels)
-    for i, label in enumerate(labels):
+    for i, (label, runs) in enumerate(results[group].items()):
       freq = np.zeros(data.num_clients)
-      total = 0
-      for recs in results[group][label]:
-        for r in recs:
-          freq[np.asarray(r["selected"], int)] += 1
-          total += 1
-      ax.bar(np.arange(data.num_clients) + i * width, freq / max(total, 1), width, label=label)
+      recs = runs[0]  # Seed 0: client ids mean the same clients as in the data panel.
+      for r in recs:
+        freq[np.asarray(r["selected"], int)] += 1
+      ax.plot(np.arange(data.num_clients), freq / len(recs), "o-", ms=2.5, lw=0.6, alpha=0.8,
+              color=f"C{i}", label=label)
     for k in np.flatnonzero(is_b):
-      ax.axvline(k + 0.4, color="k", lw=0.5, ls=":")
-    ax.set_title(f"{group}: selection frequency per client (dotted: boundary clients)")
+      ax.axvline(k, color="k", lw=0.6, ls=":")
+    ax.set_title(f"{group}: selection frequency (seed {seed}; dotted: boundary)")
     ax.set_xlabel("client id")
     ax.legend(fontsize=7)
   fig.tight_layout()

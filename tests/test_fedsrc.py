@@ -206,3 +206,35 @@ def test_savings_and_exclusions_match_hand_counts():
   np.testing.assert_array_equal(ex["flip_excluded"], [0, 1, 0])
   np.testing.assert_array_equal(ex["noise_excluded"], [0, 1, 0])
   np.testing.assert_array_equal(ex["good_sampled"], [2, 1, 1])
+
+
+def test_fedsrc_with_robust_aggregators_on_leaf_and_tfds_data(tmp_path):
+  """FedSRC with Krum on a LEAF FEMNIST fixture (FEMNIST MLP 784-64-10 shape) and with the trimmed
+  mean on TFDS mock MNIST in the non-IID split (MNIST MLP 784-200-100-10)."""
+  import json  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.aggregators import krum, trimmed_mean  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.data.corruption import corrupt_clients  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(0)
+  users = [f"u{i}" for i in range(12)]
+  blob = {"users": users, "num_samples": [10] * 12,
+          "user_data": {u: {"x": rng.random((10, 784)).round(3).tolist(),
+                            "y": rng.integers(0, 62, 10).tolist()} for u in users}}
+  with open(tmp_path / "femnist.json", "w", encoding="utf-8") as f:
+    json.dump(blob, f)
+  leaf = fs.build_dataset(fs.DatasetSpec("leaf", num_clients=0,
+                                         leaf_files=(str(tmp_path / "femnist.json"),)), seed=0)
+  tfds = pytest.importorskip("tensorflow_datasets")
+  with tfds.testing.mock_data(num_examples=600):
+    mnist = fs.build_dataset(fs.DatasetSpec("tfds", num_clients=10, partition="dominant",
+                                            tfds_name="mnist"), seed=0)
+  for data, hidden, aggregator in ((leaf, (64,), krum(1)), (mnist, (200, 100), trimmed_mean())):
+    data, bad = corrupt_clients(data, 0.3, seed=1)
+    n = data.num_clients
+    model = fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=hidden)
+    sim = fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=5),
+                       fs.uniform_availability(n, n), fs.random_selector(8), aggregator, 8, 0,
+                       participation=fedsrc.fedsrc_rule(), lr_schedule=fs.constant_lr(0.05),
+                       eval_mask=~bad)
+    recs = fs.run(sim, 3, progress=None)
+    assert len(recs[0]["trained_clients"]) == 8 and recs[1]["rule"]["gated"]
+    assert np.isfinite(recs[-1]["test_loss"])
