@@ -178,6 +178,8 @@ class Simulator:
     if unknown:
       raise ValueError(f"unknown stats {sorted(unknown)}; accepted: {STAT_NAMES}")
     self.needs = tuple(sorted(needs))
+    # Stats that choose among the available clients (the rule's are read by the chosen ones).
+    self.chooser_needs = set(selector.needs) | set(filter.needs if filter is not None else ())
     self.mesh = None
     self.client_sharding = None
     if jax.device_count() > 1:
@@ -362,8 +364,8 @@ class Simulator:
     part_state = self.participation.observe(part_state, inputs, outcome)
     clients = self._update_clients(state.clients, t, chosen, slots, trained, res.train_loss)
 
-    evals, grads = self._stat_costs(arrays, avail)
-    if self.needs:  # Every available client evaluates the global model for the stats.
+    evals, grads = self._stat_costs(arrays, avail, chosen)
+    if self.chooser_needs:  # Every available client evaluates the model for these stats.
       downloads = jnp.maximum(downloads, jnp.sum(avail).astype(jnp.float32))
     round_costs = Costs(
         client_eval_samples=evals,
@@ -401,20 +403,26 @@ class Simulator:
                             fmask, avail, costs)
     return new_state, metrics
 
-  def _stat_costs(self, arrays: DataArrays, avail) -> tuple[jax.Array, jax.Array]:
-    """Samples the available clients evaluated (forward) and differentiated (forward and
-    backward) to compute this round's stats."""
-    wanted = set(self.needs)
-    count = lambda pool: jnp.sum(jnp.where(avail, pool.counts, 0)).astype(jnp.float32)
-    evals = jnp.zeros((), jnp.float32)
-    if wanted & {"loss", "accuracy", "entropy"}:
-      evals += count(arrays.train)
-    for split, pool in (("val", arrays.val), ("test", arrays.test)):
-      if wanted & {f"{split}_loss", f"{split}_accuracy"}:
-        evals += count(pool)
-    if "batch_loss" in wanted:
-      evals += self.local.batch_size * jnp.sum(avail & (arrays.train.counts > 0))
-    grads = count(arrays.train) if wanted & {"grad", "grad_norm"} else jnp.zeros((), jnp.float32)
+  def _stat_costs(self, arrays: DataArrays, avail, chosen) -> tuple[jax.Array, jax.Array]:
+    """Samples clients evaluated (forward) and differentiated (forward and backward) to compute
+    this round's stats: a stat that the selector or filter reads costs every available client; one
+    that only the participation rule reads costs only the selected clients (they alone decide)."""
+    evals = grads = jnp.zeros((), jnp.float32)
+    groups = (({"loss", "accuracy", "entropy"}, arrays.train.counts, False),
+              ({"val_loss", "val_accuracy"}, arrays.val.counts, False),
+              ({"test_loss", "test_accuracy"}, arrays.test.counts, False),
+              ({"batch_loss"}, jnp.where(arrays.train.counts > 0, self.local.batch_size, 0), False),
+              ({"grad", "grad_norm"}, arrays.train.counts, True))
+    for names, per_client, backward in groups:
+      wanted = names & set(self.needs)
+      if not wanted:
+        continue
+      who = avail if wanted & self.chooser_needs else chosen
+      samples = jnp.sum(jnp.where(who, per_client, 0)).astype(jnp.float32)
+      if backward:
+        grads += samples
+      else:
+        evals += samples
     return evals, grads
 
   @staticmethod

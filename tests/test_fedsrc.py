@@ -174,15 +174,28 @@ def simulate(rule, rounds=4):
                      fs.uniform_availability(10, 8, period=1), fs.random_selector(6), fs.fedavg(),
                      6, 0, participation=rule, lr_schedule=fs.constant_lr(0.1))
   state = sim.init()
+  metrics = []
   for _ in range(rounds):
-    state, _ = sim.step(state)
-  return state.params
+    state, m = sim.step(state)
+    metrics.append(jax.device_get(m))
+  return data, state.params, metrics
 
 
 def test_infinite_threshold_gives_exactly_the_fedavg_run():
   rule = fedsrc.fedsrc_rule(fedsrc.FedSRCConfig(mode="reference", cut=float("inf"),
                                                 reinclude_prob=0.0))
-  chex.assert_trees_all_equal(simulate(rule), simulate(None))
+  chex.assert_trees_all_equal(simulate(rule)[1], simulate(None)[1])
+
+
+def test_only_the_sampled_clients_pay_for_deciding():
+  data, _, metrics = simulate(fedsrc.fedsrc_rule(), rounds=3)
+  test_counts, train_counts = np.asarray(data.test.counts), np.asarray(data.train.counts)
+  for m in metrics:
+    sel, trained = m["selected"], m["trained_clients"]
+    assert sel.sum() == 6 and (trained <= sel).all()
+    assert m["cost"]["client_eval_samples"] == test_counts[sel].sum()
+    assert m["cost"]["downloads"] == 6 and m["cost"]["uploads"] == trained.sum()
+    assert m["cost"]["train_samples"] == train_counts[trained].sum()
 
 
 def test_savings_and_exclusions_match_hand_counts():
