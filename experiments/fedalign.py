@@ -31,16 +31,16 @@ FLAGS = flags.FLAGS
 PRESETS = {
     "fmnist": {"dataset": "fashion_mnist", "partition": "uni_class", "num_clients": 60,
                "num_priority": 2, "model": "logreg", "local_epochs": 5, "lr": 0.1,
-               "batch_size": 32, "rounds": 100},
+               "batch_size": 32, "rounds": 100, "align_metric": "accuracy"},
     "emnist": {"dataset": "tfds", "tfds_name": "emnist/balanced", "partition": "uni_class",
                "num_clients": 60, "num_priority": 2, "model": "mlp", "local_epochs": 5,
-               "lr": 0.1, "batch_size": 32, "rounds": 100},
+               "lr": 0.1, "batch_size": 32, "rounds": 100, "align_metric": "accuracy"},
     "cifar10": {"dataset": "tfds", "tfds_name": "cifar10", "partition": "uni_class",
                 "num_clients": 60, "num_priority": 2, "model": "cifar_cnn", "local_epochs": 5,
-                "lr": 0.01, "batch_size": 32, "rounds": 100},
+                "lr": 0.01, "batch_size": 32, "rounds": 100, "align_metric": "accuracy"},
     "synth": {"dataset": "synth", "num_clients": 20, "num_priority": 10, "model": "logreg",
               "local_epochs": 5, "lr": 0.1, "batch_size": 32, "rounds": 100,
-              "synth_noise": ["low", "medium", "high"]},
+              "synth_noise": ["low", "medium", "high"], "align_metric": "accuracy"},
 }
 flags.DEFINE_string("preset", None, "The paper's setups; each value is overridable by its flag. "
                     + common.preset_help(PRESETS))

@@ -63,6 +63,9 @@ flags.DEFINE_float("reinclude_prob", 0.1, "q: probability that an abstaining cli
                    "in [0, 1].")
 flags.DEFINE_integer("reinclude_after", 0, "An abstaining client trains anyway after this many "
                      "consecutive abstentions (0 = never).", lower_bound=0)
+flags.DEFINE_enum("reported_loss", "train", fedsrc.REPORTED_LOSSES, "What participants report for "
+                  "the next threshold: their mean loss over local training (the paper) or the "
+                  "loss they checked at the global model (same scale as the decision).")
 flags.DEFINE_float("ref_beta", 1.0, "Reference mode: multiplier of the losses' sample std.")
 flags.DEFINE_float("ref_cut", 0.0, "Reference mode: floor of the cutoff.")
 flags.DEFINE_float("trim_beta", 0.3, "Trimmed mean: share trimmed per side, in [0, 0.5).")
@@ -97,7 +100,7 @@ def fedsrc_config() -> fedsrc.FedSRCConfig:
       target=FLAGS.participation_target, alpha0=FLAGS.alpha0, alpha_gain=FLAGS.alpha_gain,
       alpha_max=FLAGS.alpha_max, decision_stat=FLAGS.decision_stat,
       reinclude_prob=FLAGS.reinclude_prob, reinclude_after=FLAGS.reinclude_after,
-      ref_beta=FLAGS.ref_beta, cut=FLAGS.ref_cut)
+      reported_loss=FLAGS.reported_loss, ref_beta=FLAGS.ref_beta, cut=FLAGS.ref_cut)
 
 
 FLAG_OF = {"beta": "fedsrc_beta", "target": "participation_target", "cut": "ref_cut",

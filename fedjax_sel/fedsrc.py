@@ -50,6 +50,7 @@ from fedjax_sel.components import Participation, RoundInputs, RoundOutcome
 
 MODES = ("paper", "reference")
 DECISION_STATS = ("test_loss", "batch_loss", "loss")
+REPORTED_LOSSES = ("train", "decision")
 
 
 def heterogeneity_index(label_hist, kappa: float = 0.7):
@@ -85,6 +86,10 @@ class FedSRCConfig(NamedTuple):
       "batch_loss" (one mini-batch of its training data) or "loss" (all its training data).
     reinclude_prob: q, probability that an abstaining client takes part anyway, in [0, 1].
     reinclude_after: consecutive abstentions after which a client takes part anyway (0 = never).
+    reported_loss: what participants report for the next threshold: "train" (their mean loss over
+      local training, SPEC section 4) or "decision" (the loss they checked, at w_t: the same
+      scale as the comparison; under label skew local training drives the training loss far
+      below any client's loss at w_t, and the "train" threshold then starves participation).
     ref_beta: reference mode's multiplier of the sample std.
     cut: reference mode's floor of the cutoff (+inf lets every client pass: plain FedAvg).
   """
@@ -99,6 +104,7 @@ class FedSRCConfig(NamedTuple):
   decision_stat: str = "test_loss"
   reinclude_prob: float = 0.1
   reinclude_after: int = 0
+  reported_loss: str = "train"
   ref_beta: float = 1.0
   cut: float = 0.0
 
@@ -107,6 +113,8 @@ def check_config(cfg: FedSRCConfig) -> None:
   """Raises ValueError naming the bad field and its accepted range, before any compute."""
   if cfg.mode not in MODES:
     raise ValueError(f"fedsrc_mode must be one of {MODES}, got {cfg.mode!r}")
+  if cfg.reported_loss not in REPORTED_LOSSES:
+    raise ValueError(f"reported_loss must be one of {REPORTED_LOSSES}, got {cfg.reported_loss!r}")
   if cfg.decision_stat not in DECISION_STATS:
     raise ValueError(f"decision_stat must be one of {DECISION_STATS}, got {cfg.decision_stat!r}")
   ranges = {"beta": (cfg.beta, 0.0, 0.9), "kappa": (cfg.kappa, 0.0, 1.0),
@@ -155,11 +163,11 @@ def fedsrc_rule(cfg: FedSRCConfig = FedSRCConfig()) -> Participation:
   check_config(cfg)
 
   def init(num_clients):
-    del num_clients
     f = lambda v: jnp.asarray(v, jnp.float32)
     return {"ready": jnp.asarray(False), "median": f(0.0), "spread": f(0.0),
             "alpha": f(cfg.alpha0), "phi": f(0.0), "selected": f(0.0), "passed": f(0.0),
-            "rate": f(1.0), "gated": jnp.asarray(False)}
+            "rate": f(1.0), "gated": jnp.asarray(False),
+            "checked": jnp.zeros((num_clients,), jnp.float32)}
 
   def apply(state, key, inputs: RoundInputs, chosen):
     value = inputs.stats[cfg.decision_stat]
@@ -176,7 +184,8 @@ def fedsrc_rule(cfg: FedSRCConfig = FedSRCConfig()) -> Participation:
            jnp.maximum(state["median"] + cfg.ref_beta * state["spread"], cfg.cut))
     state = dict(state, phi=jnp.where(state["ready"], phi, 0.0),
                  selected=jnp.sum(chosen).astype(jnp.float32),
-                 passed=jnp.sum(chosen & passed).astype(jnp.float32), gated=state["ready"])
+                 passed=jnp.sum(chosen & passed).astype(jnp.float32), gated=state["ready"],
+                 checked=value.astype(jnp.float32))
     aggregate = train & (jnp.sum(train) >= 2)
     return train, aggregate, state
 
@@ -184,7 +193,8 @@ def fedsrc_rule(cfg: FedSRCConfig = FedSRCConfig()) -> Participation:
     del inputs
     reported = outcome.trained
     n = jnp.sum(reported)
-    losses = outcome.train_loss.astype(jnp.float32)
+    losses = (outcome.train_loss if cfg.reported_loss == "train" else
+              state["checked"][outcome.slots]).astype(jnp.float32)
     if cfg.mode == "paper":
       median, spread = median_spread(losses, reported)
     else:

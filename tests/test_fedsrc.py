@@ -251,3 +251,21 @@ def test_fedsrc_with_robust_aggregators_on_leaf_and_tfds_data(tmp_path):
     recs = fs.run(sim, 3, progress=None)
     assert len(recs[0]["trained_clients"]) == 8 and recs[1]["rule"]["gated"]
     assert np.isfinite(recs[-1]["test_loss"])
+
+
+def test_reported_decision_loss_sets_the_next_threshold():
+  n = 7
+  rng = np.random.default_rng(3)
+  hist = np.ones((n, 3), np.int32)
+  rule = fedsrc.fedsrc_rule(fedsrc.FedSRCConfig(reported_loss="decision", reinclude_prob=0.0))
+  checked = rng.uniform(1, 3, n).astype(np.float32)
+  train, _, state = rule.apply(rule.init(n), jax.random.PRNGKey(0),
+                               round_inputs("test_loss", checked, hist, t=0), jnp.ones(n, bool))
+  reported = np.asarray(train) & (np.arange(n) % 2 == 0)
+  state = rule.observe(state, None, outcome(np.full(n, 0.01, np.float32), reported))
+  med = np.median(checked[reported])
+  np.testing.assert_allclose(float(state["median"]), med, rtol=1e-6)
+  np.testing.assert_allclose(float(state["spread"]),
+                             np.sqrt(np.mean((checked[reported] - med) ** 2)), rtol=1e-5)
+  with pytest.raises(ValueError, match="reported_loss"):
+    fedsrc.fedsrc_rule(fedsrc.FedSRCConfig(reported_loss="last"))
