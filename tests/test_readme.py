@@ -15,3 +15,18 @@ def test_readme_library_example(tmp_path, monkeypatch, capsys):
   exec(compile(code.replace("rounds=30", "rounds=3"), "README.md", "exec"), {})  # pylint: disable=exec-used
   assert (tmp_path / "runs" / "example" / "metrics.jsonl").exists()
   assert "| FedAvg |" in capsys.readouterr().out
+
+
+def test_readme_composition_example(tmp_path, monkeypatch):
+  with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+    readme = f.read()
+  setup = re.search(r"## Library example\n\n```python\n(.*?)```", readme, re.S).group(1)
+  setup = setup.split("sim = ")[0]  # The imports, data and model of the first example.
+  code = re.search(r"in one simulation:\n\n```python\n(.*?)```", readme, re.S).group(1)
+  assert "rounds=20" in code
+  monkeypatch.chdir(tmp_path)
+  scope = {}
+  exec(compile(setup + code.replace("rounds=20", "rounds=3"), "README.md", "exec"), scope)  # pylint: disable=exec-used
+  records = scope["records"]
+  assert len(records) == 3 and records[1]["rule"]["gated"]
+  assert all(len(r["selected"]) == 10 for r in records)
