@@ -11,7 +11,8 @@ from one class) splits (`--splits`), an MLP, 10 clients sampled per round, 40 ro
 
 Per run it writes `<out_dir>/<split>/<method>/seed<s>/metrics.jsonl` with, per round: clean test
 accuracy and loss, `participation_rate`, the threshold (`rule.phi`, `rule.alpha`), `<kind>_excluded`
-and `<kind>_sampled` for good clients and each corruption kind (self-regulating runs); plus `summary.md`
+and `<kind>_sampled` for good clients and each corruption kind, and the round's savings
+(`samples_saved`, `net_samples_saved`, `uploads_saved`) in the self-regulating runs; plus `summary.md`
 (accuracy and savings tables) and, with --plot, `fedsrc.png`.
 """
 
@@ -188,13 +189,19 @@ def per_client_samples(data):
   return train.astype(float), evals.astype(float)
 
 
-def round_extras(kinds, uses_rule):
+def round_extras(kinds, uses_rule, data):
+  per_client = per_client_samples(data)
+
   def extra(state, record):
     del state
     out = {"participation_rate": len(record["trained_clients"]) / max(len(record["selected"]), 1)}
     if uses_rule:
       for key, vals in fedsrc.exclusions([record], kinds).items():
         out[key] = int(vals[0])
+      saved = fedsrc.savings([record], *per_client)
+      out.update(samples_saved=float(saved.train_samples_saved[0]),
+                 net_samples_saved=float(saved.net_samples_saved[0]),
+                 uploads_saved=int(saved.uploads_saved[0]))
     return out
   return extra
 
@@ -220,7 +227,7 @@ def main(argv):
         print(f"== {group} {label} seed {seed}: {data.name}, N={data.num_clients}, bad clients "
               f"{int((kinds != 'good').sum())}")
         recs = common.run_sim(sim, group, key, f"seed{seed}", label=f"{group} {label} s{seed} ",
-                              extra=round_extras(kinds, uses_rule))
+                              extra=round_extras(kinds, uses_rule, data))
         runs[label].append((recs, data, kinds))
   write_outputs(results)
 

@@ -153,7 +153,7 @@ def test_fedsrc_launcher_writes_savings_and_exclusions(tmp_path):
   for r in recs:
     sampled = sum(v for k, v in r.items() if k.endswith("_sampled"))
     excluded = sum(v for k, v in r.items() if k.endswith("_excluded"))
-    assert sampled == 8 and excluded == 8 - len(r["trained_clients"])
+    assert sampled == 8 and excluded == 8 - len(r["trained_clients"]) == r["uploads_saved"]
   assert (out / "fedsrc.png").exists()
 
 
