@@ -166,8 +166,8 @@ def test_warmup_aggregates_priority_only_and_costs_match_hand_counts():
     assert int(m["rule"]["others_aggregated"]) == aggregated[~PRIORITY].sum()
 
 
-@pytest.mark.parametrize("tfds_name,model_name", [("emnist/balanced", "mlp"),
-                                                  ("cifar10", "cifar_cnn")])
+@pytest.mark.parametrize("tfds_name,model_name", [
+    ("emnist/balanced", "mlp"), pytest.param("cifar10", "cifar_cnn", marks=pytest.mark.slow)])
 def test_paper_data_through_tfds_mock_data(tfds_name, model_name):
   """The EMNIST and CIFAR-10 setups of the paper (uni-class shards) run end to end on TFDS mock
   data."""
