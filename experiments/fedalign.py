@@ -13,7 +13,8 @@ Per run it writes `<out_dir>/<group>/<method>/seed<s>/metrics.jsonl` (group: `ma
 noise level) with, per round: `priority_objective` (F(w_t), the priority clients' data-weighted
 training loss), `priority_test_accuracy` / `priority_test_loss` (on the priority clients' test data),
 `test_accuracy` (all clients), `others_trained` / `others_aggregated` (non-priority clients),
-`eps` and the cost counters; plus `summary.md` and, with --plot, `fedalign.png`.
+`eps`, `closest_gap` (the smallest |F_k - F| of a non-priority client: above eps_t nobody aligns)
+and the cost counters; plus `summary.md` and, with --plot, `fedalign.png`.
 """
 
 import os
@@ -176,8 +177,9 @@ def round_extras(priority):
     trained = np.asarray(record["trained_clients"], int)
     aggregated = np.asarray(record["aggregated_clients"], int)
     out = {"others_trained": int((~priority[trained]).sum()),
-           "others_aggregated": int((~priority[aggregated]).sum()),
-           "eps": float(record["rule"].get("eps", 0.0))}
+           "others_aggregated": int((~priority[aggregated]).sum())}
+    if "eps" in record["rule"]:
+      out.update(eps=record["rule"]["eps"], closest_gap=record["rule"]["closest_gap"])
     if "clean_train_loss" in record:
       out.update(priority_objective=record["clean_train_loss"],
                  priority_test_accuracy=record["clean_test_accuracy"],
@@ -220,7 +222,8 @@ def summary(runs: dict, warmup: int) -> str:
   from fedjax_sel.plotting import metric_matrix  # pylint: disable=import-outside-toplevel
   lines = ["| method | final priority acc | best priority acc | mean priority acc after warm-up | "
            "final acc (all clients) | non-priority aggregated / round | non-priority trained / "
-           "round | train samples | uploads |", "|" + "---|" * 9]
+           "round | closest non-priority gap / eps_t (after warm-up) | train samples | uploads |",
+           "|" + "---|" * 10]
   curves = {}
   for label, group in runs.items():
     rounds, acc = metric_matrix(group, "priority_test_accuracy")
@@ -229,11 +232,14 @@ def summary(runs: dict, warmup: int) -> str:
     post = rounds >= warmup
     agg = np.mean([[r["others_aggregated"] for r in recs if r["round"] >= warmup] for recs in group])
     trn = np.mean([[r["others_trained"] for r in recs if r["round"] >= warmup] for recs in group])
+    post_recs = [r for recs in group for r in recs if r["round"] >= warmup and "eps" in r]
+    gap = (f"{np.mean([r['closest_gap'] for r in post_recs]):.3f} / "
+           f"{np.mean([r['eps'] for r in post_recs]):.3f}" if post_recs else "-")
     cost = np.mean([recs[-1]["cumulative_cost"]["train_samples"] for recs in group])
     up = np.mean([recs[-1]["cumulative_cost"]["uploads"] for recs in group])
     lines.append(f"| {label} | {common.mean_std(acc[:, -1])} | {common.mean_std(acc.max(1))} | "
                  f"{common.mean_std(acc[:, post].mean(1))} | {common.mean_std(all_acc[:, -1])} | "
-                 f"{agg:.2f} | {trn:.2f} | {cost:.3g} | {up:.0f} |")
+                 f"{agg:.2f} | {trn:.2f} | {gap} | {cost:.3g} | {up:.0f} |")
   lead = [lb for lb in curves if lb.startswith("FedALIGN")]
   none = [lb for lb in curves if lb.startswith("None")]
   if lead and none:
@@ -257,11 +263,13 @@ def write_outputs(results):
     f.write(out + "\n")
   if FLAGS.plot:
     from fedjax_sel.plotting import plot_panels  # pylint: disable=import-outside-toplevel
-    keys = ["priority_test_accuracy", "priority_objective", "test_accuracy", "others_aggregated"]
+    keys = ["priority_test_accuracy", "priority_objective", "test_accuracy", "others_aggregated",
+            "eps", "closest_gap"]
     titles = {"priority_test_accuracy": "priority test accuracy",
               "priority_objective": "priority training loss F(w_t)",
               "test_accuracy": "test accuracy (all clients)",
-              "others_aggregated": "non-priority clients aggregated"}
+              "others_aggregated": "non-priority clients aggregated",
+              "eps": "eps_t", "closest_gap": "closest non-priority |F_k - F|"}
     path = os.path.join(FLAGS.out_dir, "fedalign.png")
     plot_panels(results, keys, path, titles=titles)
     print(f"figure: {path}")

@@ -128,7 +128,9 @@ def fedalign_rule(priority, rounds: int, eps0: float = 0.2, schedule: str | Sche
     split: data a client evaluates w_t on: "train" or "val" (its validation split).
 
   The state, reported in the round metrics under "rule": `eps`, `warmup`, `objective` (F(w_t) or
-  the priority accuracy), `others_trained`, `others_aggregated` (non-priority clients).
+  the priority accuracy), `others_trained`, `others_aggregated` (non-priority clients), and
+  `closest_gap`, the smallest |F_k - F| over the non-priority clients asked this round (0 when none
+  was): when it stays above eps_t, nobody aligns and FedALIGN is the "None" run.
   """
   if metric not in METRICS:
     raise ValueError(f"align_metric must be one of {METRICS}, got {metric!r}")
@@ -144,7 +146,7 @@ def fedalign_rule(priority, rounds: int, eps0: float = 0.2, schedule: str | Sche
     del num_clients
     z = jnp.zeros((), jnp.float32)
     return {"eps": z, "warmup": jnp.asarray(True), "objective": z, "others_trained": z,
-            "others_aggregated": z}
+            "others_aggregated": z, "closest_gap": z}
 
   def apply(state, key, inputs: RoundInputs, chosen):
     del key, state
@@ -155,9 +157,12 @@ def fedalign_rule(priority, rounds: int, eps0: float = 0.2, schedule: str | Sche
     eps = eps_fn(inputs.round)
     train, aggregate = alignment_masks(value, objective, eps, priority, chosen, warmup, metric)
     count = lambda m: jnp.sum(m & ~priority).astype(jnp.float32)
+    others = ~priority & chosen
+    gap = jnp.min(jnp.where(others, jnp.abs(value - objective), jnp.inf))
     return train, aggregate, {"eps": jnp.where(warmup, 0.0, eps), "warmup": warmup,
                               "objective": objective, "others_trained": count(train),
-                              "others_aggregated": count(aggregate)}
+                              "others_aggregated": count(aggregate),
+                              "closest_gap": jnp.where(jnp.any(others), gap, 0.0)}
 
   return Participation(init=init, apply=apply, needs=(stat,), report=lambda state: state)
 

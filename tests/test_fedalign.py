@@ -74,6 +74,9 @@ def test_masks_equal_algorithm1_with_ties(metric, seed):
       want_t, want_a = algorithm1(vals, obj, eps, priority, chosen, bool(st2["warmup"]), metric)
       np.testing.assert_array_equal(np.asarray(train), want_t)
       np.testing.assert_array_equal(np.asarray(agg), want_a)
+      others = ~priority & chosen
+      np.testing.assert_allclose(float(st2["closest_gap"]), np.abs(vals[others] - obj).min(),
+                                 atol=1e-6)
   assert bool(st2["warmup"]) is False
 
 
