@@ -168,10 +168,11 @@ def summary(runs, num_boundary) -> str:
     final = [[r for r in recs if "test_accuracy" in r][-1]["test_accuracy"] for recs in group]
     best = [max(r.get("test_accuracy", 0.0) for r in recs) for recs in group]
     picks = sum(len(r["selected"]) for recs in group for r in recs)
-    share = sum(r["boundary_selected"] for recs in group for r in recs) / max(picks, 1)
+    share = (f"{sum(r['boundary_selected'] for recs in group for r in recs) / max(picks, 1):.3f}"
+             if num_boundary else "-")
     cost = group[0][-1]["cumulative_cost"]
     lines.append(f"| {label} | {cells[0]} | {cells[1]} | {common.mean_std(final)} | "
-                 f"{common.mean_std(best)} | {share:.3f} | {cost['client_eval_samples']:.3g} | "
+                 f"{common.mean_std(best)} | {share} | {cost['client_eval_samples']:.3g} | "
                  f"{cost['client_grad_samples']:.3g} |")
   if num_boundary:
     lines.append(f"\n(boundary clients are {num_boundary} of {FLAGS.num_clients}: random selection "
