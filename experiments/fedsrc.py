@@ -234,23 +234,25 @@ def main(argv):
 
 def saving_row(label, group) -> str:
   tot = {}
-  bad_s = bad_x = good_s = good_x = 0
+  counts = {}  # kind -> [sampled, excluded] over the gated rounds of every seed.
   for recs, data, kinds in group:
     s = fedsrc.savings(recs, *per_client_samples(data))
     for k, v in s.totals().items():
       tot[k] = tot.get(k, 0.0) + v / len(group)
     gated = [r for r in recs if r["rule"].get("gated")]
     for kind in set(kinds.tolist()):
-      sampled = sum(r[f"{kind}_sampled"] for r in gated)
-      excluded = sum(r[f"{kind}_excluded"] for r in gated)
-      if kind == "good":
-        good_s, good_x = good_s + sampled, good_x + excluded
-      else:
-        bad_s, bad_x = bad_s + sampled, bad_x + excluded
+      c = counts.setdefault(kind, [0, 0])
+      c[0] += sum(r[f"{kind}_sampled"] for r in gated)
+      c[1] += sum(r[f"{kind}_excluded"] for r in gated)
   would = tot["train_samples"] + tot["train_samples_saved"]
   selected = np.mean([sum(len(r["selected"]) for r in recs) for recs, _, _ in group])
   pct = lambda a, b: f"{100 * a / b:.1f}%" if b else "-"
-  return (f"| {label} | {pct(bad_x, bad_s)} | {pct(good_x, good_s)} | "
+  bad = [c for kind, c in counts.items() if kind != "good"]
+  bad_s, bad_x = sum(c[0] for c in bad), sum(c[1] for c in bad)
+  good_s, good_x = counts.get("good", [0, 0])
+  per_kind = ", ".join(f"{kind} {pct(c[1], c[0])}" for kind, c in sorted(counts.items())
+                       if kind != "good")
+  return (f"| {label} | {pct(bad_x, bad_s)} ({per_kind}) | {pct(good_x, good_s)} | "
           f"{tot['train_samples_saved']:.3g} ({pct(tot['train_samples_saved'], would)}) | "
           f"{tot['eval_samples']:.3g} | {tot['net_samples_saved']:.3g} "
           f"({pct(tot['net_samples_saved'], would)}) | {tot['uploads_saved']:.0f} "
@@ -274,7 +276,7 @@ def summary(runs) -> str:
     lines += ["", "Savings of the self-regulating runs (means over seeds; exclusions over the gated "
               "rounds; net = gross minus 1/3 of a training step per evaluated sample; percentages "
               "of what the sampled clients would have trained and uploaded):", "",
-              "| method | bad clients excluded | good clients excluded | training samples saved "
+              "| method | bad clients excluded (by kind) | good clients excluded | training samples saved "
               "(gross) | samples evaluated to decide | net samples saved | uploads saved |",
               "|" + "---|" * 7]
     lines += [saving_row(label, runs[label]) for label in rule_runs]
