@@ -8,6 +8,8 @@ multi_krum, fedasl; `--fedsrc_with=median,...` adds runs of FedSRC combined with
 aggregator. Default data (offline): digits, 50 clients, 30% bad clients split evenly among label
 shuffling, label flipping and Gaussian feature noise, IID and non-IID (80% of each client's data
 from one class) splits (`--splits`), an MLP, 10 clients sampled per round, 40 rounds, 3 seeds.
+A client decides on its validation split (10% of its data, corrupted like its training data when it
+is a bad client); test splits stay clean and score the global model.
 
 Per run it writes `<out_dir>/<split>/<method>/seed<s>/metrics.jsonl` with, per round: clean test
 accuracy and loss, `participation_rate`, the threshold (`rule.phi`, `rule.alpha`), `<kind>_excluded`
@@ -57,9 +59,11 @@ flags.DEFINE_float("participation_target", 0.7, "Share of the sampled clients th
 flags.DEFINE_float("alpha0", 1.0, "Initial alpha (spread multiplier of the server threshold).")
 flags.DEFINE_float("alpha_gain", 1.0, "Alpha's step per unit of participation shortfall.")
 flags.DEFINE_float("alpha_max", 5.0, "Upper bound of alpha.")
-flags.DEFINE_enum("decision_stat", "test_loss", fedsrc.DECISION_STATS, "The loss a client checks "
-                  "against its threshold: on its test split, one mini-batch, or all its training "
-                  "data.")
+flags.DEFINE_enum("decision_stat", "val_loss", fedsrc.DECISION_STATS, "The loss a client checks "
+                  "against its threshold: on its own held-out data drawn like its training data "
+                  "(val_loss: the validation split, corrupted like the training data of a bad "
+                  "client; default), its test split (kept clean for global scoring, so blind to "
+                  "corruption), one mini-batch, or all its training data.")
 flags.DEFINE_float("reinclude_prob", 0.1, "q: probability that an abstaining client trains anyway, "
                    "in [0, 1].")
 flags.DEFINE_integer("reinclude_after", 0, "An abstaining client trains anyway after this many "
@@ -82,7 +86,7 @@ flags.DEFINE_float("fedasl_beta", 0.2, "FedASL: v_k inside the band, in sigmas."
 
 for _name, _value in (("rounds", 40), ("num_clients", 50), ("clients_per_round", 10),
                       ("num_available", 0), ("avail_period", 1), ("model", "mlp"),
-                      ("local_epochs", 2), ("lr", 0.1), ("batch_size", 16),
+                      ("local_epochs", 2), ("lr", 0.1), ("batch_size", 16), ("val_fraction", 0.1),
                       ("seeds", ["0", "1", "2"]), ("out_dir", "runs/fedsrc")):
   FLAGS.set_default(_name, _value)
 
@@ -133,6 +137,9 @@ def check_flags():
   except ValueError as e:
     field = str(e).split()[0]
     raise app.UsageError(f"--{FLAG_OF.get(field, field)}: {e}") from e
+  if FLAGS.decision_stat == "val_loss" and FLAGS.val_fraction <= 0:
+    raise app.UsageError("--decision_stat=val_loss needs --val_fraction > 0 (each client's "
+                         "held-out data)")
   used = set(FLAGS.methods) | set(FLAGS.fedsrc_with)
   if not 0.0 <= FLAGS.trim_beta < 0.5:
     raise app.UsageError(f"--trim_beta must be in [0, 0.5), got {FLAGS.trim_beta}")
@@ -184,7 +191,8 @@ def per_client_samples(data):
     train = FLAGS.local_epochs * counts
   else:
     train = steps * FLAGS.batch_size
-  evals = {"test_loss": np.asarray(data.test.counts), "loss": counts,
+  evals = {"test_loss": np.asarray(data.test.counts), "val_loss": np.asarray(data.val.counts),
+           "loss": counts,
            "batch_loss": np.full(len(counts), FLAGS.batch_size)}[FLAGS.decision_stat]
   return train.astype(float), evals.astype(float)
 

@@ -49,7 +49,7 @@ from fedjax_sel.aggregators import median_spread
 from fedjax_sel.components import Participation, RoundInputs, RoundOutcome
 
 MODES = ("paper", "reference")
-DECISION_STATS = ("test_loss", "batch_loss", "loss")
+DECISION_STATS = ("test_loss", "val_loss", "batch_loss", "loss")
 REPORTED_LOSSES = ("train", "decision")
 
 
@@ -83,7 +83,11 @@ class FedSRCConfig(NamedTuple):
     alpha_gain: integral step of alpha per unit of participation shortfall.
     alpha_max: upper bound of alpha (lower bound 0).
     decision_stat: the loss a client compares with its threshold: "test_loss" (its test split),
-      "batch_loss" (one mini-batch of its training data) or "loss" (all its training data).
+      "val_loss" (its validation split), "batch_loss" (one mini-batch of its training data) or
+      "loss" (all its training data). The paper's "test loss" is the loss on the client's own
+      held-out data, drawn like its training data. `data.corruption.corrupt_clients` corrupts
+      training and validation splits but keeps test splits clean (the global model is scored on
+      them), so with corrupted clients use "val_loss": a bad client's test split would look clean.
     reinclude_prob: q, probability that an abstaining client takes part anyway, in [0, 1].
     reinclude_after: consecutive abstentions after which a client takes part anyway (0 = never).
     reported_loss: what participants report for the next threshold: "train" (their mean loss over

@@ -164,6 +164,7 @@ def test_fedsrc_launcher_writes_savings_and_exclusions(tmp_path):
     (["--methods=fedavg,bulyan"], "--methods"),
     (["--participation_target=0"], "--participation_target"),
     (["--reinclude_prob=2"], "--reinclude_prob"),
+    (["--val_fraction=0"], "--val_fraction"),
 ])
 def test_fedsrc_bad_flags_fail_before_compute(args, needle):
   proc = launch("experiments.fedsrc", *args, check=False)
