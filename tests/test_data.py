@@ -187,8 +187,17 @@ def test_char_windows():
 def test_corruption_kinds_split_evenly_and_flip_is_a_wrong_class():
   from fedjax_sel.data.corruption import corrupt_clients, corruption_kinds  # pylint: disable=import-outside-toplevel
   from tests.conftest import ragged_dataset  # pylint: disable=import-outside-toplevel
-  data = ragged_dataset([30] * 20, num_classes=4)
+  from fedjax_sel.data.federated import split_clients  # pylint: disable=import-outside-toplevel
+  base = ragged_dataset([40] * 20, num_classes=4, test_fraction=0.0)
+  xs = [base.train.client(k)[0] for k in range(20)]
+  ys = [base.train.client(k)[1] for k in range(20)]
+  data = split_clients(xs, ys, num_classes=4, val_fraction=0.2, test_fraction=0.2, seed=0)
   bad_data, bad = corrupt_clients(data, 0.3, seed=5)
+  # Validation splits (a client's own held-out data) are corrupted with it; test splits stay clean.
+  for k in np.flatnonzero(bad):
+    assert (bad_data.test.client(int(k))[1] == data.test.client(int(k))[1]).all()
+  flip_val = [bad_data.val.client(int(k))[1] for k in np.flatnonzero(bad)]
+  assert any(len(set(v.tolist())) == 1 for v in flip_val if len(v) > 1)
   kinds = corruption_kinds(20, 0.3, seed=5)
   assert (bad == (kinds != "good")).all() and bad.sum() == 6
   assert sorted(kinds[bad].tolist()) == ["flip"] * 2 + ["noise"] * 2 + ["shuffle"] * 2
