@@ -172,6 +172,12 @@ def groups() -> list[str]:
 
 def load(seed, group):
   data = common.load_data(seed, **SPLITS.get(group, {}))
+  split = {"val_loss": data.val, "test_loss": data.test}.get(FLAGS.decision_stat)
+  if split is not None and (split.counts == 0).any():
+    flag = "--val_fraction" if FLAGS.decision_stat == "val_loss" else "--test_fraction"
+    raise app.UsageError(f"{int((split.counts == 0).sum())} clients hold no data to decide on "
+                         f"with --decision_stat={FLAGS.decision_stat} (their check would pass "
+                         f"unseen); raise {flag} or lower --num_clients")
   kinds = tuple(FLAGS.bad_kinds)
   data, _ = corrupt_clients(data, FLAGS.bad_fraction, kinds, seed=seed + 100)
   return data, corruption_kinds(data.num_clients, FLAGS.bad_fraction, kinds, seed=seed + 100)
