@@ -29,7 +29,8 @@ flags.DEFINE_list("filters", ["none", "dgf", "rgf"], "Runs to compare: none (Fed
 flags.DEFINE_enum("selector", "rs", ("rs", "poc", "divfl"), "Selector applied to the filtered-in set.")
 flags.DEFINE_integer("filter_period", 5, "h: filter every h rounds (and when availability changes).",
                      lower_bound=1)
-flags.DEFINE_enum("empty_value", "global", filtering.EMPTY_VALUES, "R(empty): global or zero.")
+flags.DEFINE_enum("empty_value", "zero", filtering.EMPTY_VALUES, "R of the empty set: zero (the "
+                  "reference code's, default) or global (C - F^P(w_t): the unchanged model).")
 flags.DEFINE_float("filter_const", 10.0, "C of R(S) = C - F^P.")
 flags.DEFINE_enum("filter_order", "random", filtering.ORDERS, "Greedy client order.")
 flags.DEFINE_bool("opt", False, "Also run OPT on each filtering round (n <= 16) and report "
