@@ -137,7 +137,7 @@ def main(argv):
 def write_outputs(runs, bad_rows):
   rows = [(f"{label} seed {i}", recs) for label, group in runs.items()
           for i, recs in zip(common.seeds(), group)]
-  table = fs.summary_table(rows) + "\n\n" + mean_table(runs)
+  table = fs.summary_table(rows) + "\n\n" + mean_table(runs) + filter_quality_table(runs)
   print(table)
   with open(os.path.join(FLAGS.out_dir, "summary.md"), "w", encoding="utf-8") as f:
     f.write(table + "\n")
@@ -153,6 +153,40 @@ def write_outputs(runs, bad_rows):
                         "clean_train_loss": "train loss (uncorrupted clients)",
                         "test_loss": "test loss", "num_filtered": "|S^f| (filtered-in)"})
     print(f"figure: {path}")
+    ratio_runs = {label: [[dict(r, approx_ratio=r["filter"]["approx_ratio"]) for r in recs
+                           if r.get("filter_round") and "approx_ratio" in r.get("filter", {})]
+                          for recs in group] for label, group in runs.items()}
+    ratio_runs = {k: v for k, v in ratio_runs.items() if all(v)}
+    if ratio_runs:
+      path = os.path.join(FLAGS.out_dir, "approx_ratio.png")
+      plot_curves(ratio_runs, ["approx_ratio"], path,
+                  titles={"approx_ratio": "R(greedy) / R(OPT) per filtering round"})
+      print(f"figure: {path}")
+
+
+def filter_quality_table(runs) -> str:
+  """Per filtered run, over its filtering rounds: min / mean of R(greedy) / R(OPT) (--opt; the
+  paper's Figure 6) and of the share of weak-submodularity samples verified per gamma
+  (--submod_samples; Appendix D.1)."""
+  lines = []
+  for label, group in runs.items():
+    for seed, recs in zip(common.seeds(), group):
+      rounds = [r for r in recs if r.get("filter_round") and "filter" in r and r["filter"]]
+      ratios = [r["filter"]["approx_ratio"] for r in rounds if "approx_ratio" in r["filter"]]
+      submod = np.array([r["filter"]["submod_verified"] for r in rounds
+                         if "submod_verified" in r["filter"]], dtype=float)
+      if not ratios and not submod.size:
+        continue
+      cells = [f"{min(ratios):.4f} / {np.mean(ratios):.4f}" if ratios else "-"]
+      cells.append(", ".join(f"{g}: {100 * lo:.0f} / {100 * mu:.0f}%" for g, lo, mu in
+                             zip(FLAGS.gammas, submod.min(0), submod.mean(0))) if submod.size else "-")
+      lines.append(f"| {label} seed {seed} | {len(rounds)} | {cells[0]} | {cells[1]} |")
+  if not lines:
+    return ""
+  head = ["", "", "Filter quality over the filtering rounds:", "",
+          "| run | filtering rounds | R(greedy)/R(OPT) min / mean | weak submodularity verified, "
+          "gamma: min / mean |", "|---|---|---|---|"]
+  return "\n".join(head + lines)
 
 
 def mean_table(runs) -> str:

@@ -62,6 +62,9 @@ def test_filfl_launcher_writes_filter_outputs(tmp_path):
   assert info["R_opt"] >= info["R_filtered"] - 1e-6 or first["num_filtered"] == 0
   assert len(info["submod_verified"]) == 4
   assert (out / "filfl.png").exists() and (out / "filtered_bad.csv").exists()
+  assert (out / "approx_ratio.png").exists()
+  summary = (out / "summary.md").read_text(encoding="utf-8")
+  assert "| FilFL-DGF seed 0 | 1 |" in summary and "R(greedy)/R(OPT) min / mean" in summary
 
 
 @pytest.mark.parametrize("args,needle", [
