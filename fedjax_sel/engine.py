@@ -362,7 +362,8 @@ class Simulator:
     outcome = RoundOutcome(slots, trained, aggregated, res.train_loss, local_models, new_params)
     sel_state = self.selector.observe(sel_state, inputs, outcome)
     part_state = self.participation.observe(part_state, inputs, outcome)
-    clients = self._update_clients(state.clients, t, chosen, slots, trained, res.train_loss)
+    did = jnp.zeros((self.num_clients,), bool).at[slots].max(trained)
+    clients = self._update_clients(state.clients, t, chosen, did, slots, trained, res.train_loss)
 
     evals, grads = self._stat_costs(arrays, avail, chosen)
     if self.chooser_needs:  # Every available client evaluates the model for these stats.
@@ -377,7 +378,6 @@ class Simulator:
     costs = jax.tree.map(jnp.add, state.costs, round_costs)
 
     w = jnp.where(trained, res.samples, 0.0)
-    did = jnp.zeros((self.num_clients,), bool).at[slots].max(trained)
     agg = jnp.zeros((self.num_clients,), bool).at[slots].max(aggregated)
     metrics = {
         "round": t,
@@ -426,9 +426,9 @@ class Simulator:
     return evals, grads
 
   @staticmethod
-  def _update_clients(clients: ClientState, t, chosen, slots, trained, train_loss) -> ClientState:
-    n = chosen.shape[0]
-    did = jnp.zeros((n,), bool).at[slots].max(trained)
+  def _update_clients(clients: ClientState, t, chosen, did, slots, trained,
+                      train_loss) -> ClientState:
+    """`did`: `[N]` bool, the clients that trained and uploaded this round."""
     loss = clients.last_loss.at[slots].set(jnp.where(trained, train_loss, clients.last_loss[slots]))
     skipped = chosen & ~did
     return ClientState(
