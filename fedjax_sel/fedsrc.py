@@ -147,13 +147,21 @@ def sample_std(values: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.where(n >= 2, jnp.sqrt(var), 0.0)
 
 
-def client_thresholds(cfg: FedSRCConfig, median, spread, alpha, rhi):
-  """`[N]` personal thresholds: paper phi*(1 - beta*RHI_k), phi = median + alpha*spread; reference
-  max(median + ref_beta*spread, cut) - RHI_k*spread (`spread` is sigma about the median in paper
-  mode, the sample std in reference mode)."""
+def server_threshold(cfg: FedSRCConfig, median, spread, alpha):
+  """The server's threshold phi: paper median + alpha*spread (sigma about the median); reference
+  max(median + ref_beta*spread, cut) (the sample std)."""
   if cfg.mode == "paper":
-    return (median + alpha * spread) * (1.0 - cfg.beta * rhi)
-  return jnp.maximum(median + cfg.ref_beta * spread, cfg.cut) - rhi * spread
+    return median + alpha * spread
+  return jnp.maximum(median + cfg.ref_beta * spread, cfg.cut)
+
+
+def client_thresholds(cfg: FedSRCConfig, median, spread, alpha, rhi):
+  """`[N]` personal thresholds from phi (`server_threshold`): paper phi*(1 - beta*RHI_k);
+  reference phi - RHI_k*spread."""
+  phi = server_threshold(cfg, median, spread, alpha)
+  if cfg.mode == "paper":
+    return phi * (1.0 - cfg.beta * rhi)
+  return phi - rhi * spread
 
 
 def fedsrc_rule(cfg: FedSRCConfig = FedSRCConfig()) -> Participation:
@@ -184,8 +192,7 @@ def fedsrc_rule(cfg: FedSRCConfig = FedSRCConfig()) -> Participation:
     if cfg.reinclude_after > 0:
       forced |= inputs.clients.consecutive_skips >= cfg.reinclude_after
     train = chosen & jnp.where(state["ready"], passed | forced, True)
-    phi = (state["median"] + state["alpha"] * state["spread"] if cfg.mode == "paper" else
-           jnp.maximum(state["median"] + cfg.ref_beta * state["spread"], cfg.cut))
+    phi = server_threshold(cfg, state["median"], state["spread"], state["alpha"])
     state = dict(state, phi=jnp.where(state["ready"], phi, 0.0),
                  selected=jnp.sum(chosen).astype(jnp.float32),
                  passed=jnp.sum(chosen & passed).astype(jnp.float32), gated=state["ready"],
