@@ -93,20 +93,15 @@ def check_flags():
     raise app.UsageError(f"--eps0 must be >= 0, got {FLAGS.eps0}")
   if not 0.0 <= FLAGS.warmup_fraction < 1.0:
     raise app.UsageError(f"--warmup_fraction must be in [0, 1), got {FLAGS.warmup_fraction}")
-  ways = sum([bool(FLAGS.priority_ids), bool(FLAGS.priority_classes)])
-  if ways > 1:
+  if FLAGS.priority_ids and FLAGS.priority_classes:
     raise app.UsageError("give at most one of --priority_ids and --priority_classes")
-  if not ways and not 1 <= FLAGS.num_priority < FLAGS.num_clients:
-    raise app.UsageError(f"--num_priority must be in 1..{FLAGS.num_clients - 1} (fewer than "
-                         f"--num_clients), got {FLAGS.num_priority}")
   for flag in ("priority_ids", "priority_classes"):
     try:
       [int(v) for v in FLAGS[flag].value]
     except ValueError as e:
       raise app.UsageError(f"--{flag} must be integers, got {FLAGS[flag].value}") from e
-  bad_ids = [int(v) for v in FLAGS.priority_ids if not 0 <= int(v) < FLAGS.num_clients]
-  if bad_ids:
-    raise app.UsageError(f"--priority_ids {bad_ids} out of range 0..{FLAGS.num_clients - 1}")
+  if not FLAGS.priority_classes:  # Classes need the data; a count or ids are checked now.
+    priority_mask(FLAGS.num_clients, None, seed=0)
   unknown = [lvl for lvl in FLAGS.synth_noise if lvl not in NOISE_PRESETS]
   if FLAGS.dataset == "synth" and (unknown or not FLAGS.synth_noise):
     raise app.UsageError(f"--synth_noise must list levels among {sorted(NOISE_PRESETS)}, got "
@@ -115,14 +110,14 @@ def check_flags():
     raise app.UsageError("--align_split=val needs --val_fraction > 0")
 
 
-def priority_mask(data, seed) -> np.ndarray:
-  n = data.num_clients
+def priority_mask(n: int, label_hist, seed: int) -> np.ndarray:
+  """The priority set the flags choose among `n` clients (flag errors as usage errors)."""
   try:
     if FLAGS.priority_ids:
       return fedalign.choose_priority(n, ids=[int(v) for v in FLAGS.priority_ids])
     if FLAGS.priority_classes:
       return fedalign.choose_priority(n, classes=[int(v) for v in FLAGS.priority_classes],
-                                      label_hist=data.label_hist)
+                                      label_hist=label_hist)
     return fedalign.choose_priority(n, count=FLAGS.num_priority, seed=seed + 7)
   except ValueError as e:
     flag = ("--priority_ids" if FLAGS.priority_ids else "--priority_classes"
@@ -136,7 +131,7 @@ def groups() -> list[str]:
 
 def load(seed, group):
   data = common.load_data(seed)
-  priority = priority_mask(data, seed)
+  priority = priority_mask(data.num_clients, data.label_hist, seed)
   if group != "main":
     label_noise, irrelevant = NOISE_PRESETS[group]
     data = noisy_clients(data, ~priority, label_noise, irrelevant, seed=seed + 300,

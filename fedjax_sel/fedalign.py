@@ -181,31 +181,30 @@ PRIORITY_CHOICES = ("random", "ids", "classes")
 
 def choose_priority(num_clients: int, *, count: int = 0, ids=(), classes=(), label_hist=None,
                     seed: int = 0) -> np.ndarray:
-  """`[N]` priority mask: `count` clients drawn by seed, explicit `ids`, or the clients holding
-  any training example of the given `classes` (exactly one of the three).
+  """`[N]` priority mask: explicit `ids`, the clients holding any training example of the given
+  `classes`, or else `count` clients drawn by seed (one of the three).
 
   Example:
     >>> choose_priority(5, ids=[1, 3]).tolist()
     [False, True, False, True, False]
   """
-  given = [bool(count), len(ids) > 0, len(classes) > 0]
-  if sum(given) != 1:
+  if sum([bool(count), len(ids) > 0, len(classes) > 0]) > 1:
     raise ValueError("choose the priority set one way: a count, ids or classes")
   mask = np.zeros(num_clients, bool)
-  if count:
-    if not 1 <= count < num_clients:
-      raise ValueError(f"num_priority must be in 1..{num_clients - 1}, got {count}")
-    mask[np.random.default_rng(seed).permutation(num_clients)[:count]] = True
-  elif len(ids):
+  if len(ids):
     bad = [i for i in ids if not 0 <= int(i) < num_clients]
     if bad:
       raise ValueError(f"priority ids {bad} out of range 0..{num_clients - 1}")
     mask[np.asarray(ids, int)] = True
-  else:
+  elif len(classes):
     hist = np.asarray(label_hist)
     bad = [c for c in classes if not 0 <= int(c) < hist.shape[1]]
     if bad:
       raise ValueError(f"priority classes {bad} out of range 0..{hist.shape[1] - 1}")
     mask = (hist[:, np.asarray(classes, int)] > 0).any(axis=1)
+  else:
+    if not 1 <= count < num_clients:
+      raise ValueError(f"num_priority must be in 1..{num_clients - 1}, got {count}")
+    mask[np.random.default_rng(seed).permutation(num_clients)[:count]] = True
   check_priority(mask)
   return mask
