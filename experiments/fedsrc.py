@@ -126,10 +126,8 @@ def check_flags():
   kinds = [k for k in FLAGS.bad_kinds if k not in KINDS]
   if kinds or not FLAGS.bad_kinds:
     raise app.UsageError(f"--bad_kinds must be among {KINDS}, got {FLAGS.bad_kinds}")
-  common.check_finite(bad_fraction=FLAGS.bad_fraction, fedsrc_beta=FLAGS.fedsrc_beta,
-                      participation_target=FLAGS.participation_target, trim_beta=FLAGS.trim_beta,
-                      alpha0=FLAGS.alpha0, alpha_gain=FLAGS.alpha_gain, alpha_max=FLAGS.alpha_max,
-                      reinclude_prob=FLAGS.reinclude_prob, kappa=FLAGS.kappa, lr=FLAGS.lr)
+  # NaN and inf fail the range checks below and fedsrc.check_config's; lr has no upper bound.
+  common.check_finite(lr=FLAGS.lr)
   if not 0.0 <= FLAGS.bad_fraction <= 1.0:
     raise app.UsageError(f"--bad_fraction must be in [0, 1], got {FLAGS.bad_fraction}")
   try:
@@ -141,16 +139,22 @@ def check_flags():
     raise app.UsageError("--decision_stat=val_loss needs --val_fraction > 0 (each client's "
                          "held-out data)")
   used = set(FLAGS.methods) | set(FLAGS.fedsrc_with)
-  if not 0.0 <= FLAGS.trim_beta < 0.5:
-    raise app.UsageError(f"--trim_beta must be in [0, 0.5), got {FLAGS.trim_beta}")
-  if used & {"krum", "multi_krum"}:
-    f = krum_f()
-    if isinstance(f, float) and not 0.0 <= f < 0.5:
-      raise app.UsageError(f"--krum_f as a fraction must be in [0, 0.5), got {f}")
+  krum_used = used & {"krum", "multi_krum"}
+  for name in {"trimmed_mean", "fedasl"} | krum_used:  # The aggregators' own argument checks.
     try:
-      aggs.check_krum(FLAGS.clients_per_round, f)
+      make_aggregator(name)
+    except ValueError as e:
+      raise app.UsageError(f"{AGGREGATOR_FLAGS[name]}: {e}") from e
+  if krum_used:
+    try:
+      aggs.check_krum(FLAGS.clients_per_round, krum_f())
     except ValueError as e:
       raise app.UsageError(f"--krum_f / --clients_per_round: {e}") from e
+
+
+AGGREGATOR_FLAGS = {"trimmed_mean": "--trim_beta / --trim_rounding", "krum": "--krum_f",
+                    "multi_krum": "--krum_f / --multi_krum_m",
+                    "fedasl": "--fedasl_alpha / --fedasl_beta"}
 
 
 def make_aggregator(name):
@@ -192,11 +196,10 @@ def runs_to_do():
 def per_client_samples(data):
   """(training samples a client processes when it trains, samples it evaluates to decide)."""
   counts = np.asarray(data.train.counts)
-  steps = np.asarray(steps_per_client(counts, common.local_hparams()))
   if FLAGS.local_steps is None:
     train = FLAGS.local_epochs * counts
   else:
-    train = steps * FLAGS.batch_size
+    train = np.asarray(steps_per_client(counts, common.local_hparams())) * FLAGS.batch_size
   evals = {"test_loss": np.asarray(data.test.counts), "val_loss": np.asarray(data.val.counts),
            "loss": counts,
            "batch_loss": np.full(len(counts), FLAGS.batch_size)}[FLAGS.decision_stat]

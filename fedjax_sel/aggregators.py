@@ -242,8 +242,9 @@ def fedasl_weights(losses: jax.Array, mask: jax.Array, alpha: float = 1.0,
 def fedasl(alpha: float = 1.0, beta: float = 0.2) -> Aggregator:
   """FedASL: a weighted mean whose weights shrink with the distance of a client's reported training
   loss from the median loss (`fedasl_weights`)."""
-  if alpha <= 0 or beta <= 0:
-    raise ValueError(f"fedasl alpha and beta must be > 0, got alpha={alpha}, beta={beta}")
+  if not (0 < alpha < float("inf") and 0 < beta < float("inf")):
+    raise ValueError(f"fedasl alpha and beta must be finite and > 0, got alpha={alpha}, "
+                     f"beta={beta}")
 
   def apply(state, global_params, client_params, inputs: AggregateInputs):
     w = fedasl_weights(inputs.train_loss, inputs.mask, alpha, beta)
