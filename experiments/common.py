@@ -6,8 +6,10 @@ flag and the accepted values.
 
 from __future__ import annotations
 
+import math
 import os
 
+import numpy as np
 import optax
 from absl import app, flags
 
@@ -180,14 +182,12 @@ def preset_help(presets: dict[str, dict]) -> str:
 
 
 def mean_std(values) -> str:
-  import numpy as np  # pylint: disable=import-outside-toplevel
   values = np.asarray(values, float)
   return f"{values.mean():.4f} +- {values.std():.4f}"
 
 
 def check_finite(**values) -> None:
   """Rejects NaN and infinite float flags, naming the flag."""
-  import math  # pylint: disable=import-outside-toplevel
   for name, v in values.items():
     if v is not None and not math.isfinite(v):
       raise app.UsageError(f"--{name} must be a finite number, got {v}")

@@ -65,9 +65,10 @@ def check_flags():
   kinds = [k for k in FLAGS.corrupt_kinds if k not in KINDS]
   if kinds:
     raise app.UsageError(f"--corrupt_kinds must be among {KINDS}, got {FLAGS.corrupt_kinds}")
-  if FLAGS.opt and (FLAGS.num_available or FLAGS.num_clients) > 16:
+  available = FLAGS.num_available or FLAGS.num_clients
+  if FLAGS.opt and available > 16:
     raise app.UsageError(f"--opt enumerates 2^n subsets: needs --num_available <= 16, got "
-                         f"{FLAGS.num_available}")
+                         f"n = {available}")
   if FLAGS.public_fraction <= 0 and FLAGS.public_text is None and set(FLAGS.filters) - {"none"}:
     raise app.UsageError("filtering needs a public set: set --public_fraction > 0 or --public_text")
   if FLAGS.poc_d is not None and FLAGS.poc_d < FLAGS.clients_per_round:
