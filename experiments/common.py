@@ -44,6 +44,11 @@ flags.DEFINE_integer("max_examples", None, "Subsample the centralized pool.", lo
 flags.DEFINE_enum("model", "mlp", fs.MODELS, "Model architecture.")
 flags.DEFINE_list("hidden", ["200", "200"], "Hidden layer widths of --model=mlp (e.g. 200,100 for "
                   "FedSRC's MNIST MLP 784-200-100-10, 64 for its FEMNIST MLP).")
+flags.DEFINE_enum("norm", "group", ("group", "batch"), "Normalization layers of --model=resnet18: "
+                  "group (GroupNorm) or batch (BatchNorm; each client keeps running statistics "
+                  "during local training, averaged like the weights).")
+flags.DEFINE_integer("resnet_width", 64, "Channels of ResNet18's first stage (64 in the paper; "
+                     "smaller for quick CPU runs).", lower_bound=2)
 flags.DEFINE_enum("conv_impl", "patches", CONV_IMPLS, "Convolution lowering (patches is fast "
                   "under vmap on CPU).")
 flags.DEFINE_float("lr", 0.1, "Client learning rate.", lower_bound=0.0)
@@ -154,7 +159,8 @@ def model_for(data: fs.FederatedDataset) -> fs.Model:
   if not hidden or min(hidden) < 1:
     raise app.UsageError(f"--hidden widths must be >= 1, got {FLAGS.hidden}")
   return fs.build_model(FLAGS.model, data.feature_shape, data.num_classes,
-                        conv_impl=FLAGS.conv_impl, hidden=hidden)
+                        conv_impl=FLAGS.conv_impl, hidden=hidden, norm=FLAGS.norm,
+                        width=FLAGS.resnet_width)
 
 
 def availability(redraw_first_period: bool = False) -> fs.Availability:

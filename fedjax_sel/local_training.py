@@ -8,6 +8,9 @@ steps are masked (their params and optimizer state stay put), never looped over.
 Batches: `num_epochs` epochs of a fresh per-client shuffle each (the last batch of an epoch may be
 partial and is masked), or, with `num_steps`, that many batches drawn uniformly with replacement.
 The loss of a batch is the mean over its real examples; FedProx adds `(mu / 2) ||w - w_t||^2`.
+Models with state (BatchNorm) run in training mode: each client's running statistics start from
+the global model's and are updated over the real examples of each of its batches; only the
+weights are optimized (and pulled towards w_t by FedProx).
 
 Example:
   >>> hp = LocalHParams(batch_size=10, num_epochs=2)
@@ -26,7 +29,7 @@ import optax
 from fedjax_sel.chunking import size_sorted_chunks
 from fedjax_sel.compiled_cost import flops, planned_bytes
 from fedjax_sel.data.federated import ClientPool, rows_with_replacement
-from fedjax_sel.models.bundle import Model, per_example_loss
+from fedjax_sel.models.bundle import Model, train_losses, trainable, with_trainable
 
 Params = Any
 # Builds the client optimizer for this round's learning rate (a traced scalar).
@@ -119,13 +122,15 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
   size = layout.size
   tx = optimizer(learning_rate)
   total_rows = pool.x.shape[0]
-  def loss_fn(params, xb, yb, mask):
-    losses = per_example_loss(model, params, xb, yb)
+  global_weights = trainable(model, global_params)
+
+  def loss_fn(weights, params, xb, yb, mask):
+    losses, new_params = train_losses(model, with_trainable(model, params, weights), xb, yb, mask)
     mean = jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     if hp.prox_mu:  # FedAvg skips the term: its value and gradient are passes over every weight.
       mean += 0.5 * hp.prox_mu * sum(jnp.sum((p - g) ** 2) for p, g in
-                                     zip(jax.tree.leaves(params), jax.tree.leaves(global_params)))
-    return mean, jnp.sum(losses * mask)
+                                     zip(jax.tree.leaves(weights), jax.tree.leaves(global_weights)))
+    return mean, (jnp.sum(losses * mask), new_params)
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -140,7 +145,7 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
     params = jax.tree.map(lambda g: jnp.broadcast_to(g, (size, *g.shape)), global_params)
     if client_sharding is not None:
       params = jax.lax.with_sharding_constraint(params, client_sharding)
-    opt_state = jax.vmap(tx.init)(params)
+    opt_state = jax.vmap(tx.init)(trainable(model, params))
 
     def one_step(s, p, o, k, order, c, off, n_steps, per_epoch):
       active = s < n_steps
@@ -155,9 +160,10 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
         rows = rows_with_replacement(u, off, c, total_rows)
         mask = jnp.broadcast_to(active & (c > 0), (hp.batch_size,))
       mask = mask.astype(jnp.float32)
-      (_, loss_sum), grads = grad_fn(p, pool.x[rows], pool.y[rows], mask)
-      updates, o_new = tx.update(grads, o, p)
-      p_new = optax.apply_updates(p, updates)
+      weights = trainable(model, p)
+      (_, (loss_sum, stepped)), grads = grad_fn(weights, p, pool.x[rows], pool.y[rows], mask)
+      updates, o_new = tx.update(grads, o, weights)
+      p_new = with_trainable(model, stepped, optax.apply_updates(weights, updates))
       keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(active, a, b), new, old)
       return keep(p_new, p), keep(o_new, o), loss_sum, jnp.sum(mask)
 
@@ -228,14 +234,16 @@ def step_cost(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, param
   tx = optimizer(jnp.float32(0.1))
 
   def step(p, o, x, y):
-    g = jax.grad(lambda q: jnp.mean(per_example_loss(model, q, x, y)))(p)
-    u, o = tx.update(g, o, p)
-    return optax.apply_updates(p, u), o
+    mask = jnp.ones(y.shape, jnp.float32)
+    loss = lambda w: jnp.mean(train_losses(model, with_trainable(model, p, w), x, y, mask)[0])
+    w = trainable(model, p)
+    u, o = tx.update(jax.grad(loss)(w), o, w)
+    return with_trainable(model, p, optax.apply_updates(w, u)), o
 
   def compiled(c):
     spec = lambda a: jax.ShapeDtypeStruct((c, *a.shape), a.dtype)
     ps = jax.tree.map(spec, params)
-    os_ = jax.tree.map(spec, jax.eval_shape(tx.init, params))
+    os_ = jax.tree.map(spec, jax.eval_shape(tx.init, trainable(model, params)))
     x = jax.ShapeDtypeStruct((c, hp.batch_size, *feature_shape), jnp.float32)
     y = jax.ShapeDtypeStruct((c, hp.batch_size), jnp.int32)
     return jax.jit(jax.vmap(step)).lower(ps, os_, x, y).compile()

@@ -1,9 +1,12 @@
 """Shared fixtures: small federated datasets built in-process (no downloads)."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 
 from fedjax_sel.data.federated import split_clients
+from fedjax_sel.models import from_flax
 
 
 def ragged_dataset(sizes, num_classes=4, dim=6, seed=0, test_fraction=0.25):
@@ -17,6 +20,24 @@ def ragged_dataset(sizes, num_classes=4, dim=6, seed=0, test_fraction=0.25):
     ys.append(np.argmax(x @ w + 0.3 * rng.normal(size=(n, num_classes)), axis=1))
   return split_clients(xs, ys, num_classes=num_classes, val_fraction=0.0,
                        test_fraction=test_fraction, seed=seed)
+
+
+class _BatchNormMLP(nn.Module):
+  """Dense, BatchNorm, ReLU, Dense: the smallest model with batch statistics."""
+
+  num_classes: int = 4
+
+  @nn.compact
+  def __call__(self, x, train=False, mask=None):
+    mask = None if mask is None else jnp.broadcast_to(mask[:, None].astype(bool), (x.shape[0], 12))
+    norm = nn.BatchNorm(use_running_average=not train, momentum=0.9, use_fast_variance=False)
+    h = norm(nn.Dense(12)(x.reshape(x.shape[0], -1)), mask=mask)
+    return nn.Dense(self.num_classes)(nn.relu(h))
+
+
+def batch_norm_mlp(input_shape=(6,), num_classes=4):
+  """A stateful `Model` (flax variables with `batch_stats`) for ragged_dataset-shaped data."""
+  return from_flax(_BatchNormMLP(num_classes), input_shape, num_classes, "bn_mlp", stateful=True)
 
 
 @pytest.fixture

@@ -11,20 +11,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import fedjax_sel as fs
 from fedjax_sel.components import AggregateInputs
 from fedjax_sel.models import example_metrics
-from tests.conftest import ragged_dataset
+from tests.conftest import batch_norm_mlp, ragged_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def make_sim(data, seed=0, k=3, n=6, **kw):
-  model = fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(16,))
+def make_sim(data, seed=0, k=3, n=6, model=None, aggregator=None, **kw):
+  model = model or fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(16,))
   return fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
                       fs.uniform_availability(data.num_clients, n, period=2),
-                      fs.random_selector(k), fs.fedavg(), k, seed,
+                      fs.random_selector(k), aggregator or fs.fedavg(), k, seed,
                       lr_schedule=fs.constant_lr(0.1), **kw)
 
 
@@ -37,9 +38,16 @@ def test_same_seed_gives_identical_metrics(small_data):
   assert strip(a) != strip(c)
 
 
-def test_round_matches_hand_composed_round(small_data):
-  """One engine round == availability, selection, per-client training and FedAvg done by hand."""
-  sim = make_sim(small_data, seed=1)
+@pytest.mark.parametrize("batch_norm,streamed", [(False, True), (True, True), (True, False)])
+def test_round_matches_hand_composed_round(small_data, batch_norm, streamed):
+  """One engine round == availability, selection, per-client training and FedAvg done by hand.
+  With BatchNorm, each client's statistics follow its own batches and the global statistics are
+  the m_k-weighted mean of the clients', the same weights as the weights' (streamed out of local
+  training, or averaged from the stacked models)."""
+  aggregator = fs.fedavg() if streamed else fs.fedavg()._replace(linear_weights=None)
+  sim = make_sim(small_data, seed=1, model=batch_norm_mlp() if batch_norm else None,
+                 aggregator=aggregator)
+  assert sim.stream == streamed
   state = sim.init()
   new_state, metrics = sim.step(state)
   avail = sim.availability.sample(1, 0)
@@ -67,7 +75,7 @@ def test_four_devices_equal_one(tmp_path):
       import json, sys, jax, optax, numpy as np
       sys.path.insert(0, %r)
       import fedjax_sel as fs
-      from tests.conftest import ragged_dataset
+      from tests.conftest import batch_norm_mlp, ragged_dataset
       data = ragged_dataset([23, 5, 40, 1, 17, 9, 31, 12, 3, 28])
       model = fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(16,))
       sim = fs.Simulator(model, data, lambda lr: optax.sgd(lr, 0.9), fs.LocalHParams(4, 2, prox_mu=0.1),
@@ -157,7 +165,6 @@ def test_resume_continues_the_same_run(tmp_path, small_data):
 
 
 def test_bad_arguments_fail_before_compute(small_data):
-  import pytest  # pylint: disable=import-outside-toplevel
   with pytest.raises(ValueError, match="clients_per_round"):
     make_sim(small_data, k=7, n=6)
   with pytest.raises(ValueError, match="num_available"):

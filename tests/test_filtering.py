@@ -176,8 +176,8 @@ def test_greedy_compiles_once_across_calls():
   assert fn._cache_size() == 1
 
 
-def _filfl_sim(data, mode="dgf", period=2):
-  model = fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(16,))
+def _filfl_sim(data, mode="dgf", period=2, model=None):
+  model = model or fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(16,))
   pub = lambda p, x, y: jnp.mean(fs.models.per_example_loss(model, p, x, y))
   filt = filtering.filfl_filter(pub, data.public_x, data.public_y,
                                 filtering.FilterConfig(mode, period=period))
@@ -195,10 +195,13 @@ def _data_with_public():
                     public_y=rng.integers(0, 4, 30).astype(np.int32))
 
 
-def test_filfl_round_matches_hand_composition():
-  """Round 0: all available train, greedy filter, RS on S^f, uniform mean without retraining."""
+@pytest.mark.parametrize("batch_norm", [False, True])
+def test_filfl_round_matches_hand_composition(batch_norm):
+  """Round 0: all available train, greedy filter, RS on S^f, uniform mean without retraining.
+  With BatchNorm the candidate averages and the aggregate average the statistics too."""
+  from tests.conftest import batch_norm_mlp  # pylint: disable=import-outside-toplevel
   data = _data_with_public()
-  sim = _filfl_sim(data)
+  sim = _filfl_sim(data, model=batch_norm_mlp() if batch_norm else None)
   state = sim.init()
   new_state, metrics = sim.step(state)
   avail = sim.availability.sample(0, 0)

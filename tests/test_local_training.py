@@ -10,32 +10,40 @@ import pytest
 from fedjax_sel import keys as keylib
 from fedjax_sel.data.federated import ClientPool, device_pool
 from fedjax_sel.local_training import LocalHParams, _epoch_orders, local_train, steps_per_client
-from fedjax_sel.models import build_model, per_example_loss
-from tests.conftest import ragged_dataset
+from fedjax_sel.models import build_model
+from tests.conftest import batch_norm_mlp, ragged_dataset
 
 
 def reference_client(model, tx, hp, global_params, x, y, key, max_count):
-  """One client, one Python step at a time, on its own numpy arrays (no masks, no vmap)."""
-  params = global_params
-  opt_state = tx.init(params)
+  """One client, one Python step at a time, on its own numpy arrays (no masks, no vmap). A
+  stateful model's batch statistics come from a training-mode pass over exactly the batch."""
+  weights, state = (global_params["params"], global_params) if model.train_apply else (
+      global_params, None)
+  global_weights = weights
+  opt_state = tx.init(weights)
   count = len(y)
   total_loss, total_n = 0.0, 0
 
-  def objective(p, xb, yb):
-    mean = jnp.mean(per_example_loss(model, p, xb, yb))
-    sq = sum(jnp.sum((a - b) ** 2) for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(global_params)))
-    return mean + 0.5 * hp.prox_mu * sq, mean
+  def objective(w, xb, yb, state):
+    if state is None:
+      logits, new_state = model.apply(w, xb), None
+    else:
+      logits, new_state = model.train_apply({**state, "params": w}, xb, jnp.ones(len(yb)))
+    mean = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, yb))
+    sq = sum(jnp.sum((a - b) ** 2) for a, b in zip(jax.tree.leaves(w), jax.tree.leaves(global_weights)))
+    return mean + 0.5 * hp.prox_mu * sq, (mean, new_state)
 
   grad = jax.jit(jax.grad(objective, has_aux=True))
   orders = np.asarray(_epoch_orders(key, count, hp.num_epochs, max_count))
   for e in range(hp.num_epochs):
     for start in range(0, count, hp.batch_size):
       idx = orders[e][start:min(start + hp.batch_size, count)]
-      g, mean = grad(params, x[idx], y[idx])
-      updates, opt_state = tx.update(g, opt_state, params)
-      params = optax.apply_updates(params, updates)
+      g, (mean, state) = grad(weights, x[idx], y[idx], state)
+      updates, opt_state = tx.update(g, opt_state, weights)
+      weights = optax.apply_updates(weights, updates)
       total_loss += float(mean) * len(idx)
       total_n += len(idx)
+  params = weights if state is None else {**state, "params": weights}
   return params, total_loss / max(total_n, 1), total_n
 
 
@@ -52,9 +60,9 @@ def run_vectorized(model, tx_factory, hp, params, pool, clients, valid, seed=0, 
     (LocalHParams(batch_size=5, num_epochs=1, chunk_size=3), "momentum"),
     (LocalHParams(batch_size=8, num_epochs=3, prox_mu=0.5, chunk_size=2), "sgd"),
 ])
-def test_vmapped_training_equals_per_client_loop(hp, opt):
+def test_vmapped_training_equals_per_client_loop(hp, opt, model=None):
   data = ragged_dataset([23, 5, 40, 1, 17, 9, 31, 12, 3, 28])
-  model = build_model("mlp", data.feature_shape, data.num_classes, hidden=(16,))
+  model = model or build_model("mlp", data.feature_shape, data.num_classes, hidden=(16,))
   params = model.init(jax.random.PRNGKey(1))
   tx_factory = (lambda lr: optax.sgd(lr)) if opt == "sgd" else (lambda lr: optax.sgd(lr, 0.9))
   clients = [2, 7, 3, 0, 5, 9, 4]
@@ -72,6 +80,22 @@ def test_vmapped_training_equals_per_client_loop(hp, opt):
     chex.assert_trees_all_close(got, want, atol=2e-5, rtol=2e-5)
     np.testing.assert_allclose(float(res.train_loss[slot]), loss, rtol=1e-4, atol=1e-6)
     assert float(res.samples[slot]) == n
+
+
+@pytest.mark.parametrize("hp", [LocalHParams(batch_size=4, num_epochs=2),
+                                LocalHParams(batch_size=7, num_epochs=1, prox_mu=0.5, chunk_size=3)])
+def test_batch_norm_training_equals_per_client_loop_with_statistics(hp):
+  """Each client's running statistics follow its own batches (the partial last batch of an epoch
+  counts only its real examples, never the padding), and the weights match the loop's."""
+  model = batch_norm_mlp()
+  test_vmapped_training_equals_per_client_loop(hp, "momentum", model)
+  data = ragged_dataset([23, 5, 40])
+  params = model.init(jax.random.PRNGKey(1))
+  res, _ = run_vectorized(model, lambda lr: optax.sgd(lr), hp, params, data.train, [0, 1, 2],
+                          [True, False, True])
+  moved = res.params["batch_stats"]["BatchNorm_0"]["mean"]
+  start = params["batch_stats"]["BatchNorm_0"]["mean"]
+  assert not np.allclose(moved[0], start) and np.allclose(moved[1], start)
 
 
 def test_update_unchanged_by_padding_and_company():

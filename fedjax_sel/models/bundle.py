@@ -24,12 +24,40 @@ MODELS = ("logreg", "mlp", "leaf_cnn", "cifar_cnn", "resnet18", "char_lstm")
 
 
 class Model(NamedTuple):
-  """init(key) -> params; apply(params, x [B, ...]) -> logits [B, C]."""
+  """init(key) -> params; apply(params, x [B, ...]) -> logits [B, C] (evaluation mode).
+
+  A model with state besides its weights (BatchNorm's running statistics) has `train_apply`:
+  `(params, x [B, ...], mask [B]) -> (logits, params with the state updated over the examples where
+  mask is 1)`, and its params are the flax variables `{"params": weights, "batch_stats": ...}`.
+  Everything that averages models (aggregators, FilFL's candidate averages) then averages the
+  statistics with the same weights as the weights; only `trainable(model, params)` is optimized.
+  """
 
   init: Callable[[jax.Array], Params]
   apply: Callable[[Params, jax.Array], jax.Array]
   num_classes: int
   name: str
+  train_apply: Callable[[Params, jax.Array, jax.Array], tuple[jax.Array, Params]] | None = None
+
+
+def trainable(model: Model, params: Params) -> Params:
+  """The part of `params` that local training optimizes (all of it for stateless models)."""
+  return params["params"] if model.train_apply is not None else params
+
+
+def with_trainable(model: Model, params: Params, weights: Params) -> Params:
+  """`params` with its trainable part replaced by `weights`."""
+  return {**params, "params": weights} if model.train_apply is not None else weights
+
+
+def train_losses(model: Model, params: Params, x: jax.Array, y: jax.Array,
+                 mask: jax.Array) -> tuple[jax.Array, Params]:
+  """Training-mode per-example losses `[B]` and the params with their state updated over the
+  examples where `mask` is 1 (the params themselves for stateless models)."""
+  if model.train_apply is None:
+    return per_example_loss(model, params, x, y), params
+  logits, new_params = model.train_apply(params, x, mask)
+  return optax.softmax_cross_entropy_with_integer_labels(logits, y), new_params
 
 
 class ExampleMetrics(NamedTuple):
@@ -62,22 +90,40 @@ def masked_mean_loss(model: Model, params: Params, x: jax.Array, y: jax.Array,
 
 
 def from_flax(module: nn.Module, input_shape: tuple[int, ...], num_classes: int, name: str,
-              input_dtype=jnp.float32) -> Model:
-  """Wraps a flax module whose `__call__(x)` returns logits."""
+              input_dtype=jnp.float32, stateful: bool = False) -> Model:
+  """Wraps a flax module whose `__call__(x)` returns logits.
+
+  With `stateful`, the module takes `__call__(x, train, mask)` and keeps a `batch_stats`
+  collection; the model's params are then all its variables (see `Model`).
+  """
   dummy = jnp.zeros((1, *input_shape), input_dtype)
 
-  def init(key):
-    return module.init(key, dummy)["params"]
+  if not stateful:
+    return Model(lambda key: module.init(key, dummy)["params"],
+                 lambda params, x: module.apply({"params": params}, x.astype(input_dtype)),
+                 num_classes, name)
 
-  def apply(params, x):
-    return module.apply({"params": params}, x.astype(input_dtype))
+  def train_apply(params, x, mask):
+    logits, updates = module.apply(params, x.astype(input_dtype), train=True, mask=mask,
+                                   mutable=["batch_stats"])
+    return logits, {**params, **updates}
 
-  return Model(init, apply, num_classes, name)
+  return Model(lambda key: dict(module.init(key, dummy)),
+               lambda params, x: module.apply(params, x.astype(input_dtype)),
+               num_classes, name, train_apply)
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *,
-                conv_impl: str = "patches", hidden: tuple[int, ...] = (200, 200)) -> Model:
-  """Builds one of `MODELS` for inputs of `input_shape` (without the batch axis)."""
+                conv_impl: str = "patches", hidden: tuple[int, ...] = (200, 200),
+                norm: str = "group", width: int = 64) -> Model:
+  """Builds one of `MODELS` for inputs of `input_shape` (without the batch axis).
+
+  `norm` ("group" or "batch") and `width` (channels of the first stage) apply to resnet18.
+  """
+  if norm not in modules.NORMS:
+    raise ValueError(f"norm must be one of {modules.NORMS}, got {norm!r}")
+  if width < 2:
+    raise ValueError(f"resnet width must be >= 2, got {width}")
   if name == "logreg":
     return from_flax(modules.LogisticRegression(num_classes), input_shape, num_classes, name)
   if name == "mlp":
@@ -87,8 +133,8 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *,
   if name == "cifar_cnn":
     return from_flax(modules.CifarCNN(num_classes, conv_impl), input_shape, num_classes, name)
   if name == "resnet18":
-    return from_flax(modules.ResNet18(num_classes, conv_impl=conv_impl), input_shape, num_classes,
-                     name)
+    return from_flax(modules.ResNet18(num_classes, width, conv_impl, norm), input_shape,
+                     num_classes, name, stateful=norm == "batch")
   if name == "char_lstm":
     return from_flax(modules.CharLSTM(num_classes), input_shape, num_classes, name, jnp.int32)
   raise ValueError(f"unknown model {name!r}; accepted: {', '.join(MODELS)}")

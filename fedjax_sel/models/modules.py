@@ -4,7 +4,9 @@
 - `MLP`: `[B, ...] -> [B, C]`, ReLU hidden layers.
 - `LeafCNN`: LEAF FEMNIST CNN, conv5x5 32, pool, conv5x5 64, pool, dense 2048, dense C.
 - `CifarCNN`: small CIFAR CNN (conv5x5 32, pool, conv5x5 64, pool, dense 512, dense 128, dense C).
-- `ResNet18`: CIFAR-style ResNet18 with GroupNorm.
+- `ResNet18`: CIFAR-style ResNet18, GroupNorm (default) or BatchNorm (`norm="batch"`: running
+  statistics in the `batch_stats` collection, updated over the real examples of a batch when
+  `train=True`; see `bundle.from_flax(..., stateful=True)`).
 - `CharLSTM`: `[B, T] int -> [B, V]`, 8-d embedding, two LSTM(256) layers (forget bias 1), logits
   of the character after the window.
 """
@@ -67,20 +69,43 @@ class CifarCNN(nn.Module):
     return nn.Dense(self.num_classes)(x)
 
 
+NORMS = ("group", "batch")
+# PyTorch's BatchNorm2d momentum 0.1 (the FilFL reference ResNet18), in flax's convention.
+BATCH_NORM_MOMENTUM = 0.9
+
+
+class _Norm(nn.Module):
+  """GroupNorm, or BatchNorm over the examples where `mask [B]` is 1 (all when None)."""
+
+  kind: str
+  features: int
+
+  @nn.compact
+  def __call__(self, x, train: bool, mask=None):
+    if self.kind == "group":
+      return nn.GroupNorm(num_groups=min(32, self.features // 2))(x)
+    mask = None if mask is None else jnp.broadcast_to(
+        mask.reshape(-1, *([1] * (x.ndim - 1))).astype(bool), x.shape)
+    # Two-pass variance: E[x^2] - E[x]^2 loses the variance of a small partial batch to rounding.
+    return nn.BatchNorm(use_running_average=not train, momentum=BATCH_NORM_MOMENTUM,
+                        epsilon=1e-5, use_fast_variance=False)(x, mask=mask)
+
+
 class _Block(nn.Module):
   features: int
   stride: int
   conv_impl: str
+  norm: str
 
   @nn.compact
-  def __call__(self, x):
-    norm = lambda: nn.GroupNorm(num_groups=min(32, self.features // 2))
-    y = PatchConv(self.features, (3, 3), (self.stride,) * 2, use_bias=False, impl=self.conv_impl)(x)
-    y = nn.relu(norm()(y))
-    y = norm()(PatchConv(self.features, (3, 3), use_bias=False, impl=self.conv_impl)(y))
+  def __call__(self, x, train, mask):
+    conv = lambda k, s=1: PatchConv(self.features, (k, k), (s, s), use_bias=False,
+                                    impl=self.conv_impl)
+    norm = lambda y: _Norm(self.norm, self.features)(y, train, mask)
+    y = nn.relu(norm(conv(3, self.stride)(x)))
+    y = norm(conv(3)(y))
     if self.stride != 1 or x.shape[-1] != self.features:
-      x = PatchConv(self.features, (1, 1), (self.stride,) * 2, use_bias=False, impl=self.conv_impl)(x)
-      x = norm()(x)
+      x = norm(conv(1, self.stride)(x))
     return nn.relu(x + y)
 
 
@@ -88,15 +113,16 @@ class ResNet18(nn.Module):
   num_classes: int = 10
   width: int = 64
   conv_impl: str = "patches"
+  norm: str = "group"
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, train: bool = False, mask=None):
     x = PatchConv(self.width, (3, 3), use_bias=False, impl=self.conv_impl)(x)
-    x = nn.relu(nn.GroupNorm(num_groups=min(32, self.width // 2))(x))
+    x = nn.relu(_Norm(self.norm, self.width)(x, train, mask))
     for stage, mult in enumerate((1, 2, 4, 8)):
       for block in range(2):
         stride = 2 if stage > 0 and block == 0 else 1
-        x = _Block(self.width * mult, stride, self.conv_impl)(x)
+        x = _Block(self.width * mult, stride, self.conv_impl, self.norm)(x, train, mask)
     return nn.Dense(self.num_classes)(jnp.mean(x, axis=(1, 2)))
 
 
