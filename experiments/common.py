@@ -34,7 +34,7 @@ flags.DEFINE_float("val_fraction", 0.0, "Per-client validation share.", lower_bo
 flags.DEFINE_float("public_fraction", 0.0, "Server public set: stratified share of the pool (or of "
                    "each client for synth/leaf).", lower_bound=0.0, upper_bound=0.9)
 flags.DEFINE_string("data_dir", sources.FASHION_MNIST_DIR, "IDX folder or TFDS data dir.")
-flags.DEFINE_list("leaf_files", [], "LEAF JSON files for --dataset=leaf.")
+flags.DEFINE_list("leaf_files", [], "LEAF JSON files or glob patterns for --dataset=leaf.")
 flags.DEFINE_string("tfds_name", "mnist", "TFDS dataset for --dataset=tfds.")
 flags.DEFINE_float("synth_alpha", 1.0, "SYNTH alpha.", lower_bound=0.0)
 flags.DEFINE_float("synth_beta", 1.0, "SYNTH beta.", lower_bound=0.0)
@@ -89,10 +89,13 @@ def seeds() -> list[int]:
                                 f"{FLAGS.seeds}") from e
 
 
-@flags.multi_flags_validator(["clients_per_round", "num_available", "num_clients"],
-                             message="need --clients_per_round <= --num_available <= --num_clients")
-def _check_counts(f):
-  return f["clients_per_round"] <= (f["num_available"] or f["num_clients"]) <= f["num_clients"]
+def check_counts() -> None:
+  """K <= n <= N, checked after presets are applied (a parse-time validator would see the
+  launcher's defaults instead of the preset's values)."""
+  k, n, total = FLAGS.clients_per_round, FLAGS.num_available, FLAGS.num_clients
+  if not k <= (n or total) <= total:
+    raise app.UsageError(f"need --clients_per_round <= --num_available <= --num_clients, got "
+                         f"{k}, {n}, {total}")
 
 
 def dataset_spec(**overrides) -> fs.DatasetSpec:
@@ -109,6 +112,7 @@ def dataset_spec(**overrides) -> fs.DatasetSpec:
 
 def load_data(seed: int, **overrides) -> fs.FederatedDataset:
   """Builds the dataset, turning data errors into flag errors (before any training)."""
+  check_counts()
   spec = dataset_spec(**overrides)
   if spec.name == "fashion_mnist" and not os.path.isdir(spec.data_dir):
     raise app.UsageError(f"--data_dir={spec.data_dir} does not exist; install the Debian "

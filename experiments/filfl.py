@@ -3,7 +3,14 @@ r"""FilFL launcher: client filtering (DGF / RGF) versus no filtering, with RS / 
   python -m experiments.filfl --filters=none,dgf,rgf --seeds=0,1,2 --plot
 
 Defaults: digits, N=50 clients (Dirichlet 0.5), n=25 available, K=5 per round, 40% of the clients
-with shuffled labels, a 5% stratified public set, h=5, 40 rounds, 3 seeds. Per run it writes
+with shuffled labels, a 5% stratified public set, h=5, 40 rounds, 3 seeds. `--preset=cifar10|femnist|
+shakespeare` sets the paper's setups instead (SPEC section 1, listed in --help; explicit flags win;
+`--fedprox` adds the preset's FedProx mu):
+
+  python -m experiments.filfl --preset=cifar10 --data_dir=DIR       # TFDS cifar10, ArrayRecord
+  python -m experiments.filfl --preset=femnist                      # data/leaf/femnist/*.json
+  python -m experiments.filfl --preset=shakespeare --fedprox        # data/leaf/shakespeare/*.json
+ Per run it writes
 `<out_dir>/<filter>/seed<s>/metrics.jsonl` with, per round: test / train accuracy and loss, |S^f|
 (`num_filtered`), who was filtered in (`filtered_in`, client ids), R values (`filter.R_*`), the
 OPT approximation ratio with `--opt`, the weak-submodularity check with `--submod_samples`; plus
@@ -20,6 +27,7 @@ from absl import app, flags
 import fedjax_sel as fs
 from experiments import common
 from fedjax_sel import filtering
+from fedjax_sel.data import sources
 from fedjax_sel.data.corruption import KINDS, corrupt_clients
 from fedjax_sel.models import per_example_loss
 from fedjax_sel.selectors import DIVFL_PROXIES, POC_VARIANTS, divfl, power_of_choice
@@ -46,8 +54,40 @@ flags.DEFINE_float("corrupt_fraction", 0.4, "Share of clients with corrupted dat
 flags.DEFINE_list("corrupt_kinds", ["shuffle"], f"Corruptions among {KINDS}.")
 flags.DEFINE_bool("avail_reference", False, "Redraw availability every round during the first "
                   "--avail_period rounds (FilFL reference mode).")
-flags.DEFINE_enum("public_mode", "stratified", ("stratified", "per_client"), "Public set source.")
+flags.DEFINE_enum("public_mode", "stratified", ("stratified", "per_client"), "Public set source: "
+                  "a stratified share of the pool held out by the server, or a share of each "
+                  "client's data (--public_fraction).")
 flags.DEFINE_string("public_text", None, "Text file cut into 80-char windows as the public set.")
+flags.DEFINE_integer("public_size", None, "Keep at most this many public examples (a seeded "
+                     "sample; m).", lower_bound=1)
+
+# SPEC section 1, "Paper settings". The test split is each client's own (20%, or LEAF's 10%).
+PRESETS = {
+    "cifar10": dict(dataset="tfds", tfds_name="cifar10", partition="dirichlet",
+                    dirichlet_alpha=0.5, num_clients=200, num_available=100,
+                    clients_per_round=10, local_epochs=5, batch_size=16, lr=0.1, lr_decay=0.998,
+                    lr_decay_every=10, weight_decay=1e-3, model="resnet18", norm="batch",
+                    rounds=500, filter_period=5, public_mode="stratified", public_fraction=0.01,
+                    corrupt_fraction=0.0, eval_every=10),
+    "femnist": dict(dataset="leaf", leaf_files=["data/leaf/femnist/*.json"], num_clients=190,
+                    num_available=50, clients_per_round=5, local_epochs=2, batch_size=50,
+                    lr=0.003, model="leaf_cnn", rounds=500, filter_period=5,
+                    public_mode="per_client", public_fraction=0.05, public_size=2000,
+                    test_fraction=0.1, corrupt_fraction=0.0, eval_every=10),
+    "shakespeare": dict(dataset="leaf", leaf_files=["data/leaf/shakespeare/*.json"],
+                        num_clients=143, num_available=100, clients_per_round=10, local_epochs=1,
+                        batch_size=64, lr=0.8, model="char_lstm", rounds=250, filter_period=5,
+                        public_text=sources.PUBLIC_TEXT, public_size=34, public_fraction=0.0,
+                        test_fraction=0.1, corrupt_fraction=0.0, eval_every=10),
+}
+FEDPROX_MU = {"cifar10": 1.0, "femnist": 1.0, "shakespeare": 0.001}
+DATA_HELP = {"cifar10": sources.PREPARE["tfds"].format(name="cifar10"),
+             "femnist": sources.PREPARE["femnist"] + " into data/leaf/femnist/",
+             "shakespeare": sources.PREPARE["shakespeare"] + " into data/leaf/shakespeare/"}
+flags.DEFINE_enum("preset", None, sorted(PRESETS), "The paper's setups; each sets (unless the flag "
+                  "is given): " + common.preset_help(PRESETS))
+flags.DEFINE_bool("fedprox", False, "FedProx local objective with the preset's mu (" + ", ".join(
+    f"{k}: {v}" for k, v in FEDPROX_MU.items()) + "); without a preset, set --prox_mu.")
 
 for _name, _value in (("rounds", 40), ("num_clients", 50), ("num_available", 25),
                       ("clients_per_round", 5), ("public_fraction", 0.05), ("seeds", ["0", "1", "2"]),
@@ -56,6 +96,14 @@ for _name, _value in (("rounds", 40), ("num_clients", 50), ("num_available", 25)
   FLAGS.set_default(_name, _value)
 
 LABELS = {"none": "FedAvg", "dgf": "FilFL-DGF", "rgf": "FilFL-RGF"}
+
+
+def apply_preset():
+  common.apply_preset(PRESETS, FLAGS.preset)
+  if FLAGS.fedprox and not FLAGS["prox_mu"].present:
+    if FLAGS.preset is None:
+      raise app.UsageError("--fedprox takes its mu from --preset; without a preset set --prox_mu")
+    FLAGS.prox_mu = FEDPROX_MU[FLAGS.preset]
 
 
 def check_flags():
@@ -90,7 +138,12 @@ def make_selector():
 
 
 def load(seed):
-  data = common.load_data(seed, public_mode=FLAGS.public_mode, public_text=FLAGS.public_text)
+  try:
+    data = common.load_data(seed, public_mode=FLAGS.public_mode, public_text=FLAGS.public_text,
+                            public_size=FLAGS.public_size)
+  except FileNotFoundError as e:
+    hint = f" The {FLAGS.preset} preset needs {DATA_HELP[FLAGS.preset]}." if FLAGS.preset else ""
+    raise app.UsageError(f"{e}.{hint}") from e
   kinds = tuple(FLAGS.corrupt_kinds)
   data, bad = corrupt_clients(data, FLAGS.corrupt_fraction, kinds, seed=seed + 100)
   return data, bad
@@ -98,6 +151,7 @@ def load(seed):
 
 def main(argv):
   del argv
+  apply_preset()
   gammas = check_flags()
   seeds = common.seeds()
   loaded = {s: load(s) for s in seeds}  # All data errors surface before any training.
@@ -125,7 +179,8 @@ def main(argv):
                          make_selector(), fs.fedavg(FLAGS.weighting), FLAGS.clients_per_round,
                          seed, filter=filt, lr_schedule=common.lr_schedule(), eval_mask=~bad)
       print(f"== {label} seed {seed}: {data.name}, N={data.num_clients}, "
-            f"bad clients={int(bad.sum())}, public m={len(data.public_y)}")
+            f"bad clients={int(bad.sum())}, public m={len(data.public_y)}, model={model.name}"
+            f"{' (BatchNorm)' if model.train_apply else ''}")
       recs = common.run_sim(sim, filt_name, f"seed{seed}", label=f"{label} s{seed} ")
       for r in recs:
         if r.get("filtered_in") is not None and r["filter_round"]:

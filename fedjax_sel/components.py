@@ -14,7 +14,9 @@ Stats names the engine can compute (all `[N]`, at the round's global model, befo
   batch_loss: on one random mini-batch (B examples, drawn with replacement) of its training data;
   val_loss, val_accuracy, test_loss, test_accuracy: on its validation / test data;
   grad_norm: norm of the full-batch gradient of F_k;
-  grad: the stacked full-batch gradients `[N, ...]` (DivFL's proxies).
+  grad: the stacked full-batch gradients `[N, ...]`.
+A part that needs the gradients of only a few clients calls `inputs.gradients(ids)` instead of
+declaring `grad`: the engine then computes nothing for the others (DivFL refreshes K rows).
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ class RoundInputs(NamedTuple):
     clients: the persistent `ClientState`.
     num_examples: `[N]` training examples per client (m_k).
     label_hist: `[N, C]` training label histogram per client.
+    gradients: on demand, `ids [M] -> [M, ...]` full-batch gradients of F_k at w_t of those
+      clients (the `grad` stat's rows, computed only when called); None outside the engine.
   """
 
   round: jax.Array
@@ -69,6 +73,7 @@ class RoundInputs(NamedTuple):
   clients: ClientState
   num_examples: jax.Array
   label_hist: jax.Array
+  gradients: Callable[[jax.Array], Any] | None = None
 
 
 class RoundOutcome(NamedTuple):
@@ -106,6 +111,10 @@ class Selector(NamedTuple):
   `init(num_clients, params) -> state`;
   `select(state, key, inputs, mask) -> (chosen [N] bool, state)`.
   `reads_local_models`: whether `observe` reads `outcome.params` (the stacked local models).
+  `report(state) -> dict` of scalars written into the round's metrics under `"selector"`, read
+  after `observe`; its `gradients_computed` entry (clients whose gradient the selector asked
+  `inputs.gradients` for) is added to the round's `gradients_computed` metric, and its
+  `gradient_samples` entry (their training samples) to the `client_grad_samples` cost.
   """
 
   init: Callable[[int, Any], Any]
@@ -113,6 +122,7 @@ class Selector(NamedTuple):
   needs: tuple[str, ...] = ()
   observe: Callable[[Any, RoundInputs, RoundOutcome], Any] = _keep_state
   reads_local_models: bool = False
+  report: Callable[[Any], dict] = lambda state: {}
 
 
 class Filter(NamedTuple):

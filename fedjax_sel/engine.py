@@ -300,7 +300,8 @@ class Simulator:
     lr = self.lr_schedule(t)
     avail = self.availability.sample(self.seed, t)
     inputs = RoundInputs(t, params, avail, self._stats(params, arrays, t), state.clients,
-                         arrays.train.counts, arrays.label_hist)
+                         arrays.train.counts, arrays.label_hist,
+                         lambda ids: client_gradients(self.model, params, arrays.train, ids))
     changed = jnp.any(avail != state.prev_available)
     filt = self.filter
     filter_round = jnp.asarray(False)
@@ -366,6 +367,10 @@ class Simulator:
     clients = self._update_clients(state.clients, t, chosen, did, slots, trained, res.train_loss)
 
     evals, grads = self._stat_costs(arrays, avail, chosen)
+    sel_report = self.selector.report(sel_state)
+    grads += jnp.asarray(sel_report.get("gradient_samples", 0.0), jnp.float32)
+    gradients_computed = (self.num_clients * len({"grad", "grad_norm"} & set(self.needs))
+                          + jnp.asarray(sel_report.get("gradients_computed", 0), jnp.int32))
     if self.chooser_needs:  # Every available client evaluates the model for these stats.
       downloads = jnp.maximum(downloads, jnp.sum(avail).astype(jnp.float32))
     round_costs = Costs(
@@ -396,6 +401,8 @@ class Simulator:
         "trained_clients": did,
         "aggregated_clients": agg,
         "rule": self.participation.report(part_state),
+        "selector": sel_report,
+        "gradients_computed": gradients_computed,
     }
     if filt is not None:
       metrics["filtered_in"] = fmask

@@ -120,43 +120,58 @@ def divfl(k: int, proxy: str = "gradient") -> Selector:
 
   The table is filled for every client from the full-batch gradients at round 0, then refreshed
   only for the clients that trained in a round: with their gradient at w_t (`proxy="gradient"`) or
-  their local update w^k - w_t (`proxy="update"`).
+  their local update w^k - w_t (`proxy="update"`). Gradients are asked of `inputs.gradients` for
+  just those rows (N on the filling round, the K slots after it), not for all N every round; the
+  report gives that count (`gradients_computed`, simulation work) and the training samples of the
+  clients whose gradient was used (`gradient_samples`, the clients' cost: all clients at round 0,
+  the trained ones after).
   """
   if k < 1:
     raise ValueError(f"clients per round must be >= 1, got {k}")
   if proxy not in DIVFL_PROXIES:
     raise ValueError(f"divfl_proxy must be one of {DIVFL_PROXIES}, got {proxy!r}")
 
-  def flat_grads(inputs):
-    grads = inputs.stats["grad"]
-    return jnp.concatenate([g.reshape(g.shape[0], -1) for g in jax.tree.leaves(grads)], axis=1)
+  def flat(tree):
+    return jnp.concatenate([a.reshape(a.shape[0], -1) for a in jax.tree.leaves(tree)], axis=1)
 
   def init(n, params):
     dim = sum(int(np.size(a)) for a in jax.tree.leaves(params))
-    return {"table": jnp.zeros((n, dim), jnp.float32), "filled": jnp.zeros((), bool)}
-
-  def current(state, inputs):
-    return jnp.where(state["filled"], state["table"], flat_grads(inputs))
+    return {"table": jnp.zeros((n, dim), jnp.float32), "filled": jnp.zeros((), bool),
+            "fresh": jnp.zeros((), bool), "gradients_computed": jnp.zeros((), jnp.int32),
+            "gradient_samples": jnp.zeros((), jnp.float32)}
 
   def select(state, key, inputs, mask):
     del key
-    table = current(state, inputs)
-    return facility_location_greedy(table, mask, k), {"table": table, "filled": jnp.ones((), bool)}
+    n = mask.shape[0]
+    table = jax.lax.cond(state["filled"], lambda: state["table"],
+                         lambda: flat(inputs.gradients(jnp.arange(n, dtype=jnp.int32))))
+    fill = ~state["filled"]
+    return facility_location_greedy(table, mask, k), {
+        "table": table, "filled": jnp.ones((), bool), "fresh": fill,
+        "gradients_computed": jnp.where(fill, n, 0).astype(jnp.int32),
+        "gradient_samples": jnp.where(fill, jnp.sum(inputs.num_examples), 0).astype(jnp.float32)}
 
   def observe(state, inputs, outcome):
-    if proxy == "gradient":
-      rows = flat_grads(inputs)[outcome.slots]
-    else:
-      rows = jnp.concatenate([
-          (p - g[None]).reshape(p.shape[0], -1)
-          for p, g in zip(jax.tree.leaves(outcome.params), jax.tree.leaves(inputs.params))], axis=1)
     table = state["table"]
-    current_rows = table[outcome.slots]
-    new_rows = jnp.where(outcome.trained[:, None], rows, current_rows)
-    return {"table": table.at[outcome.slots].set(new_rows), "filled": state["filled"]}
+    slots = outcome.slots
+    if proxy == "gradient":  # Rows filled this round already hold the gradients at w_t.
+      rows = jax.lax.cond(state["fresh"], lambda: table[slots],
+                          lambda: flat(inputs.gradients(slots)))
+      refreshed = jnp.where(state["fresh"], 0, slots.shape[0])
+      samples = jnp.where(state["fresh"], 0.0,
+                          jnp.sum(jnp.where(outcome.trained, inputs.num_examples[slots], 0)))
+    else:
+      rows = flat(jax.tree.map(lambda p, g: p - g[None], outcome.params, inputs.params))
+      refreshed, samples = 0, 0.0
+    new_rows = jnp.where(outcome.trained[:, None], rows, table[slots])
+    return {**state, "table": table.at[slots].set(new_rows),
+            "gradients_computed": state["gradients_computed"] + refreshed,
+            "gradient_samples": state["gradient_samples"] + samples}
 
-  return Selector(init=init, select=select, needs=("grad",), observe=observe,
-                  reads_local_models=proxy == "update")
+  return Selector(init=init, select=select, observe=observe,
+                  reads_local_models=proxy == "update",
+                  report=lambda state: {key: state[key] for key in ("gradients_computed",
+                                                                    "gradient_samples")})
 
 
 def all_selector() -> Selector:

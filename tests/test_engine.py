@@ -21,11 +21,11 @@ from tests.conftest import batch_norm_mlp, ragged_dataset
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def make_sim(data, seed=0, k=3, n=6, model=None, aggregator=None, **kw):
+def make_sim(data, seed=0, k=3, n=6, model=None, aggregator=None, selector=None, **kw):
   model = model or fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(16,))
   return fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
                       fs.uniform_availability(data.num_clients, n, period=2),
-                      fs.random_selector(k), aggregator or fs.fedavg(), k, seed,
+                      selector or fs.random_selector(k), aggregator or fs.fedavg(), k, seed,
                       lr_schedule=fs.constant_lr(0.1), **kw)
 
 

@@ -20,11 +20,12 @@ def inputs_for(n, loss=None, batch_loss=None, counts=None, last_loss=None, grad=
     stats["loss"] = jnp.asarray(loss, jnp.float32)
   if batch_loss is not None:
     stats["batch_loss"] = jnp.asarray(batch_loss, jnp.float32)
+  gradients = None
   if grad is not None:
-    stats["grad"] = {"w": jnp.asarray(grad, jnp.float32)}
+    gradients = lambda ids: {"w": jnp.asarray(grad, jnp.float32)[ids]}
   counts = jnp.ones(n, jnp.int32) * 10 if counts is None else jnp.asarray(counts)
   return RoundInputs(jnp.int32(0), {"w": jnp.zeros(2)}, jnp.ones(n, bool), stats, clients, counts,
-                     jnp.zeros((n, 2)))
+                     jnp.zeros((n, 2)), gradients)
 
 
 def test_power_of_choice_hand_cases():
@@ -86,12 +87,19 @@ def test_divfl_uses_stale_table():
   state = sel.init(4, {"w": jnp.zeros(2)})
   chosen, state = sel.select(state, None, inputs_for(4, grad=grad), jnp.ones(4, bool))
   assert np.flatnonzero(chosen).tolist() == [1, 2]
-  # Fresh gradients have moved, but only client 0 trained: the others keep their stale rows.
-  moved = np.array([[100.0, 0], [-50, 0], [-50, 0], [-50, 0]])
   outcome = RoundOutcome(jnp.array([0, 3]), jnp.array([True, False]), jnp.array([True, False]),
                          jnp.zeros(2), None, None)
+  # The filling round's rows already are the gradients at w_t: observing recomputes none.
+  state = sel.observe(state, inputs_for(4, grad=grad), outcome)
+  assert int(sel.report(state)["gradients_computed"]) == 4
+  # Next round the gradients have moved, but only client 0 trained: the others keep stale rows,
+  # and only the K = 2 slots' gradients are computed.
+  moved = np.array([[100.0, 0], [-50, 0], [-50, 0], [-50, 0]])
+  chosen, state = sel.select(state, None, inputs_for(4, grad=moved), jnp.ones(4, bool))
+  assert np.flatnonzero(chosen).tolist() == [1, 2]  # Selected on the stale table.
   state = sel.observe(state, inputs_for(4, grad=moved), outcome)
   np.testing.assert_allclose(np.asarray(state["table"]), [[100, 0], [1, 0], [10, 0], [11, 0]])
+  assert int(sel.report(state)["gradients_computed"]) == 2
 
 
 SELECTORS = {
@@ -112,12 +120,63 @@ def test_selector_invariants(name):
                    counts=rng.integers(1, 50, n), grad=rng.normal(size=(n, 2)))
   for k in (1, 4, 9):
     sel = SELECTORS[name](k)
-    select = jax.jit(sel.select)
+    select = jax.jit(lambda s, key, m, sel=sel: sel.select(s, key, inp, m))
     state = sel.init(n, {"w": jnp.zeros(2)})
     for trial in range(6):
       key = jax.random.PRNGKey(trial)
       mask = jax.random.bernoulli(jax.random.fold_in(key, 7), 0.1 + 0.15 * trial, (n,))
-      chosen, _ = select(state, key, inp, mask)
+      chosen, _ = select(state, key, mask)
       assert chosen.dtype == bool and chosen.shape == (n,)
       assert bool(jnp.all(chosen <= mask))
       assert int(chosen.sum()) == min(k, int(mask.sum()))
+
+
+def eager_divfl(k):
+  """SPEC section 5 as first built: the engine computes every client's gradient every round (the
+  `grad` stat); the table is filled from them at round 0 and refreshed for the trained clients."""
+  def flat(grads):
+    return jnp.concatenate([g.reshape(g.shape[0], -1) for g in jax.tree.leaves(grads)], axis=1)
+
+  def select(state, key, inputs, mask):
+    table = jnp.where(state["filled"], state["table"], flat(inputs.stats["grad"]))
+    return facility_location_greedy(table, mask, k), {"table": table, "filled": jnp.ones((), bool)}
+
+  def observe(state, inputs, outcome):
+    rows = jnp.where(outcome.trained[:, None], flat(inputs.stats["grad"])[outcome.slots],
+                     state["table"][outcome.slots])
+    return {**state, "table": state["table"].at[outcome.slots].set(rows)}
+
+  def init(n, params):
+    dim = sum(int(np.size(a)) for a in jax.tree.leaves(params))
+    return {"table": jnp.zeros((n, dim)), "filled": jnp.zeros((), bool)}
+
+  return fs.components.Selector(init, select, needs=("grad",), observe=observe)
+
+
+def test_divfl_same_selections_with_fewer_gradients(small_data):
+  """A seeded run selects the same clients and ends at the same model as the eager version, while
+  the engine computes N gradients on the first round and K per round after, not N every round."""
+  from tests.test_engine import make_sim  # pylint: disable=import-outside-toplevel
+  rounds, n, k = 5, small_data.num_clients, 3
+  runs = {}
+  for name, sel in (("eager", eager_divfl(k)), ("lazy", divfl(k))):
+    sim = make_sim(small_data, seed=2, k=k, n=8, selector=sel)
+    state, recs = sim.init(), []
+    for _ in range(rounds):
+      state, metrics = sim.step(state)
+      recs.append(metrics)
+    runs[name] = (state, recs)
+  (eager, eager_recs), (lazy, lazy_recs) = runs["eager"], runs["lazy"]
+  for a, b in zip(eager_recs, lazy_recs):
+    assert np.asarray(a["selected"]).tolist() == np.asarray(b["selected"]).tolist()
+  np.testing.assert_allclose(np.asarray(eager.selector_state["table"]),
+                             np.asarray(lazy.selector_state["table"]), rtol=1e-6, atol=1e-7)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), eager.params,
+               lazy.params)
+  assert [int(r["gradients_computed"]) for r in eager_recs] == [n] * rounds
+  assert [int(r["gradients_computed"]) for r in lazy_recs] == [n] + [k] * (rounds - 1)
+  # Clients' cost: everyone's samples once, then the trained clients' (the eager version charged
+  # every available client every round).
+  counts = np.asarray(small_data.train.counts)
+  want = counts.sum() + sum(counts[np.asarray(r["trained_clients"])].sum() for r in lazy_recs[1:])
+  assert float(lazy_recs[-1]["cumulative_cost"]["client_grad_samples"]) == float(want)

@@ -37,8 +37,9 @@ class DatasetSpec(NamedTuple):
       natively federated synth / leaf).
     public_text: a text file cut into 80-character windows with next-character labels as the
       public set (character models); overrides public_fraction.
+    public_size: keep at most this many public examples (a seeded sample); None = all.
     data_dir: folder of the IDX files (fashion_mnist) or TFDS data.
-    leaf_files: LEAF JSON files (leaf).
+    leaf_files: LEAF JSON files or glob patterns (leaf).
     tfds_name: TFDS dataset name (tfds).
     synth_alpha, synth_beta: SYNTH(alpha, beta).
     synth_max_samples: optional cap on SYNTH client sizes.
@@ -56,6 +57,7 @@ class DatasetSpec(NamedTuple):
   public_fraction: float = 0.0
   public_mode: str = "stratified"
   public_text: str | None = None
+  public_size: int | None = None
   data_dir: str = sources.FASHION_MNIST_DIR
   leaf_files: tuple[str, ...] = ()
   tfds_name: str = "mnist"
@@ -79,6 +81,8 @@ def check_spec(spec: DatasetSpec) -> None:
     raise ValueError(f"public_fraction must be in [0, 1), got {spec.public_fraction}")
   if spec.name == "leaf" and not spec.leaf_files:
     raise ValueError("dataset leaf needs leaf_files (LEAF JSON paths)")
+  if spec.public_size is not None and spec.public_size < 1:
+    raise ValueError(f"public_size must be >= 1 (or None for all), got {spec.public_size}")
 
 
 def stratified_holdout(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -133,7 +137,11 @@ def build_dataset(spec: DatasetSpec, seed: int) -> FederatedDataset:
                                  max_samples=spec.synth_max_samples)
       num_classes = 10
     else:
-      _, xs, ys = sources.load_leaf_json(list(spec.leaf_files))
+      paths = sources.leaf_paths(list(spec.leaf_files))
+      _, xs, ys = sources.load_leaf_json(paths)
+      if spec.num_clients > len(xs):
+        raise ValueError(f"num_clients={spec.num_clients} but the LEAF files {paths} hold "
+                         f"{len(xs)} users")
       if spec.num_clients:
         xs, ys = xs[:spec.num_clients], ys[:spec.num_clients]
       is_text = xs[0].ndim == 2 and xs[0].dtype.kind == "i"
@@ -155,6 +163,9 @@ def build_dataset(spec: DatasetSpec, seed: int) -> FederatedDataset:
   if spec.public_text is not None:
     with open(spec.public_text, encoding="utf-8") as f:
       public = sources.char_windows(f.read())
+  if public is not None and spec.public_size is not None and spec.public_size < len(public[1]):
+    keep = np.sort(np.random.default_rng(seed + 3).permutation(len(public[1]))[:spec.public_size])
+    public = (public[0][keep], public[1][keep])
   name = f"{spec.name}/{spec.partition}" if spec.name not in ("synth", "leaf") else spec.name
   return split_clients(xs, ys, num_classes=num_classes, val_fraction=spec.val_fraction,
                        test_fraction=spec.test_fraction, seed=seed + 2, public=public, name=name)

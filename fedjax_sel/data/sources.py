@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import glob
 import gzip
 import json
 import os
@@ -18,11 +19,28 @@ from typing import NamedTuple
 import numpy as np
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+# A few sentences written for this project, FilFL's Shakespeare public set (the paper used a few
+# sentences of its own introduction).
+PUBLIC_TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "public_text.txt")
 
 # LEAF's Shakespeare vocabulary (80 characters); index 80 is the out-of-vocabulary character.
 LEAF_CHARS = ("\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}")
 OOV_INDEX = len(LEAF_CHARS)
 VOCAB_SIZE = len(LEAF_CHARS) + 1
+
+
+# Where the papers' data come from, for the errors of users who lack them (no download at run time).
+PREPARE = {
+    "femnist": "LEAF FEMNIST JSON: in a LEAF checkout (github.com/TalwalkarLab/leaf) run `cd "
+               "data/femnist && ./preprocess.sh -s niid --sf 0.05 -k 0 -t sample` and copy "
+               "data/femnist/data/all_data/*.json",
+    "shakespeare": "LEAF Shakespeare JSON: in a LEAF checkout run `cd data/shakespeare && "
+                   "./preprocess.sh -s niid --sf 0.2 -k 0 -t sample -tf 0.8` and copy "
+                   "data/shakespeare/data/all_data/*.json",
+    "tfds": "on a machine with internet run `tfds build {name} --data_dir=DIR "
+            "--file_format=array_record` (tfds.data_source reads ArrayRecord files), copy DIR here "
+            "and pass it as the data dir",
+}
 
 
 class Centralized(NamedTuple):
@@ -82,6 +100,19 @@ def encode_chars(text: str) -> np.ndarray:
   return np.array([table.get(c, OOV_INDEX) for c in text], dtype=np.int32)
 
 
+def leaf_paths(patterns: list[str]) -> list[str]:
+  """Expands glob patterns (e.g. `data/leaf/femnist/*.json`) into sorted file paths; a pattern
+  that matches no file raises FileNotFoundError naming it."""
+  paths = []
+  for pattern in patterns:
+    found = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else (
+        [pattern] if os.path.isfile(pattern) else [])
+    if not found:
+      raise FileNotFoundError(f"LEAF files {pattern!r}: no such file")
+    paths.extend(found)
+  return paths
+
+
 def load_leaf_json(paths: list[str]) -> tuple[list[str], list[np.ndarray], list[np.ndarray]]:
   """Reads LEAF JSON files `{"users", "num_samples", "user_data": {uid: {"x", "y"}}}`.
 
@@ -113,9 +144,15 @@ def load_leaf_json(paths: list[str]) -> tuple[list[str], list[np.ndarray], list[
 
 def load_tfds(name: str, split: str = "train", data_dir: str | None = None) -> Centralized:
   """An image classification dataset via `tfds.data_source` (works without TensorFlow, and
-  inside `tfds.testing.mock_data` for tests)."""
+  inside `tfds.testing.mock_data` for tests). Never downloads: a dataset that is not prepared in
+  `data_dir` (ArrayRecord format) raises FileNotFoundError saying how to prepare it."""
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-  source = tfds.data_source(name, split=split, data_dir=data_dir)
+  try:
+    source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+  except (NotImplementedError, AssertionError, FileNotFoundError, ValueError) as e:
+    where = data_dir or "the default TFDS data dir (~/tensorflow_datasets)"
+    raise FileNotFoundError(f"TFDS dataset {name!r} is not prepared in {where}: "
+                            + PREPARE["tfds"].format(name=name) + f" ({e})") from e
   items = [source[i] for i in range(len(source))]
   x = np.stack([np.asarray(it["image"], dtype=np.float32) / 255.0 for it in items])
   y = np.array([int(it["label"]) for it in items], dtype=np.int32)
