@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 
 import numpy as np
 import optax
 from absl import app, flags
 
 import fedjax_sel as fs
+from fedjax_sel.checkpoint import CheckpointError
 from fedjax_sel.data import sources
 from fedjax_sel.data.partition import PARTITIONS
 from fedjax_sel.models.conv import CONV_IMPLS
+from fedjax_sel.runner import NonFiniteError
 
 FLAGS = flags.FLAGS
 
@@ -76,17 +79,72 @@ flags.DEFINE_list("seeds", ["0"], "Seeds; one run each.")
 flags.DEFINE_integer("eval_every", 1, "Evaluate the global model every this many rounds.",
                      lower_bound=1)
 flags.DEFINE_integer("checkpoint_every", 10, "Checkpoint period.", lower_bound=1)
-flags.DEFINE_bool("resume", False, "Continue from the checkpoints in --out_dir.")
+flags.DEFINE_bool("resume", False, "Continue each run from its checkpoint in --out_dir (refused, "
+                  "naming the settings, if they changed; runs without one start fresh).")
+flags.DEFINE_bool("overwrite", False, "Replace the previous runs in --out_dir (without it or "
+                  "--resume, an --out_dir holding a run is refused).")
 flags.DEFINE_string("out_dir", "runs/run", "Output folder.")
+flags.DEFINE_enum("nonfinite", "stop", ("stop", "exclude"), "When a model or loss is not finite: "
+                  "stop the run naming the round, or exclude the diverged client updates from "
+                  "aggregation and count them (nonfinite_clients).")
 flags.DEFINE_bool("plot", False, "Draw the figures after the runs (needs matplotlib).")
 
 
 def seeds() -> list[int]:
   try:
-    return [int(s) for s in FLAGS.seeds]
+    values = [int(s) for s in FLAGS.seeds]
   except ValueError as e:
     raise app.UsageError(f"--seeds must be a comma-separated list of integers, got "
-                                f"{FLAGS.seeds}") from e
+                         f"{FLAGS.seeds}") from e
+  if not values or min(values) < 0 or len(set(values)) != len(values):
+    raise app.UsageError(f"--seeds must be distinct integers >= 0, got {FLAGS.seeds}")
+  return values
+
+
+# Flags that do not change a run's results: left out of its checkpoint fingerprint.
+NOT_RESULTS = {"out_dir", "resume", "overwrite", "plot", "rounds", "seeds", "eval_every",
+               "checkpoint_every", "chunk_size"}
+
+
+def settings() -> dict:
+  """The launcher's flags that determine a run's results (stored in its checkpoints)."""
+  out = {}
+  for module, module_flags in FLAGS.flags_by_module_dict().items():
+    if module.startswith("absl") or "pytest" in module:
+      continue
+    for flag in module_flags:
+      if flag.name not in NOT_RESULTS:
+        out[flag.name] = flag.value
+  return out
+
+
+def engine_options() -> dict:
+  return {"nonfinite": FLAGS.nonfinite}
+
+
+def check_out_dir() -> None:
+  """--out_dir must be a writable folder; one holding a run needs --resume or --overwrite."""
+  out = FLAGS.out_dir
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise app.UsageError(f"--out_dir={out} is a file, not a folder")
+  parent = out if os.path.isdir(out) else os.path.dirname(os.path.abspath(out))
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise app.UsageError(f"--out_dir={out}: {parent} is not writable")
+  if os.path.isdir(out) and not (FLAGS.resume or FLAGS.overwrite):
+    for root, _, files in os.walk(out):
+      if "metrics.jsonl" in files:
+        raise app.UsageError(f"--out_dir={out} holds a previous run ({root}/metrics.jsonl): pass "
+                             "--resume to continue it or --overwrite to replace it")
+
+
+def check_common() -> None:
+  """The checks every launcher makes before loading data."""
+  check_finite()
+  seeds()
+  check_counts()
+  check_out_dir()
 
 
 def check_counts() -> None:
@@ -110,9 +168,10 @@ def dataset_spec(**overrides) -> fs.DatasetSpec:
   return spec._replace(**overrides)
 
 
-def load_data(seed: int, **overrides) -> fs.FederatedDataset:
-  """Builds the dataset, turning data errors into flag errors (before any training)."""
-  check_counts()
+def load_data(seed: int, hint: str = "", **overrides) -> fs.FederatedDataset:
+  """Builds the dataset, turning data errors into flag errors (before any training); `hint` is
+  added to the message of missing data (e.g. how a preset's data are prepared)."""
+  check_common()
   spec = dataset_spec(**overrides)
   if spec.name == "fashion_mnist" and not os.path.isdir(spec.data_dir):
     raise app.UsageError(f"--data_dir={spec.data_dir} does not exist; install the Debian "
@@ -120,12 +179,14 @@ def load_data(seed: int, **overrides) -> fs.FederatedDataset:
   where = f"--dataset={spec.name} --partition={spec.partition} --num_clients={spec.num_clients}"
   try:
     data = fs.build_dataset(spec, seed)
+  except FileNotFoundError as e:
+    raise app.UsageError(f"{where}: {e}. {hint}".strip()) from e
   except ValueError as e:
     raise app.UsageError(f"{where}: {e}") from e
   empty = int((data.train.counts == 0).sum())
   if empty:
     raise app.UsageError(f"{where}: {empty} clients get no training example; lower "
-                                "--num_clients or --test_fraction/--val_fraction")
+                         "--num_clients or --test_fraction / --val_fraction / --public_fraction")
   if FLAGS.test_fraction > 0 and data.test.counts.sum() == 0:
     raise app.UsageError(f"{where}: clients are too small for a test split at "
                                 f"--test_fraction={FLAGS.test_fraction}; lower --num_clients")
@@ -154,6 +215,13 @@ def lr_schedule():
   return fs.step_decay_lr(FLAGS.lr, FLAGS.lr_decay, FLAGS.lr_decay_every)
 
 
+MODEL_INPUTS = {  # (feature shape, is character text) -> whether the model takes these inputs.
+    "logreg": lambda shape, text: not text, "mlp": lambda shape, text: not text,
+    "leaf_cnn": lambda shape, text: shape == (28, 28, 1),
+    "cifar_cnn": lambda shape, text: len(shape) == 3 and min(shape[:2]) >= 12,
+    "resnet18": lambda shape, text: len(shape) == 3, "char_lstm": lambda shape, text: text}
+
+
 def model_for(data: fs.FederatedDataset) -> fs.Model:
   try:
     hidden = tuple(int(h) for h in FLAGS.hidden)
@@ -162,6 +230,12 @@ def model_for(data: fs.FederatedDataset) -> fs.Model:
                          f"{FLAGS.hidden}") from e
   if not hidden or min(hidden) < 1:
     raise app.UsageError(f"--hidden widths must be >= 1, got {FLAGS.hidden}")
+  text = len(data.feature_shape) == 1 and np.issubdtype(data.train.x.dtype, np.integer)
+  if not MODEL_INPUTS[FLAGS.model](data.feature_shape, text):
+    kind = "character windows" if text else f"features of shape {data.feature_shape}"
+    raise app.UsageError(f"--model={FLAGS.model} does not fit --dataset={FLAGS.dataset} "
+                         f"({kind}); accepted: " + ", ".join(
+                             m for m, ok in MODEL_INPUTS.items() if ok(data.feature_shape, text)))
   return fs.build_model(FLAGS.model, data.feature_shape, data.num_classes,
                         conv_impl=FLAGS.conv_impl, hidden=hidden, norm=FLAGS.norm,
                         width=FLAGS.resnet_width)
@@ -196,15 +270,21 @@ def mean_std(values) -> str:
   return f"{values.mean():.4f} +- {values.std():.4f}"
 
 
-def check_finite(**values) -> None:
-  """Rejects NaN and infinite float flags, naming the flag."""
-  for name, v in values.items():
-    if v is not None and not math.isfinite(v):
-      raise app.UsageError(f"--{name} must be a finite number, got {v}")
+def check_finite() -> None:
+  """Rejects NaN and infinite values of every float flag, naming the flag."""
+  for name in FLAGS:
+    flag = FLAGS[name]
+    if flag.flag_type() == "float" and flag.value is not None and not math.isfinite(flag.value):
+      raise app.UsageError(f"--{name} must be a finite number, got {flag.value}")
 
 
 def run_sim(sim: fs.Simulator, *path: str, label: str, extra=None) -> list[dict]:
-  """Runs `sim` for --rounds into `<out_dir>/<path...>` with the launchers' shared run flags."""
-  return fs.run(sim, FLAGS.rounds, os.path.join(FLAGS.out_dir, *path), eval_every=FLAGS.eval_every,
-                checkpoint_every=FLAGS.checkpoint_every, resume=FLAGS.resume, label=label,
-                extra=extra)
+  """Runs `sim` for --rounds into `<out_dir>/<path...>` with the launchers' shared run flags; a
+  diverged run, a refused resume or a foreign checkpoint exit with the message (status 1)."""
+  try:
+    return fs.run(sim, FLAGS.rounds, os.path.join(FLAGS.out_dir, *path),
+                  eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
+                  resume=FLAGS.resume, overwrite=FLAGS.overwrite, label=label, extra=extra,
+                  settings=settings())
+  except (NonFiniteError, CheckpointError, FileExistsError) as e:
+    sys.exit(f"error: {label.strip()}: {e}")

@@ -29,6 +29,7 @@ from fedjax_sel.data.corruption import LABEL_NOISE_MODES, NOISE_PRESETS, noisy_c
 from fedjax_sel.selectors import all_selector, group_random_selector
 
 FLAGS = flags.FLAGS
+flags.adopt_module_key_flags(common)  # --help lists the shared flags too.
 PRESETS = {
     "fmnist": {"dataset": "fashion_mnist", "partition": "uni_class", "num_clients": 60,
                "num_priority": 2, "model": "logreg", "local_epochs": 5, "lr": 0.1,
@@ -88,7 +89,7 @@ def check_flags():
   bad = [m for m in FLAGS.methods if m not in LABELS]
   if bad or not FLAGS.methods:
     raise app.UsageError(f"--methods must list values among {sorted(LABELS)}, got {FLAGS.methods}")
-  common.check_finite(eps0=FLAGS.eps0, warmup_fraction=FLAGS.warmup_fraction, lr=FLAGS.lr)
+  common.check_finite()
   if FLAGS.eps0 < 0:
     raise app.UsageError(f"--eps0 must be >= 0, got {FLAGS.eps0}")
   if not 0.0 <= FLAGS.warmup_fraction < 1.0:
@@ -202,7 +203,8 @@ def main(argv):
         sim = fs.Simulator(model, data, common.optimizer(), common.local_hparams(), avail, selector,
                            fs.fedavg(FLAGS.weighting), k, seed,
                            participation=make_rule(method, priority, group),
-                           lr_schedule=common.lr_schedule(), eval_mask=priority)
+                           lr_schedule=common.lr_schedule(), eval_mask=priority,
+                           **common.engine_options())
         print(f"== {group} {label} seed {seed}: {data.name}, N={data.num_clients}, priority "
               f"{np.flatnonzero(priority).tolist()}")
         recs = common.run_sim(sim, group, method, f"seed{seed}", label=f"{group} {label} s{seed} ",

@@ -31,6 +31,7 @@ from fedjax_sel.data.corruption import KINDS, corrupt_clients, corruption_kinds
 from fedjax_sel.local_training import steps_per_client
 
 FLAGS = flags.FLAGS
+flags.adopt_module_key_flags(common)  # --help lists the shared flags too.
 SPLITS = {"iid": {"partition": "iid"},
           "noniid": {"partition": "dominant", "dominant_fraction": 0.8},
           "extreme": {"partition": "k_classes", "classes_per_client": 2}}
@@ -127,7 +128,7 @@ def check_flags():
   if kinds or not FLAGS.bad_kinds:
     raise app.UsageError(f"--bad_kinds must be among {KINDS}, got {FLAGS.bad_kinds}")
   # NaN and inf fail the range checks below and fedsrc.check_config's; lr has no upper bound.
-  common.check_finite(lr=FLAGS.lr)
+  common.check_finite()
   if not 0.0 <= FLAGS.bad_fraction <= 1.0:
     raise app.UsageError(f"--bad_fraction must be in [0, 1], got {FLAGS.bad_fraction}")
   try:
@@ -240,7 +241,8 @@ def main(argv):
                            common.local_hparams(), common.availability(),
                            fs.random_selector(FLAGS.clients_per_round), make_aggregator(agg_name),
                            FLAGS.clients_per_round, seed, participation=rule,
-                           lr_schedule=common.lr_schedule(), eval_mask=kinds == "good")
+                           lr_schedule=common.lr_schedule(), eval_mask=kinds == "good",
+                           **common.engine_options())
         print(f"== {group} {label} seed {seed}: {data.name}, N={data.num_clients}, bad clients "
               f"{int((kinds != 'good').sum())}")
         recs = common.run_sim(sim, group, key, f"seed{seed}", label=f"{group} {label} s{seed} ",

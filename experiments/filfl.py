@@ -33,6 +33,7 @@ from fedjax_sel.models import per_example_loss
 from fedjax_sel.selectors import DIVFL_PROXIES, POC_VARIANTS, divfl, power_of_choice
 
 FLAGS = flags.FLAGS
+flags.adopt_module_key_flags(common)  # --help lists the shared flags too.
 flags.DEFINE_list("filters", ["none", "dgf", "rgf"], "Runs to compare: none (FedAvg/FedProx), dgf, rgf.")
 flags.DEFINE_enum("selector", "rs", ("rs", "poc", "divfl"), "Selector applied to the filtered-in set.")
 flags.DEFINE_integer("filter_period", 5, "h: filter every h rounds (and when availability changes).",
@@ -123,9 +124,12 @@ def check_flags():
     raise app.UsageError(f"--poc_d must be >= --clients_per_round ({FLAGS.clients_per_round}), "
                          f"got {FLAGS.poc_d}")
   try:
-    return tuple(float(g) for g in FLAGS.gammas)
+    gammas = tuple(float(g) for g in FLAGS.gammas)
   except ValueError as e:
     raise app.UsageError(f"--gammas must be numbers, got {FLAGS.gammas}") from e
+  if not all(0 < g <= 1 for g in gammas):  # Also refuses NaN.
+    raise app.UsageError(f"--gammas must be in (0, 1], got {FLAGS.gammas}")
+  return gammas
 
 
 def make_selector():
@@ -138,12 +142,9 @@ def make_selector():
 
 
 def load(seed):
-  try:
-    data = common.load_data(seed, public_mode=FLAGS.public_mode, public_text=FLAGS.public_text,
-                            public_size=FLAGS.public_size)
-  except FileNotFoundError as e:
-    hint = f" The {FLAGS.preset} preset needs {DATA_HELP[FLAGS.preset]}." if FLAGS.preset else ""
-    raise app.UsageError(f"{e}.{hint}") from e
+  hint = f"The {FLAGS.preset} preset needs {DATA_HELP[FLAGS.preset]}." if FLAGS.preset else ""
+  data = common.load_data(seed, hint, public_mode=FLAGS.public_mode, public_text=FLAGS.public_text,
+                          public_size=FLAGS.public_size)
   kinds = tuple(FLAGS.corrupt_kinds)
   data, bad = corrupt_clients(data, FLAGS.corrupt_fraction, kinds, seed=seed + 100)
   return data, bad
@@ -177,7 +178,8 @@ def main(argv):
       sim = fs.Simulator(model, data, common.optimizer(), common.local_hparams(),
                          common.availability(FLAGS.avail_reference),
                          make_selector(), fs.fedavg(FLAGS.weighting), FLAGS.clients_per_round,
-                         seed, filter=filt, lr_schedule=common.lr_schedule(), eval_mask=~bad)
+                         seed, filter=filt, lr_schedule=common.lr_schedule(), eval_mask=~bad,
+                         **common.engine_options())
       print(f"== {label} seed {seed}: {data.name}, N={data.num_clients}, "
             f"bad clients={int(bad.sum())}, public m={len(data.public_y)}, model={model.name}"
             f"{' (BatchNorm)' if model.train_apply else ''}")

@@ -14,6 +14,7 @@ import fedjax_sel as fs
 from experiments import common
 
 FLAGS = flags.FLAGS
+flags.adopt_module_key_flags(common)  # --help lists the shared flags too.
 
 
 def main(argv):
@@ -27,7 +28,8 @@ def main(argv):
         common.model_for(data), data, common.optimizer(), common.local_hparams(),
         common.availability(), fs.random_selector(FLAGS.clients_per_round),
         fs.fedavg(FLAGS.weighting), FLAGS.clients_per_round, seed,
-        lr_schedule=common.lr_schedule())
+        lr_schedule=common.lr_schedule(),
+        **common.engine_options())
     label = "FedProx" if FLAGS.prox_mu else "FedAvg"
     print(f"== {label} seed {seed}: {data.name}, N={data.num_clients}, model={FLAGS.model}")
     runs.append(common.run_sim(sim, f"seed{seed}", label=f"{label} s{seed} "))

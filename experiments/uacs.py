@@ -26,6 +26,7 @@ from fedjax_sel import uacs
 from fedjax_sel.data.boundary import SCENARIOS, BoundaryConfig, boundary_dataset, check_config
 
 FLAGS = flags.FLAGS
+flags.adopt_module_key_flags(common)  # --help lists the shared flags too.
 flags.DEFINE_list("methods", list(uacs.METHODS), f"Runs to compare: {uacs.METHODS}.")
 flags.DEFINE_list("scenarios", ["1", "2", "3"], "Boundary data scenarios: 1 boundary clients in "
                   "boxes, 2 spread along the whole boundary, 3 like 1 with far clients confined "
@@ -66,9 +67,7 @@ def check_flags() -> list:
   if bad or not FLAGS.methods:
     raise app.UsageError(f"--methods must list values among {sorted(uacs.METHODS)}, got "
                          f"{FLAGS.methods}")
-  common.check_finite(explore_prob=FLAGS.explore_prob, lr=FLAGS.lr, gap0=FLAGS.gap0,
-                      gap1=FLAGS.gap1, box_size=FLAGS.box_size, band=FLAGS.band,
-                      region_size=FLAGS.region_size)
+  common.check_finite()
   if not 0.0 <= FLAGS.explore_prob <= 1.0:
     raise app.UsageError(f"--explore_prob must be in [0, 1], got {FLAGS.explore_prob}")
   if not 1 <= FLAGS.clients_per_round <= FLAGS.num_clients:
@@ -133,7 +132,8 @@ def main(argv):
         sim = fs.Simulator(model, data, common.optimizer(), common.local_hparams(),
                            common.availability(),
                            make_selector(method), fs.fedavg(FLAGS.weighting),
-                           FLAGS.clients_per_round, seed, lr_schedule=common.lr_schedule())
+                           FLAGS.clients_per_round, seed, lr_schedule=common.lr_schedule(),
+                           **common.engine_options())
 
         def extra(state, record, is_boundary=is_boundary, key=(group, label, seed), model=model):
           if record["round"] == FLAGS.rounds - 1:

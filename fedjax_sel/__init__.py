@@ -4,8 +4,10 @@ self-regulation.
 The flat namespace below is the public API; modules hold one concern each:
 `data` (pools, partitioners, sources), `models`, `local_training`, `compiled_cost` (XLA's memory
 and FLOP counts), `evaluation`, `components` (the pure part types), `availability`, `selectors`,
-`aggregators`, `engine`, `runner`.
+`aggregators`, `engine`, `checkpoint`, `runner`.
 """
+
+__version__ = "0.1.0"  # Before the imports: the runner writes it into checkpoint fingerprints.
 
 from fedjax_sel.aggregators import fedavg, weighted_mean
 from fedjax_sel.availability import Availability, uniform_availability
@@ -20,4 +22,3 @@ from fedjax_sel.models import MODELS, Model, build_model
 from fedjax_sel.runner import run, summary_table
 from fedjax_sel.selectors import random_selector, top_k_mask
 
-__version__ = "0.1.0"

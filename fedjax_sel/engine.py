@@ -25,6 +25,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from fedjax_sel import keys as keylib
 from fedjax_sel.availability import Availability
@@ -118,6 +119,37 @@ class _Picked(NamedTuple):
   downloads: jax.Array
 
 
+NONFINITE = ("stop", "exclude")
+
+
+def _check_arguments(data, optimizer, local, availability, seed, eval_mask) -> None:
+  """Named errors for arguments of the wrong kind or size, before anything compiles."""
+  n = data.num_clients
+  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+    raise TypeError(f"seed must be an integer, got {seed!r}")
+  if isinstance(optimizer, optax.GradientTransformation) or not callable(optimizer):
+    raise TypeError("optimizer must be a factory: learning rate -> optax transformation (e.g. "
+                    f"`lambda lr: optax.sgd(lr)`), got {type(optimizer).__name__}")
+  if local.num_steps is None and local.num_epochs < 1:
+    raise ValueError(f"num_epochs must be >= 1, got {local.num_epochs}")
+  if local.num_steps is not None and local.num_steps < 1:
+    raise ValueError(f"num_steps must be >= 1 (or None for epochs), got {local.num_steps}")
+  shape = jax.eval_shape(lambda: availability.sample(0, jnp.int32(0))).shape
+  if shape != (n,):
+    raise ValueError(f"availability samples masks of shape {shape}, the dataset has {n} clients")
+  if eval_mask is not None and np.shape(eval_mask) != (n,):
+    raise ValueError(f"eval_mask must have one entry per client ({n}), got shape "
+                     f"{np.shape(eval_mask)}")
+
+
+def _finite_slots(res: LocalResult) -> jax.Array:
+  """`[K]` bool: the slot's local model and training loss are all finite."""
+  ok = jnp.isfinite(res.train_loss)
+  for leaf in jax.tree.leaves(res.params):
+    ok &= jnp.all(jnp.isfinite(leaf.reshape(leaf.shape[0], -1)), axis=1)
+  return ok
+
+
 def _nonzero_slots(mask: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
   slots = jnp.nonzero(mask, size=size, fill_value=0)[0].astype(jnp.int32)
   return slots, jnp.arange(size) < jnp.sum(mask)
@@ -144,6 +176,10 @@ class Simulator:
     eval_mask: optional `[N]` bool; `evaluate` then also reports `clean_{train,test}_loss` /
       `clean_{train,test}_accuracy` over these clients' training and test data (e.g. the
       non-corrupted ones, or FedALIGN's priority clients).
+    nonfinite: "stop" (default: a non-finite model or loss reaches the metrics, and `run` stops
+      there) or "exclude" (a client whose local model or loss is not finite is left out of the
+      aggregate and of FilFL's candidates, and counted in the `nonfinite_clients` metric: what a
+      real server does with a diverged upload).
   """
 
   def __init__(self, model: Model, data: FederatedDataset, optimizer: OptimizerFactory,
@@ -152,8 +188,13 @@ class Simulator:
                filter: Filter | None = None,  # pylint: disable=redefined-builtin
                participation: Participation | None = None,
                lr_schedule: Callable[[jax.Array], jax.Array] | None = None,
-               eval_batch_size: int = 512, init_params: Any = None, eval_mask=None):
+               eval_batch_size: int = 512, init_params: Any = None, eval_mask=None,
+               nonfinite: str = "stop"):
     n = data.num_clients
+    if nonfinite not in NONFINITE:
+      raise ValueError(f"nonfinite must be one of {NONFINITE}, got {nonfinite!r}")
+    self.exclude_nonfinite = nonfinite == "exclude"
+    _check_arguments(data, optimizer, local, availability, seed, eval_mask)
     if not 1 <= clients_per_round <= availability.num_available:
       raise ValueError(f"clients_per_round (K) must be in 1..{availability.num_available} "
                        f"(clients available per round), got {clients_per_round}")
@@ -194,6 +235,7 @@ class Simulator:
       self.local = local._replace(chunk_size=auto_chunk_size(cost, budget, slots))
     # Stream a linear aggregate out of local training when nothing needs the K local models.
     self.stream = (aggregator.linear_weights is not None and not selector.reads_local_models
+                   and not self.exclude_nonfinite
                    and not self.participation.reads_local_models
                    and (filter is None or not filter.trains_available))
     self.arrays = self._device_arrays()
@@ -333,6 +375,8 @@ class Simulator:
 
     def filter_branch(_):
       local = self._train(params, arrays, avail, n_avail, t, lr) if filt.trains_available else None
+      if local is not None and self.exclude_nonfinite:
+        local = (local[0], local[1] & _finite_slots(local[2]), local[2])
       fmask, fstate, info = filt.apply(state.filter_state, fkey, inputs, avail, local)
       return select_and_train(fmask & avail, fstate, info, local)
 
@@ -348,7 +392,8 @@ class Simulator:
      train_samples, trained_models, downloads) = picked
 
     trained = valid & train_m[slots]
-    aggregated = trained & agg_m[slots]
+    finite = _finite_slots(res) if self.exclude_nonfinite else jnp.ones_like(trained)
+    aggregated = trained & agg_m[slots] & finite
     num_examples = arrays.train.counts[slots]
     if self.stream:
       any_weight = jnp.sum(self.aggregator.linear_weights(aggregated, num_examples)) > 0
@@ -382,7 +427,7 @@ class Simulator:
         server_public_samples=jnp.asarray(info.get("public_samples", 0.0), jnp.float32))
     costs = jax.tree.map(jnp.add, state.costs, round_costs)
 
-    w = jnp.where(trained, res.samples, 0.0)
+    w = jnp.where(trained & finite, res.samples, 0.0)
     agg = jnp.zeros((self.num_clients,), bool).at[slots].max(aggregated)
     metrics = {
         "round": t,
@@ -393,7 +438,11 @@ class Simulator:
         "num_trained": jnp.sum(trained),
         "num_aggregated": jnp.sum(aggregated),
         "filter_round": filter_round,
-        "local_train_loss": jnp.sum(res.train_loss * w) / jnp.maximum(jnp.sum(w), 1.0),
+        "local_train_loss": jnp.sum(jnp.where(w > 0, res.train_loss, 0.0) * w)
+                            / jnp.maximum(jnp.sum(w), 1.0),
+        "nonfinite_clients": jnp.sum(trained & ~finite),
+        "model_finite": jnp.all(jnp.stack([jnp.all(jnp.isfinite(a))
+                                           for a in jax.tree.leaves(new_params)])),
         "cost": round_costs._asdict(),
         "cumulative_cost": costs._asdict(),
         "filter": info,

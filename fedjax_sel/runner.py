@@ -1,8 +1,15 @@
 """Host loop around a `Simulator`: progress, per-round JSONL (flushed), checkpoints, resume.
 
 A finished round is never lost: its metrics line is flushed before the next round starts, and the
-engine state is checkpointed every `checkpoint_every` rounds; `run(..., resume=True)` continues
-from the last checkpoint and truncates the metrics file to the rounds the checkpoint covers.
+engine state is checkpointed (`checkpoint.py`: msgpack, checksummed, atomic) every
+`checkpoint_every` rounds with a fingerprint of the run (library version, seed, data, model and
+the caller's settings). `run(..., resume=True)` checks the fingerprint, reads the run's history
+back from its metrics file (a torn last line, from a kill mid-write, is dropped), continues from
+the checkpoint and returns the whole history; resuming a finished run computes nothing.
+
+A round whose global model or losses are not finite stops the run (`NonFiniteError`, naming the
+round and the cause) after its record is written; `Simulator(..., nonfinite="exclude")` instead
+keeps non-finite local updates out of the aggregate and counts them.
 
 Example:
   >>> records = run(sim, rounds=5, out_dir="/tmp/run")   # doctest: +SKIP
@@ -10,9 +17,10 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
-import pickle
 import sys
 import time
 from typing import Any, Callable, TextIO
@@ -20,10 +28,15 @@ from typing import Any, Callable, TextIO
 import jax
 import numpy as np
 
+from fedjax_sel import __version__, checkpoint
 from fedjax_sel.engine import EngineState, Simulator, to_host
 
 METRICS_FILE = "metrics.jsonl"
-CHECKPOINT_FILE = "checkpoint.pkl"
+CHECKPOINT_FILE = "checkpoint.msgpack"
+
+
+class NonFiniteError(FloatingPointError):
+  """A round produced a non-finite global model or loss."""
 
 
 def _jsonable(tree) -> Any:
@@ -38,62 +51,144 @@ def _jsonable(tree) -> Any:
   return tree
 
 
-def save_checkpoint(path: str, state: EngineState) -> None:
-  """Writes the state atomically (numpy arrays, readable without a device)."""
+def dataset_digest(data) -> str:
+  """SHA-256 (hex, 16 chars) of a federated dataset's labels, client sizes, public set and a
+  strided sample of its training features: the data's identity in a run's fingerprint."""
+  h = hashlib.sha256()
+  for pool in (data.train, data.val, data.test):
+    stride = max(1, pool.x.shape[0] // 4096)
+    for a in (pool.counts, pool.y, pool.x[::stride]):
+      h.update(np.ascontiguousarray(a).tobytes())
+  h.update(np.ascontiguousarray(data.public_y).tobytes())
+  return h.hexdigest()[:16]
+
+
+def run_fingerprint(sim: Simulator, settings: dict | None = None) -> dict:
+  """What determines a run: the library version, seed, K, N, model and its parameter shapes, the
+  data's digest, and the caller's `settings` (e.g. the launcher's flags)."""
+  shapes = [list(np.shape(a)) for a in jax.tree.leaves(jax.eval_shape(sim.init).params)]
+  return {"library": __version__, "seed": sim.seed, "clients_per_round": sim.k,
+          "num_clients": sim.num_clients, "model": sim.model.name,
+          "param_shapes": hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:16],
+          "data": dataset_digest(sim.data), **(settings or {})}
+
+
+def read_history(path: str, rounds: int) -> list[dict]:
+  """The records of rounds `< rounds` in a metrics file; a torn last line is dropped, a malformed
+  line before it raises `CheckpointError` naming the file and line."""
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    lines = f.read().split("\n")
+  records = []
+  for i, line in enumerate(lines):
+    if not line.strip():
+      continue
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError as e:
+      if i >= len(lines) - 2 and not "".join(lines[i + 1:]).strip():  # The last line, torn.
+        break
+      raise checkpoint.CheckpointError(f"{path}:{i + 1} is not a JSON record ({e})") from e
+  return [r for r in records if r["round"] < rounds]
+
+
+def _write_records(path: str, records: list[dict]) -> None:
   tmp = path + ".tmp"
-  with open(tmp, "wb") as f:
-    pickle.dump(jax.device_get(state), f)
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
+    f.flush()
+    os.fsync(f.fileno())
   os.replace(tmp, path)
 
 
-def load_checkpoint(path: str) -> EngineState:
-  with open(path, "rb") as f:
-    return jax.tree.map(jax.numpy.asarray, pickle.load(f))
+def _start(state, out_dir, resume, overwrite, fingerprint, say) -> tuple[EngineState, list]:
+  """The state to start from and the history before it (resume), or a clean run folder."""
+  if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+    raise FileExistsError(f"out_dir {out_dir} is a file, not a folder")
+  os.makedirs(out_dir, exist_ok=True)
+  metrics_path = os.path.join(out_dir, METRICS_FILE)
+  ckpt_path = os.path.join(out_dir, CHECKPOINT_FILE)
+  if resume and os.path.exists(ckpt_path):
+    state, stored = checkpoint.load(ckpt_path, state)
+    diff = checkpoint.differences(stored, fingerprint)
+    if diff:
+      raise checkpoint.CheckpointError(f"cannot resume {ckpt_path}: the run was started with other "
+                                       "settings (checkpoint -> now): " + "; ".join(diff))
+    done = int(state.round)
+    history = read_history(metrics_path, done)
+    if [r["round"] for r in history] != list(range(done)):
+      raise checkpoint.CheckpointError(
+          f"cannot resume: {metrics_path} holds rounds {[r['round'] for r in history][:5]}... "
+          f"but {ckpt_path} is at round {done}; the run's history is lost, start it afresh")
+    _write_records(metrics_path, history)
+    return jax.tree.map(jax.numpy.asarray, state), history
+  previous = [p for p in (metrics_path, ckpt_path) if os.path.exists(p)]
+  if resume:
+    say(f"no checkpoint in {out_dir}: starting fresh\n")
+  elif previous and not overwrite:
+    raise FileExistsError(f"{out_dir} holds a previous run ({', '.join(previous)}); resume it "
+                          "(resume=True, --resume) or replace it (overwrite=True, --overwrite)")
+  for p in previous:
+    os.remove(p)
+  return state, []
 
 
-def _truncate_metrics(path: str, rounds: int) -> None:
-  if not os.path.exists(path):
-    return
-  with open(path, encoding="utf-8") as f:
-    lines = [ln for ln in f if ln.strip() and json.loads(ln)["round"] < rounds]
-  with open(path, "w", encoding="utf-8") as f:
-    f.writelines(lines)
+def _check_finite(record: dict, t: int) -> None:
+  causes = [f"{k} = {record[k]}" for k in ("local_train_loss", "test_loss", "train_loss")
+            if isinstance(record.get(k), float) and not math.isfinite(record[k])]
+  if not record.get("model_finite", True):
+    causes.insert(0, "the aggregated global model has non-finite weights")
+  if causes:
+    raise NonFiniteError(f"round {t}: " + "; ".join(causes) + " (diverged: lower the learning "
+                         "rate, or exclude non-finite client updates with nonfinite='exclude', "
+                         "--nonfinite=exclude)")
 
 
 def run(sim: Simulator, rounds: int, out_dir: str | None = None, *, eval_every: int = 1,
-        checkpoint_every: int = 10, resume: bool = False, progress: TextIO | None = sys.stdout,
-        label: str = "", extra: Callable[[EngineState, dict], dict] | None = None) -> list[dict]:
-  """Runs `rounds` rounds (in total, counting resumed ones) and returns the per-round records.
+        checkpoint_every: int = 10, resume: bool = False, overwrite: bool = False,
+        progress: TextIO | None = sys.stdout, label: str = "",
+        extra: Callable[[EngineState, dict], dict] | None = None,
+        settings: dict | None = None) -> list[dict]:
+  """Runs `rounds` rounds (in total, counting resumed ones) and returns every round's record.
 
   Args:
     sim: the simulator.
     rounds: T.
-    out_dir: where `metrics.jsonl` and `checkpoint.pkl` go (None: keep in memory only).
+    out_dir: where `metrics.jsonl` and `checkpoint.msgpack` go (None: keep in memory only).
     eval_every: evaluate the global model every this many rounds (and at the last round).
     checkpoint_every: checkpoint period in rounds.
-    resume: continue from `out_dir/checkpoint.pkl` if present.
+    resume: continue from `out_dir/checkpoint.msgpack` if present (refused, naming the settings,
+      if the run's fingerprint differs); without one, start fresh and say so.
+    overwrite: replace a previous run in `out_dir` (without it or `resume`, FileExistsError).
     progress: stream for the one-line-per-round progress display (None: silent).
     label: prefix of the progress lines.
     extra: optional `(state, record) -> dict` merged into each record (e.g. OPT ratios).
+    settings: JSON-able settings that determine the run besides what the simulator knows (the
+      launcher's flags), stored in the checkpoint's fingerprint.
+
+  Raises:
+    NonFiniteError: a round's global model or loss is not finite (its record is written first).
   """
-  if rounds < 1:
-    raise ValueError(f"rounds must be >= 1, got {rounds}")
-  if eval_every < 1:
-    raise ValueError(f"eval_every must be >= 1, got {eval_every}")
+  if not isinstance(rounds, int) or rounds < 1:
+    raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+  for name, value in (("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
+    if not isinstance(value, int) or value < 1:
+      raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+  say = (lambda text: (progress.write(label + text), progress.flush())) if progress else (
+      lambda text: None)
   state = sim.init()
-  metrics_path = ckpt_path = None
+  records, metrics_path, ckpt_path, fingerprint = [], None, None, None
   if out_dir is not None:
-    os.makedirs(out_dir, exist_ok=True)
+    fingerprint = run_fingerprint(sim, settings)
+    state, records = _start(state, out_dir, resume, overwrite, fingerprint, say)
     metrics_path = os.path.join(out_dir, METRICS_FILE)
     ckpt_path = os.path.join(out_dir, CHECKPOINT_FILE)
-    if resume and os.path.exists(ckpt_path):
-      state = load_checkpoint(ckpt_path)
-      _truncate_metrics(metrics_path, int(state.round))
-    elif os.path.exists(metrics_path):
-      os.remove(metrics_path)
-  records = []
-  start = time.perf_counter()
   first = int(state.round)
+  if first >= rounds:
+    say(f"finished earlier ({first} rounds): nothing to compute\n")
+    return records[:rounds]
+  start = time.perf_counter() - (records[-1]["wall_s"] if records else 0.0)
   sink = open(metrics_path, "a", encoding="utf-8") if metrics_path else None
   try:
     for t in range(first, rounds):
@@ -108,11 +203,12 @@ def run(sim: Simulator, rounds: int, out_dir: str | None = None, *, eval_every: 
       if sink:
         sink.write(json.dumps(record) + "\n")
         sink.flush()
-      if ckpt_path and ((t + 1) % checkpoint_every == 0 or t == rounds - 1):
-        save_checkpoint(ckpt_path, state)
       if progress is not None:
         progress.write(progress_line(label, t, rounds, record) + "\n")
         progress.flush()
+      _check_finite(record, t)
+      if ckpt_path and ((t + 1) % checkpoint_every == 0 or t == rounds - 1):
+        checkpoint.save(ckpt_path, state, fingerprint)
   finally:
     if sink:
       sink.close()
@@ -120,8 +216,13 @@ def run(sim: Simulator, rounds: int, out_dir: str | None = None, *, eval_every: 
 
 
 def progress_line(label: str, t: int, rounds: int, record: dict) -> str:
-  parts = [f"{label}[{t + 1:>4}/{rounds}]", f"train {record['local_train_loss']:.4f}",
-           f"sel {record['num_selected']}", f"trained {record['num_trained']}"]
+  excluded = record.get("nonfinite_clients", 0)
+  trained = (f"train {record['local_train_loss']:.4f}" if record["num_trained"] > excluded
+             else "no client trained" if not excluded else "every update non-finite")
+  parts = [f"{label}[{t + 1:>4}/{rounds}]", trained, f"sel {record['num_selected']}",
+           f"trained {record['num_trained']}"]
+  if excluded:
+    parts.append(f"excluded {excluded} non-finite")
   if "num_filtered" in record and record.get("filtered_in") is not None:
     parts.append(f"filtered {record['num_filtered']}")
   if "test_accuracy" in record:
@@ -133,8 +234,8 @@ def progress_line(label: str, t: int, rounds: int, record: dict) -> str:
 def summary_table(rows: list[tuple[str, list[dict]]]) -> str:
   """Markdown table of final and best test accuracy, final losses and costs per labelled run."""
   head = ("| run | final test acc | best test acc (round) | final test loss | final train loss | "
-          "train samples | uploads | wall s |")
-  lines = [head, "|" + "---|" * 8]
+          "train samples | uploads | rounds nobody trained | wall s |")
+  lines = [head, "|" + "---|" * 9]
   for label, recs in rows:
     evald = [r for r in recs if "test_accuracy" in r]
     last = evald[-1]
@@ -142,5 +243,6 @@ def summary_table(rows: list[tuple[str, list[dict]]]) -> str:
     cost = recs[-1]["cumulative_cost"]
     lines.append(f"| {label} | {last['test_accuracy']:.4f} | {best['test_accuracy']:.4f} "
                  f"({best['round']}) | {last['test_loss']:.4f} | {last['train_loss']:.4f} | "
-                 f"{cost['train_samples']:.0f} | {cost['uploads']:.0f} | {recs[-1]['wall_s']:.1f} |")
+                 f"{cost['train_samples']:.0f} | {cost['uploads']:.0f} | "
+                 f"{sum(r['num_trained'] == 0 for r in recs)} | {recs[-1]['wall_s']:.1f} |")
   return "\n".join(lines)

@@ -145,7 +145,7 @@ def build_dataset(spec: DatasetSpec, seed: int) -> FederatedDataset:
       if spec.num_clients:
         xs, ys = xs[:spec.num_clients], ys[:spec.num_clients]
       is_text = xs[0].ndim == 2 and xs[0].dtype.kind == "i"
-      num_classes = sources.VOCAB_SIZE if is_text else 62
+      num_classes = sources.VOCAB_SIZE if is_text else sources.FEMNIST_CLASSES
     if spec.public_fraction > 0:
       xs, ys, public = _pool_fraction(xs, ys, spec.public_fraction, seed + 1)
   else:

@@ -26,6 +26,7 @@ PUBLIC_TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "public_t
 # LEAF's Shakespeare vocabulary (80 characters); index 80 is the out-of-vocabulary character.
 LEAF_CHARS = ("\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}")
 OOV_INDEX = len(LEAF_CHARS)
+FEMNIST_CLASSES = 62
 VOCAB_SIZE = len(LEAF_CHARS) + 1
 
 
@@ -63,16 +64,30 @@ def _open(path: str):
   return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
-def read_idx(path: str) -> np.ndarray:
-  """Reads one IDX file (optionally gzipped) into a numpy array of its declared shape."""
-  with _open(path) as f:
-    zero, dtype_code, ndim = struct.unpack(">HBB", f.read(4))
-    if zero != 0 or dtype_code != 0x08:
-      raise ValueError(f"{path}: not an unsigned-byte IDX file (magic {zero:#x}/{dtype_code:#x})")
-    shape = struct.unpack(">" + "I" * ndim, f.read(4 * ndim))
-    data = np.frombuffer(f.read(), dtype=np.uint8)
+def read_idx(path: str, ndim: int | None = None) -> np.ndarray:
+  """Reads one IDX file (optionally gzipped) into a numpy array of its declared shape; `ndim`, if
+  given, is the number of dimensions the file must declare (1 for labels, 3 for images)."""
+  try:
+    with _open(path) as f:
+      raw = f.read()
+  except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError.
+    raise ValueError(f"{path}: cannot read it as {'gzip' if path.endswith('.gz') else 'IDX'} "
+                     f"({e})") from e
+  if len(raw) < 4:
+    raise ValueError(f"{path}: empty or truncated IDX file ({len(raw)} bytes, no header)")
+  zero, dtype_code, dims = struct.unpack(">HBB", raw[:4])
+  if zero != 0 or dtype_code != 0x08:
+    raise ValueError(f"{path}: not an unsigned-byte IDX file (magic {zero:#x}/{dtype_code:#x})")
+  if ndim is not None and dims != ndim:
+    raise ValueError(f"{path}: declares {dims} dimensions, expected {ndim} (images and labels "
+                     "files swapped?)")
+  if len(raw) < 4 + 4 * dims:
+    raise ValueError(f"{path}: truncated IDX header")
+  shape = struct.unpack(">" + "I" * dims, raw[4:4 + 4 * dims])
+  data = np.frombuffer(raw[4 + 4 * dims:], dtype=np.uint8)
   if data.size != int(np.prod(shape)):
-    raise ValueError(f"{path}: expected {int(np.prod(shape))} values, found {data.size}")
+    raise ValueError(f"{path}: truncated or padded: declares shape {list(shape)} "
+                     f"({int(np.prod(shape))} values), holds {data.size}")
   return data.reshape(shape)
 
 
@@ -88,8 +103,12 @@ def _find(data_dir: str, stem: str) -> str:
 def load_idx(data_dir: str, split: str = "train") -> Centralized:
   """MNIST-format IDX images/labels (`train` or `t10k`) as `[n, 28, 28, 1]` floats in [0, 1]."""
   prefix = {"train": "train", "test": "t10k"}[split]
-  images = read_idx(_find(data_dir, f"{prefix}-images-idx3-ubyte"))
-  labels = read_idx(_find(data_dir, f"{prefix}-labels-idx1-ubyte"))
+  images_path = _find(data_dir, f"{prefix}-images-idx3-ubyte")
+  labels_path = _find(data_dir, f"{prefix}-labels-idx1-ubyte")
+  images, labels = read_idx(images_path, 3), read_idx(labels_path, 1)
+  if len(images) != len(labels):
+    raise ValueError(f"{images_path} holds {len(images)} images but {labels_path} "
+                     f"{len(labels)} labels")
   x = (images.astype(np.float32) / 255.0)[..., None]
   return Centralized(x, labels.astype(np.int32), int(labels.max()) + 1)
 
@@ -124,22 +143,50 @@ def load_leaf_json(paths: list[str]) -> tuple[list[str], list[np.ndarray], list[
   """
   users, xs, ys = [], [], []
   for path in paths:
-    with open(path, encoding="utf-8") as f:
-      blob = json.load(f)
+    blob = _leaf_blob(path)
     for uid, n in zip(blob["users"], blob["num_samples"]):
-      ud = blob["user_data"][uid]
-      if len(ud["y"]) != n:
-        raise ValueError(f"{path}: user {uid} declares {n} samples but holds {len(ud['y'])}")
+      ud = blob["user_data"].get(uid)
+      if not isinstance(ud, dict) or not {"x", "y"} <= set(ud):
+        raise ValueError(f"{path}: user {uid!r} is listed in 'users' but has no 'x' and 'y' in "
+                         "'user_data'")
+      if len(ud["y"]) != n or len(ud["x"]) != n:
+        raise ValueError(f"{path}: user {uid} declares {n} samples but holds {len(ud['x'])} x "
+                         f"and {len(ud['y'])} y")
       if ud["x"] and isinstance(ud["x"][0], str):
         x = np.stack([encode_chars(s) for s in ud["x"]]) if n else np.zeros((0, 80), np.int32)
         y = np.array([encode_chars(c)[0] for c in ud["y"]], dtype=np.int32)
       else:
-        x = np.asarray(ud["x"], dtype=np.float32).reshape(n, 28, 28, 1)
-        y = np.asarray(ud["y"], dtype=np.int32)
+        try:
+          x = np.asarray(ud["x"], dtype=np.float32).reshape(n, 28, 28, 1)
+          y = np.asarray(ud["y"], dtype=np.int32)
+        except (ValueError, TypeError) as e:
+          raise ValueError(f"{path}: user {uid}: FEMNIST rows must be 784 numbers with integer "
+                           f"labels ({e})") from e
+        if n and (y.min() < 0 or y.max() >= FEMNIST_CLASSES):
+          raise ValueError(f"{path}: user {uid} has labels outside 0..{FEMNIST_CLASSES - 1} "
+                           f"({y.min()}..{y.max()})")
       users.append(uid)
       xs.append(x)
       ys.append(y)
   return users, xs, ys
+
+
+def _leaf_blob(path: str) -> dict:
+  """One LEAF JSON file, its keys checked."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      blob = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f"{path}: not a readable LEAF JSON file ({e})") from e
+  missing = {"users", "num_samples", "user_data"} - set(blob if isinstance(blob, dict) else ())
+  if missing:
+    raise ValueError(f"{path}: LEAF JSON misses the keys {sorted(missing)}")
+  if not blob["users"]:
+    raise ValueError(f"{path}: its 'users' list is empty")
+  if len(blob["users"]) != len(blob["num_samples"]):
+    raise ValueError(f"{path}: {len(blob['users'])} users but {len(blob['num_samples'])} "
+                     "num_samples")
+  return blob
 
 
 def load_tfds(name: str, split: str = "train", data_dir: str | None = None) -> Centralized:

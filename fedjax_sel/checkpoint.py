@@ -1,0 +1,114 @@
+"""Checkpoints that cannot run code when loaded, written atomically, checked when read.
+
+Format: flax's msgpack serialization (`flax.serialization.msgpack_serialize`), chosen over pickle
+because its decoder builds only numbers, strings, lists, dicts and numpy arrays (a crafted file
+cannot construct objects or call functions), and over orbax-checkpoint because a simulation state
+is one small pytree written by one process: orbax's asynchronous, tensorstore-backed, multi-host
+machinery would add a dependency and a directory layout for nothing we use (flax is already ours).
+
+A file is `MAGIC`, the SHA-256 of the payload in hex and a newline, then the payload: a msgpack map
+`{"fingerprint": {...}, "leaves": {"0": array, ...}}` of the state's leaves in `jax.tree.leaves`
+order. Reading checks the magic (foreign file), the checksum (truncated or corrupted file) and each
+leaf's shape and dtype against a template state (a state of another structure), naming the file.
+Writing goes to a temporary file, fsyncs it, renames it over the old one and fsyncs the folder, so
+a crash leaves either the old checkpoint or the new one.
+
+Example:
+  >>> import jax.numpy as jnp, tempfile, os
+  >>> path = os.path.join(tempfile.mkdtemp(), "ckpt.msgpack")
+  >>> save(path, {"w": jnp.ones(3)}, {"seed": 0})
+  >>> state, fingerprint = load(path, {"w": jnp.zeros(3)})
+  >>> state["w"].tolist(), fingerprint
+  ([1.0, 1.0, 1.0], {'seed': 0})
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import jax
+import numpy as np
+from flax import serialization
+
+MAGIC = b"fedjax_sel checkpoint v1\n"
+
+
+class CheckpointError(ValueError):
+  """A checkpoint that is foreign, truncated, corrupted, of another structure or another run."""
+
+
+def save(path: str, state: Any, fingerprint: dict) -> None:
+  """Writes `state` (any pytree of arrays) and its run's `fingerprint` atomically to `path`."""
+  leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(jax.device_get(state))]
+  payload = serialization.msgpack_serialize(
+      {"fingerprint": fingerprint, "leaves": {str(i): leaf for i, leaf in enumerate(leaves)}})
+  digest = hashlib.sha256(payload).hexdigest().encode()
+  tmp = path + ".tmp"
+  with open(tmp, "wb") as f:
+    f.write(MAGIC + digest + b"\n" + payload)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+  folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+  try:
+    os.fsync(folder)
+  finally:
+    os.close(folder)
+
+
+def load(path: str, template: Any) -> tuple[Any, dict]:
+  """Reads a checkpoint written by `save` into the structure of `template`.
+
+  Returns:
+    (state as numpy arrays in `template`'s tree structure, the fingerprint dict).
+
+  Raises:
+    CheckpointError: naming `path`, when the file is not a fedjax_sel checkpoint, is truncated or
+      corrupted (checksum), or holds leaves of other shapes or dtypes than `template`'s.
+  """
+  with open(path, "rb") as f:
+    blob = f.read()
+  if not blob.startswith(MAGIC):
+    raise CheckpointError(f"{path} is not a fedjax_sel checkpoint (it does not start with "
+                          f"{MAGIC.strip().decode()!r})")
+  head = len(MAGIC) + 65
+  digest, payload = blob[len(MAGIC):head - 1], blob[head:]
+  if blob[head - 1:head] != b"\n" or hashlib.sha256(payload).hexdigest().encode() != digest:
+    raise CheckpointError(f"{path} is truncated or corrupted (its SHA-256 checksum does not match)")
+  try:
+    content = serialization.msgpack_restore(payload)
+    stored = content["leaves"]
+    fingerprint = dict(content["fingerprint"])
+  except Exception as e:  # A payload with the right checksum but another layout.
+    raise CheckpointError(f"{path} does not hold a fedjax_sel state ({e})") from e
+  want, treedef = jax.tree.flatten(template)
+  if len(stored) != len(want):
+    raise CheckpointError(f"{path} holds a state of {len(stored)} arrays, this run's has "
+                          f"{len(want)}: it was written by another configuration")
+  leaves = []
+  for i, w in enumerate(want):
+    got = np.asarray(stored[str(i)])
+    if got.shape != np.shape(w) or got.dtype != np.asarray(w).dtype:
+      raise CheckpointError(f"{path}: array {i} is {got.dtype}{list(got.shape)}, this run "
+                            f"expects {np.asarray(w).dtype}{list(np.shape(w))}: it was written "
+                            "by another configuration")
+    leaves.append(got)
+  return jax.tree.unflatten(treedef, leaves), fingerprint
+
+
+def differences(stored: dict, current: dict) -> list[str]:
+  """`key: stored -> current` for every setting that differs between two fingerprints."""
+  keys = sorted(set(stored) | set(current))
+  return [f"{k}: {stored.get(k, '(absent)')!r} -> {current.get(k, '(absent)')!r}" for k in keys
+          if _normal(stored.get(k)) != _normal(current.get(k))]
+
+
+def _normal(value):
+  """Lists and tuples compare equal (msgpack turns tuples into lists)."""
+  if isinstance(value, (list, tuple)):
+    return [_normal(v) for v in value]
+  if isinstance(value, dict):
+    return {k: _normal(v) for k, v in value.items()}
+  return value
