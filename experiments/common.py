@@ -130,6 +130,8 @@ def check_out_dir() -> None:
   parent = out if os.path.isdir(out) else os.path.dirname(os.path.abspath(out))
   while not os.path.exists(parent):
     parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise app.UsageError(f"--out_dir={out}: {parent} is a file, not a folder")
   if not os.access(parent, os.W_OK | os.X_OK):
     raise app.UsageError(f"--out_dir={out}: {parent} is not writable")
   if os.path.isdir(out) and not (FLAGS.resume or FLAGS.overwrite):
@@ -176,7 +178,11 @@ def load_data(seed: int, hint: str = "", **overrides) -> fs.FederatedDataset:
   if spec.name == "fashion_mnist" and not os.path.isdir(spec.data_dir):
     raise app.UsageError(f"--data_dir={spec.data_dir} does not exist; install the Debian "
                                 "package dataset-fashion-mnist or point --data_dir at IDX files")
-  where = f"--dataset={spec.name} --partition={spec.partition} --num_clients={spec.num_clients}"
+  where = f"--dataset={spec.name} --num_clients={spec.num_clients}"
+  if spec.name not in ("leaf", "synth"):
+    where += f" --partition={spec.partition}"
+  if spec.public_fraction:
+    where += f" --public_fraction={spec.public_fraction} (the server's share)"
   try:
     data = fs.build_dataset(spec, seed)
   except FileNotFoundError as e:

@@ -35,7 +35,9 @@ def weighted_mean(client_params, weights: jax.Array, fallback):
   safe = normalized(weights)
 
   def avg(stack, old):
-    mean = jnp.tensordot(safe, stack, axes=1)
+    # Zero-weight slots are zeroed, not multiplied by 0: a non-finite model they hold stays out.
+    kept = jnp.where((safe > 0).reshape(-1, *([1] * (stack.ndim - 1))), stack, 0)
+    mean = jnp.tensordot(safe, kept, axes=1)
     return jnp.where(total > 0, mean, old)
 
   return jax.tree.map(avg, client_params, fallback)

@@ -114,7 +114,9 @@ class Selector(NamedTuple):
   `report(state) -> dict` of scalars written into the round's metrics under `"selector"`, read
   after `observe`; its `gradients_computed` entry (clients whose gradient the selector asked
   `inputs.gradients` for) is added to the round's `gradients_computed` metric, and its
-  `gradient_samples` entry (their training samples) to the `client_grad_samples` cost.
+  `gradient_samples` entry (their training samples) to the `client_grad_samples` cost; its
+  `evaluated` entry (`[N]` bool) names the clients that computed the selector's stats (e.g.
+  power-of-choice's d candidates), charged instead of every available client.
   """
 
   init: Callable[[int, Any], Any]

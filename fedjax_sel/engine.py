@@ -150,6 +150,17 @@ def _finite_slots(res: LocalResult) -> jax.Array:
   return ok
 
 
+def _without_nonfinite(res: LocalResult, global_params) -> tuple[jax.Array, LocalResult]:
+  """(`[K]` finite mask, `res` with each non-finite slot's model replaced by the global model), so
+  that no later average, median or distance sees a NaN; the slot's loss becomes NaN, which keeps
+  it marked non-finite when the slots are gathered again."""
+  finite = _finite_slots(res)
+  params = jax.tree.map(
+      lambda p, g: jnp.where(finite.reshape(-1, *([1] * g.ndim)), p, g[None]), res.params,
+      global_params)
+  return finite, res._replace(params=params, train_loss=jnp.where(finite, res.train_loss, jnp.nan))
+
+
 def _nonzero_slots(mask: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
   slots = jnp.nonzero(mask, size=size, fill_value=0)[0].astype(jnp.int32)
   return slots, jnp.arange(size) < jnp.sum(mask)
@@ -219,8 +230,6 @@ class Simulator:
     if unknown:
       raise ValueError(f"unknown stats {sorted(unknown)}; accepted: {STAT_NAMES}")
     self.needs = tuple(sorted(needs))
-    # Stats that choose among the available clients (the rule's are read by the chosen ones).
-    self.chooser_needs = set(selector.needs) | set(filter.needs if filter is not None else ())
     self.mesh = None
     self.client_sharding = None
     if jax.device_count() > 1:
@@ -376,7 +385,8 @@ class Simulator:
     def filter_branch(_):
       local = self._train(params, arrays, avail, n_avail, t, lr) if filt.trains_available else None
       if local is not None and self.exclude_nonfinite:
-        local = (local[0], local[1] & _finite_slots(local[2]), local[2])
+        finite, clean = _without_nonfinite(local[2], params)
+        local = (local[0], local[1] & finite, clean)
       fmask, fstate, info = filt.apply(state.filter_state, fkey, inputs, avail, local)
       return select_and_train(fmask & avail, fstate, info, local)
 
@@ -392,7 +402,9 @@ class Simulator:
      train_samples, trained_models, downloads) = picked
 
     trained = valid & train_m[slots]
-    finite = _finite_slots(res) if self.exclude_nonfinite else jnp.ones_like(trained)
+    finite = jnp.ones_like(trained)
+    if self.exclude_nonfinite:
+      finite, res = _without_nonfinite(res, params)
     aggregated = trained & agg_m[slots] & finite
     num_examples = arrays.train.counts[slots]
     if self.stream:
@@ -411,13 +423,14 @@ class Simulator:
     did = jnp.zeros((self.num_clients,), bool).at[slots].max(trained)
     clients = self._update_clients(state.clients, t, chosen, did, slots, trained, res.train_loss)
 
-    evals, grads = self._stat_costs(arrays, avail, chosen)
     sel_report = self.selector.report(sel_state)
+    evals, grads, evaluators = self._stat_costs(arrays, avail, chosen,
+                                                sel_report.get("evaluated", avail))
     grads += jnp.asarray(sel_report.get("gradient_samples", 0.0), jnp.float32)
     gradients_computed = (self.num_clients * len({"grad", "grad_norm"} & set(self.needs))
                           + jnp.asarray(sel_report.get("gradients_computed", 0), jnp.int32))
-    if self.chooser_needs:  # Every available client evaluates the model for these stats.
-      downloads = jnp.maximum(downloads, jnp.sum(avail).astype(jnp.float32))
+    # The clients that evaluated the model for the selector's or filter's stats downloaded it.
+    downloads = jnp.maximum(downloads, jnp.sum(evaluators).astype(jnp.float32))
     round_costs = Costs(
         client_eval_samples=evals,
         client_grad_samples=grads,
@@ -459,11 +472,16 @@ class Simulator:
                             fmask, avail, costs)
     return new_state, metrics
 
-  def _stat_costs(self, arrays: DataArrays, avail, chosen) -> tuple[jax.Array, jax.Array]:
+  def _stat_costs(self, arrays: DataArrays, avail, chosen,
+                  sel_evaluated) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Samples clients evaluated (forward) and differentiated (forward and backward) to compute
-    this round's stats: a stat that the selector or filter reads costs every available client; one
-    that only the participation rule reads costs only the selected clients (they alone decide)."""
+    this round's stats, and the `[N]` clients that evaluated for the selector or filter: a stat
+    the filter reads costs every available client; one the selector reads, the clients its report
+    names as `evaluated` (power-of-choice's d candidates; default every available client); one
+    only the participation rule reads, the selected clients (they alone decide)."""
     evals = grads = jnp.zeros((), jnp.float32)
+    evaluators = jnp.zeros_like(avail)
+    filter_needs = set(self.filter.needs) if self.filter is not None else set()
     groups = (({"loss", "accuracy", "entropy"}, arrays.train.counts, False),
               ({"val_loss", "val_accuracy"}, arrays.val.counts, False),
               ({"test_loss", "test_accuracy"}, arrays.test.counts, False),
@@ -473,13 +491,20 @@ class Simulator:
       wanted = names & set(self.needs)
       if not wanted:
         continue
-      who = avail if wanted & self.chooser_needs else chosen
+      who = jnp.zeros_like(avail)
+      if wanted & filter_needs:
+        who |= avail
+      if wanted & set(self.selector.needs):
+        who |= sel_evaluated & avail
+      evaluators |= who
+      if wanted & set(self.participation.needs):
+        who |= chosen
       samples = jnp.sum(jnp.where(who, per_client, 0)).astype(jnp.float32)
       if backward:
         grads += samples
       else:
         evals += samples
-    return evals, grads
+    return evals, grads, evaluators
 
   @staticmethod
   def _update_clients(clients: ClientState, t, chosen, did, slots, trained,

@@ -73,12 +73,16 @@ def power_of_choice(k: int, d: int | None = None, variant: str = "pow") -> Selec
   stat = {"pow": "loss", "cpow": "batch_loss", "rpow": None}[variant]
 
   def select(state, key, inputs, mask):
+    del state
     candidates = weighted_sample_without_replacement(
         key, inputs.num_examples.astype(jnp.float32), mask, d)
     loss = inputs.clients.last_loss if stat is None else inputs.stats[stat]
-    return top_k_mask(loss, candidates, k), state
+    return top_k_mask(loss, candidates, k), {"candidates": candidates}
 
-  return Selector(init=lambda n, params: (), select=select, needs=(stat,) if stat else ())
+  # Only the d candidates evaluate the model (the engine charges the loss to them alone).
+  return Selector(init=lambda n, params: {"candidates": jnp.zeros((n,), bool)}, select=select,
+                  needs=(stat,) if stat else (),
+                  report=lambda state: {"evaluated": state["candidates"]})
 
 
 def facility_location_greedy(proxies: jax.Array, ground: jax.Array, k: int) -> jax.Array:
