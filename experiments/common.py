@@ -110,7 +110,7 @@ def settings() -> dict:
   """The launcher's flags that determine a run's results (stored in its checkpoints)."""
   out = {}
   for module, module_flags in FLAGS.flags_by_module_dict().items():
-    if module.startswith("absl") or "pytest" in module:
+    if not module.startswith(("experiments", "__main__")):  # Not absl's, jax's or tfds' own.
       continue
     for flag in module_flags:
       if flag.name not in NOT_RESULTS:
