@@ -20,6 +20,8 @@ Example:
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -33,6 +35,7 @@ from fedjax_sel.components import (STAT_NAMES, AggregateInputs, Aggregator, Clie
                                    Participation, RoundInputs, RoundOutcome, Selector, everyone)
 from fedjax_sel.data.federated import (ClientPool, FederatedDataset, device_pool,
                                        rows_with_replacement)
+from fedjax_sel.data.store import capacity, client_chunks, compact
 from fedjax_sel.evaluation import client_gradients, client_metrics
 from fedjax_sel.local_training import (LocalHParams, LocalResult, OptimizerFactory,
                                        auto_chunk_size, default_memory_budget, local_train,
@@ -120,6 +123,27 @@ class _Picked(NamedTuple):
 
 
 NONFINITE = ("stop", "exclude")
+STORES = ("device", "host", "auto")
+# Share of device memory the clients' data may take before store="auto" keeps them on the host:
+# accelerators need the rest for models and activations; on CPU the device copy sits beside the
+# host's.
+DEVICE_DATA_SHARE = {"cpu": 0.25, "other": 0.5}
+
+
+def data_bytes(data: FederatedDataset) -> int:
+  """Bytes of every client's examples (train, validation and test)."""
+  return sum(int(np.prod(p.x.shape)) * p.x.dtype.itemsize + p.y.shape[0] * 4
+             for p in (data.train, data.val, data.test))
+
+
+def fits_on_device(data: FederatedDataset) -> bool:
+  """Whether the data fit the first device's share of memory (`DEVICE_DATA_SHARE`)."""
+  device = jax.devices()[0]
+  if device.platform == "cpu":
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return data_bytes(data) <= DEVICE_DATA_SHARE["cpu"] * memory
+  memory = (device.memory_stats() or {}).get("bytes_limit", 16 * 2**30)
+  return data_bytes(data) <= DEVICE_DATA_SHARE["other"] * memory
 
 
 def _check_arguments(data, optimizer, local, availability, seed, eval_mask) -> None:
@@ -187,6 +211,14 @@ class Simulator:
     eval_mask: optional `[N]` bool; `evaluate` then also reports `clean_{train,test}_loss` /
       `clean_{train,test}_accuracy` over these clients' training and test data (e.g. the
       non-corrupted ones, or FedALIGN's priority clients).
+    store: where the clients' data live: "device" (all of it, the fast default when it fits),
+      "host" (host memory or a memory-mapped store, `data/store.py`: each round transfers only the
+      available clients' rows, prepared on a background thread while the previous round runs,
+      and evaluation streams the population through the device in chunks of n clients), or
+      "auto" (host when the data exceed `DEVICE_DATA_SHARE` of the device's memory). In host mode
+      per-client stats and gradients exist for the round's available clients only (the others
+      read as empty clients), which is all that masked selection and the rules read; DivFL's
+      first-round proxy table is filled for the available clients only.
     nonfinite: "stop" (default: a non-finite model or loss reaches the metrics, and `run` stops
       there) or "exclude" (a client whose local model or loss is not finite is left out of the
       aggregate and of FilFL's candidates, and counted in the `nonfinite_clients` metric: what a
@@ -200,8 +232,10 @@ class Simulator:
                participation: Participation | None = None,
                lr_schedule: Callable[[jax.Array], jax.Array] | None = None,
                eval_batch_size: int = 512, init_params: Any = None, eval_mask=None,
-               nonfinite: str = "stop"):
+               nonfinite: str = "stop", store: str = "device"):
     n = data.num_clients
+    if store not in STORES:
+      raise ValueError(f"store must be one of {STORES}, got {store!r}")
     if nonfinite not in NONFINITE:
       raise ValueError(f"nonfinite must be one of {NONFINITE}, got {nonfinite!r}")
     self.exclude_nonfinite = nonfinite == "exclude"
@@ -247,15 +281,33 @@ class Simulator:
                    and not self.exclude_nonfinite
                    and not self.participation.reads_local_models
                    and (filter is None or not filter.trains_available))
+    self.on_host = store == "host" or (store == "auto" and not fits_on_device(data))
+    if self.on_host:
+      self._capacity = {split: capacity(getattr(data, split), availability.num_available)
+                        for split in ("train", "val", "test")}
+      self._avail_host = jax.jit(lambda t: availability.sample(seed, t))
+      self._prefetcher = ThreadPoolExecutor(max_workers=1)
+      self._pending = None
+      self._metrics_fn = jax.jit(lambda p, pool: client_metrics(model, p, pool,
+                                                                self.eval_batch_size))
     self.arrays = self._device_arrays()
     self._step = jax.jit(self._round)
     self._steps = jax.jit(self._rounds, static_argnums=2)
     self._evaluate = jax.jit(self._evaluate_impl)
+    self._evaluate_public = jax.jit(self._public_metrics)
 
-  def _device_arrays(self) -> DataArrays:
+  def _device_arrays(self, ids=None) -> DataArrays:
+    """The data the compiled round reads: every client's, or in host mode the clients `ids`'."""
     d = self.data
-    arrays = DataArrays(device_pool(d.train), device_pool(d.val), device_pool(d.test),
-                        jnp.asarray(d.public_x), jnp.asarray(d.public_y), jnp.asarray(d.label_hist))
+    if self.on_host:
+      if ids is None:  # Shapes only, for the first compile's placeholders.
+        ids = np.zeros((0,), np.int64)
+      pools = [device_pool(compact(getattr(d, split), ids, self._capacity[split]))
+               for split in ("train", "val", "test")]
+    else:
+      pools = [device_pool(d.train), device_pool(d.val), device_pool(d.test)]
+    arrays = DataArrays(*pools, jnp.asarray(d.public_x), jnp.asarray(d.public_y),
+                        jnp.asarray(d.label_hist))
     if self.mesh is not None:
       replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
       arrays = jax.device_put(arrays, replicated)
@@ -276,13 +328,28 @@ class Simulator:
         prev_available=jnp.zeros((n,), bool), costs=Costs.zeros())
 
   def step(self, state: EngineState) -> tuple[EngineState, dict]:
-    """Runs one round (one compiled call)."""
-    return self._step(state, self.arrays)
+    """Runs one round (one compiled call; in host mode, after this round's available clients'
+    rows reach the device, and with the next round's rows prepared meanwhile)."""
+    if not self.on_host:
+      return self._step(state, self.arrays)
+    t = int(state.round)
+    pending, self._pending = self._pending, None
+    arrays = pending[1].result() if pending is not None and pending[0] == t else (
+        self._round_arrays(t))
+    out = self._step(state, arrays)
+    self._pending = (t + 1, self._prefetcher.submit(self._round_arrays, t + 1))
+    return out
+
+  def _round_arrays(self, t: int) -> DataArrays:
+    ids = np.flatnonzero(np.asarray(self._avail_host(jnp.int32(t))))
+    return self._device_arrays(ids)
 
   def steps(self, state: EngineState, num_rounds: int) -> tuple[EngineState, dict]:
     """Runs `num_rounds` rounds in one compiled call (a `lax.scan` over rounds); the metrics come
     back stacked with a leading `[num_rounds]` axis. Use it when nothing needs the host between
     rounds: for small models it removes the per-round dispatch."""
+    if self.on_host:
+      raise ValueError("steps() runs rounds without the host; with store='host' call step()")
     return self._steps(state, self.arrays, num_rounds)
 
   def _rounds(self, state, arrays, num_rounds):
@@ -290,7 +357,31 @@ class Simulator:
 
   def evaluate(self, params) -> dict:
     """Global model metrics: pooled test and train loss/accuracy, and on the public set."""
+    if self.on_host:
+      return self._evaluate_streamed(params)
     return self._evaluate(params, self.arrays)
+
+  def _evaluate_streamed(self, params) -> dict:
+    """`evaluate` over the population in chunks of n clients (host mode)."""
+    n = self.num_clients
+    out = {}
+    for split in ("test", "train"):
+      pool = getattr(self.data, split)
+      sums = np.zeros((3, n))
+      for ids in client_chunks(n, self.availability.num_available):
+        m = self._metrics_fn(params, device_pool(compact(pool, ids, self._capacity[split])))
+        sums += np.stack([np.asarray(m.loss) * np.asarray(m.count),
+                          np.asarray(m.accuracy) * np.asarray(m.count), np.asarray(m.count)])
+      masks = {"": np.ones(n, bool)}
+      if self.eval_mask is not None:
+        masks["clean_"] = np.asarray(self.eval_mask)
+      for prefix, mask in masks.items():
+        count = max(sums[2][mask].sum(), 1.0)
+        out[f"{prefix}{split}_loss"] = jnp.float32(sums[0][mask].sum() / count)
+        out[f"{prefix}{split}_accuracy"] = jnp.float32(sums[1][mask].sum() / count)
+    if self.data.public_y.shape[0]:
+      out.update(self._evaluate_public(params, self.arrays.public_x, self.arrays.public_y))
+    return out
 
   # ---------------------------------------------------------------------------------------------
   def _stats(self, params, arrays: DataArrays, t) -> dict:
@@ -527,9 +618,12 @@ class Simulator:
         clean = m._replace(count=jnp.where(self.eval_mask, m.count, 0.0))
         out[f"clean_{split}_loss"], out[f"clean_{split}_accuracy"] = clean.pooled()
     if self.data.public_y.shape[0]:
-      m = example_metrics(self.model, params, arrays.public_x, arrays.public_y)
-      out["public_loss"], out["public_accuracy"] = jnp.mean(m.loss), jnp.mean(m.correct)
+      out.update(self._public_metrics(params, arrays.public_x, arrays.public_y))
     return out
+
+  def _public_metrics(self, params, x, y) -> dict:
+    m = example_metrics(self.model, params, x, y)
+    return {"public_loss": jnp.mean(m.loss), "public_accuracy": jnp.mean(m.correct)}
 
 
 def to_host(tree) -> Any:

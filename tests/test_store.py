@@ -1,0 +1,93 @@
+"""The off-device client store: same runs as on the device; stores on disk checked when opened."""
+
+import os
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+import fedjax_sel as fs
+from fedjax_sel.data import store
+from fedjax_sel import filtering
+from tests.conftest import ragged_dataset
+
+
+def sims(data, **kw):
+  model = fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(16,))
+  make = lambda where: fs.Simulator(
+      model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
+      fs.uniform_availability(data.num_clients, 5, period=2), fs.random_selector(3),
+      fs.fedavg(), 3, 0, store=where, eval_mask=np.arange(data.num_clients) % 3 > 0, **kw)
+  return make("device"), make("host")
+
+
+def assert_same_runs(a, b, rounds=4):
+  sa, sb = a.init(), b.init()
+  for _ in range(rounds):
+    sa, ma = a.step(sa)
+    sb, mb = b.step(sb)
+    ha, hb = fs.engine.to_host(ma), fs.engine.to_host(mb)
+    for key in ("selected", "trained_clients", "aggregated_clients", "filtered_in"):
+      if key in ha:
+        assert ha[key].tolist() == hb[key].tolist(), key
+    np.testing.assert_allclose(ha["local_train_loss"], hb["local_train_loss"], rtol=1e-6)
+    np.testing.assert_allclose(ha["cost"]["train_samples"], hb["cost"]["train_samples"])
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7), sa.params,
+               sb.params)
+  ea, eb = a.evaluate(sa.params), b.evaluate(sb.params)
+  assert set(ea) == set(eb)
+  for key in ea:  # Per-client sums in another order: float rounding only.
+    np.testing.assert_allclose(float(ea[key]), float(eb[key]), rtol=1e-5, err_msg=key)
+
+
+def test_host_store_gives_the_same_run_as_the_device():
+  data = ragged_dataset([23, 5, 40, 1, 17, 9, 31, 12, 3, 28, 14, 7])
+  device, host = sims(data)
+  assert host.on_host and not device.on_host
+  assert_same_runs(device, host)
+
+
+def test_host_store_same_filfl_run():
+  data = ragged_dataset([23, 5, 40, 6, 17, 9, 31, 12, 8, 28])
+  rng = np.random.default_rng(9)
+  data = data._replace(public_x=rng.normal(size=(30, 6)).astype(np.float32),
+                       public_y=rng.integers(0, 4, 30).astype(np.int32))
+  model = fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(16,))
+  pub = lambda p, x, y: jax.numpy.mean(fs.models.per_example_loss(model, p, x, y))
+  filt = filtering.filfl_filter(pub, data.public_x, data.public_y, filtering.FilterConfig("dgf"))
+  assert_same_runs(*sims(data, filter=filt))
+
+
+def test_memory_mapped_store_round_trip_and_checks(tmp_path):
+  data = ragged_dataset([23, 5, 40, 6])
+  folder = str(tmp_path / "store")
+  store.write_store(folder, data)
+  opened = store.open_store(folder)
+  assert isinstance(opened.train.x, np.memmap)
+  jax.tree.map(np.testing.assert_array_equal, tuple(opened.train), tuple(data.train))
+  assert opened.feature_shape == data.feature_shape and opened.num_classes == data.num_classes
+  with pytest.raises(ValueError, match="holds dataset"):
+    store.open_store(folder, expect_name="femnist")
+  path = os.path.join(folder, "train_x.npy")
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) - 64)
+  with pytest.raises(ValueError, match="train_x.npy"):
+    store.open_store(folder)
+  store.write_store(folder, data)
+  store.write_store(str(tmp_path / "other"), ragged_dataset([3, 3]))
+  os.replace(str(tmp_path / "other" / "train_y.npy"), os.path.join(folder, "train_y.npy"))
+  with pytest.raises(ValueError, match="train_y.npy.*another dataset"):
+    store.open_store(folder)
+  with pytest.raises(FileNotFoundError, match="store.json"):
+    store.open_store(str(tmp_path))
+
+
+def test_compact_pool_keeps_each_available_clients_rows():
+  data = ragged_dataset([4, 0, 3, 5])
+  pool = data.train
+  small = store.compact(pool, np.array([0, 3]), store.capacity(pool, 2))
+  for k in (0, 3):
+    lo, n = small.offsets[k], small.counts[k]
+    np.testing.assert_array_equal(small.x[lo:lo + n], pool.client(k)[0])
+  assert small.counts[2] == 0 and (small.client_id[small.counts.sum():] == 4).all()
