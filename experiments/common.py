@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import sys
+import time
 
 import numpy as np
 import optax
@@ -68,6 +70,24 @@ flags.DEFINE_integer("chunk_size", None, "Clients vmapped together (default: fro
                      "cost: 1-4 on CPU, what fits a quarter of device memory on accelerators).",
                      lower_bound=1)
 
+# Where the clients' data live, and multi-host runs.
+flags.DEFINE_enum("store", "auto", ("auto", "device", "host"), "Clients' data on the device "
+                  "(fast while they fit), in host memory / a memory-mapped store with each "
+                  "round's available clients' rows sent to the device, or auto (host when the "
+                  "data exceed a share of device memory).")
+flags.DEFINE_string("store_dir", None, "Read the federated dataset from a memory-mapped store "
+                    "folder (fedjax_sel.data.store.write_store / synth_store) instead of "
+                    "--dataset.")
+flags.DEFINE_string("coordinator_address", None, "host:port of process 0 of a multi-host run "
+                    "(jax.distributed); set --num_processes and --process_id too.")
+flags.DEFINE_integer("num_processes", 1, "Processes of a multi-host run (1: one host).",
+                     lower_bound=1)
+flags.DEFINE_integer("process_id", 0, "This process's index, 0..--num_processes-1.", lower_bound=0)
+flags.DEFINE_bool("distributed_auto", False, "Join a multi-host run by jax.distributed's cluster "
+                  "detection (SLURM, Cloud TPU, ...) instead of the three flags above.")
+flags.DEFINE_integer("distributed_timeout", 60, "Seconds to wait for every process to join a "
+                     "multi-host run before failing.", lower_bound=1)
+
 # Rounds.
 flags.DEFINE_integer("rounds", 30, "T.", lower_bound=1)
 flags.DEFINE_integer("clients_per_round", 10, "K.", lower_bound=1)
@@ -103,7 +123,8 @@ def seeds() -> list[int]:
 
 # Flags that do not change a run's results: left out of its checkpoint fingerprint.
 NOT_RESULTS = {"out_dir", "resume", "overwrite", "plot", "rounds", "seeds", "eval_every",
-               "checkpoint_every", "chunk_size"}
+               "checkpoint_every", "chunk_size", "store", "coordinator_address", "num_processes",
+               "process_id", "distributed_auto", "distributed_timeout"}
 
 
 def settings() -> dict:
@@ -119,7 +140,7 @@ def settings() -> dict:
 
 
 def engine_options() -> dict:
-  return {"nonfinite": FLAGS.nonfinite}
+  return {"nonfinite": FLAGS.nonfinite, "store": FLAGS.store}
 
 
 def check_out_dir() -> None:
@@ -149,6 +170,81 @@ def check_common() -> None:
   check_out_dir()
 
 
+def cli(main):
+  """`main` for `app.run`: a UsageError prints its message and where to find help (absl would
+  print the help of every flag first), exit status 1."""
+  def wrapped(argv):
+    try:
+      return main(argv)
+    except app.UsageError as e:
+      sys.stderr.write(f"error: {e}\nRun with --help for the flags.\n")
+      sys.exit(1)
+  return wrapped
+
+
+def writer() -> bool:
+  """Whether this process writes files (process 0 of a multi-host run, or the only one)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  return jax.process_index() == 0
+
+
+def init_distributed() -> None:
+  """Joins a multi-host run (before any JAX computation) when the flags ask for one; a process
+  that cannot join within --distributed_timeout seconds stops with what to check."""
+  import jax  # pylint: disable=import-outside-toplevel
+  many = FLAGS.num_processes > 1 or FLAGS.coordinator_address is not None
+  if not (many or FLAGS.distributed_auto):
+    return
+  kwargs = {"initialization_timeout": FLAGS.distributed_timeout}
+  if not FLAGS.distributed_auto:
+    if FLAGS.coordinator_address is None or FLAGS.num_processes < 2:
+      raise app.UsageError("a multi-host run needs --coordinator_address=host:port and "
+                           f"--num_processes >= 2, got {FLAGS.coordinator_address!r} and "
+                           f"{FLAGS.num_processes}")
+    if FLAGS.process_id >= FLAGS.num_processes:
+      raise app.UsageError(f"--process_id must be in 0..{FLAGS.num_processes - 1} "
+                           f"(--num_processes), got {FLAGS.process_id}")
+    kwargs.update(coordinator_address=FLAGS.coordinator_address,
+                  num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes' collectives.
+  if not FLAGS.distributed_auto:
+    _wait_for_coordinator()
+  try:
+    jax.distributed.initialize(**kwargs)
+  except Exception as e:  # pylint: disable=broad-except
+    raise app.UsageError(
+        f"could not join the multi-host run at --coordinator_address="
+        f"{FLAGS.coordinator_address} within --distributed_timeout={FLAGS.distributed_timeout}s "
+        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); check that process 0 "
+        "is reachable there and that every process has the same --num_processes and its own "
+        "--process_id") from e
+  if jax.process_index() != 0:  # Process 0 prints the progress and tables.
+    sys.stdout = open(os.devnull, "w", encoding="utf-8")  # pylint: disable=consider-using-with
+
+
+def _wait_for_coordinator() -> None:
+  """Process 0 says what it waits for (JAX aborts the process when the others never join); the
+  others wait until something listens at the coordinator address, or fail naming it."""
+  address, timeout = FLAGS.coordinator_address, FLAGS.distributed_timeout
+  if FLAGS.process_id == 0:
+    sys.stderr.write(f"process 0 of {FLAGS.num_processes}: waiting up to {timeout}s at {address} "
+                     "for the other processes (if this aborts with DEADLINE_EXCEEDED, fewer "
+                     "processes joined than --num_processes)\n")
+    return
+  host, _, port = address.rpartition(":")
+  deadline = time.monotonic() + timeout
+  while True:
+    try:
+      socket.create_connection((host, int(port)), timeout=1).close()
+      return
+    except (OSError, ValueError) as e:
+      if time.monotonic() > deadline or isinstance(e, ValueError):
+        raise app.UsageError(f"could not join the multi-host run: nothing answers at "
+                             f"--coordinator_address={address} after --distributed_timeout="
+                             f"{timeout}s ({e}); start process 0 there first") from e
+      time.sleep(0.5)
+
+
 def check_counts() -> None:
   """K <= n <= N, checked after presets are applied (a parse-time validator would see the
   launcher's defaults instead of the preset's values)."""
@@ -173,6 +269,8 @@ def dataset_spec(**overrides) -> fs.DatasetSpec:
 def load_data(seed: int, hint: str = "", **overrides) -> fs.FederatedDataset:
   """Builds the dataset, turning data errors into flag errors (before any training); `hint` is
   added to the message of missing data (e.g. how a preset's data are prepared)."""
+  if FLAGS.store_dir is not None:
+    return _open_store()
   check_common()
   spec = dataset_spec(**overrides)
   if spec.name == "fashion_mnist" and not os.path.isdir(spec.data_dir):
@@ -196,6 +294,20 @@ def load_data(seed: int, hint: str = "", **overrides) -> fs.FederatedDataset:
   if FLAGS.test_fraction > 0 and data.test.counts.sum() == 0:
     raise app.UsageError(f"{where}: clients are too small for a test split at "
                                 f"--test_fraction={FLAGS.test_fraction}; lower --num_clients")
+  return data
+
+
+def _open_store() -> fs.FederatedDataset:
+  from fedjax_sel.data.store import open_store  # pylint: disable=import-outside-toplevel
+  try:
+    data = open_store(FLAGS.store_dir)
+  except (FileNotFoundError, ValueError) as e:
+    raise app.UsageError(f"--store_dir={FLAGS.store_dir}: {e}") from e
+  if FLAGS["num_clients"].present and FLAGS.num_clients != data.num_clients:
+    raise app.UsageError(f"--num_clients={FLAGS.num_clients} but --store_dir={FLAGS.store_dir} "
+                         f"holds {data.num_clients} clients")
+  FLAGS.num_clients = data.num_clients
+  check_common()
   return data
 
 
@@ -236,7 +348,8 @@ def model_for(data: fs.FederatedDataset) -> fs.Model:
                          f"{FLAGS.hidden}") from e
   if not hidden or min(hidden) < 1:
     raise app.UsageError(f"--hidden widths must be >= 1, got {FLAGS.hidden}")
-  text = len(data.feature_shape) == 1 and np.issubdtype(data.train.x.dtype, np.integer)
+  # Character windows: 1-D rows of vocabulary indices labelled over the LEAF vocabulary.
+  text = len(data.feature_shape) == 1 and data.num_classes == sources.VOCAB_SIZE
   if not MODEL_INPUTS[FLAGS.model](data.feature_shape, text):
     kind = "character windows" if text else f"features of shape {data.feature_shape}"
     raise app.UsageError(f"--model={FLAGS.model} does not fit --dataset={FLAGS.dataset} "

@@ -186,6 +186,7 @@ def round_extras(priority):
 
 def main(argv):
   del argv
+  common.init_distributed()
   check_flags()
   seeds = common.seeds()
   loaded = {(s, g): load(s, g) for g in groups() for s in seeds}  # Data errors before training.
@@ -210,7 +211,8 @@ def main(argv):
         recs = common.run_sim(sim, group, method, f"seed{seed}", label=f"{group} {label} s{seed} ",
                               extra=round_extras(priority))
         runs[label].append(recs)
-  write_outputs(results)
+  if common.writer():  # Process 0 of a multi-host run.
+    write_outputs(results)
 
 
 def summary(runs: dict, warmup: int) -> str:
@@ -273,4 +275,4 @@ def write_outputs(results):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(common.cli(main))

@@ -226,6 +226,7 @@ def round_extras(kinds, uses_rule, data):
 
 def main(argv):
   del argv
+  common.init_distributed()
   check_flags()
   seeds = common.seeds()
   loaded = {(s, g): load(s, g) for g in groups() for s in seeds}
@@ -248,7 +249,8 @@ def main(argv):
         recs = common.run_sim(sim, group, key, f"seed{seed}", label=f"{group} {label} s{seed} ",
                               extra=round_extras(kinds, uses_rule, data))
         runs[label].append((recs, data, kinds))
-  write_outputs(results)
+  if common.writer():  # Process 0 of a multi-host run.
+    write_outputs(results)
 
 
 def saving_row(label, group) -> str:
@@ -323,4 +325,4 @@ def write_outputs(results):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(common.cli(main))

@@ -152,6 +152,7 @@ def load(seed):
 
 def main(argv):
   del argv
+  common.init_distributed()
   apply_preset()
   gammas = check_flags()
   seeds = common.seeds()
@@ -189,7 +190,8 @@ def main(argv):
           ids = np.array(r["filtered_in"], dtype=int)
           bad_rows.append((label, seed, r["round"], len(ids), int(bad[ids].sum()) if len(ids) else 0))
       runs[label].append(recs)
-  write_outputs(runs, bad_rows)
+  if common.writer():  # Process 0 of a multi-host run.
+    write_outputs(runs, bad_rows)
 
 
 def write_outputs(runs, bad_rows):
@@ -263,4 +265,4 @@ def mean_table(runs) -> str:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(common.cli(main))

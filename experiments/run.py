@@ -19,6 +19,7 @@ flags.adopt_module_key_flags(common)  # --help lists the shared flags too.
 
 def main(argv):
   del argv
+  common.init_distributed()
   seeds = common.seeds()
   datasets = {s: common.load_data(s) for s in seeds}  # Fails on bad data flags before training.
   runs = []
@@ -35,6 +36,8 @@ def main(argv):
     runs.append(common.run_sim(sim, f"seed{seed}", label=f"{label} s{seed} "))
   table = fs.summary_table([(f"{label} seed {s}", r) for s, r in zip(seeds, runs)])
   print(table)
+  if not common.writer():  # Process 0 of a multi-host run writes the files.
+    return
   with open(os.path.join(FLAGS.out_dir, "summary.md"), "w", encoding="utf-8") as f:
     f.write(table + "\n")
   if FLAGS.plot:
@@ -45,4 +48,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(common.cli(main))

@@ -115,6 +115,7 @@ def group_name(scenario) -> str:
 
 def main(argv):
   del argv
+  common.init_distributed()
   scenarios = check_flags()
   seeds = common.seeds()
   loaded = {(s, k): load(s, k) for s in scenarios for k in seeds}
@@ -145,7 +146,8 @@ def main(argv):
         recs = common.run_sim(sim, group, method, f"seed{seed}", label=f"{group} {label} s{seed} ",
                               extra=extra)
         runs[label].append(recs)
-  write_outputs(results, loaded, finals, scenarios)
+  if common.writer():  # Process 0 of a multi-host run.
+    write_outputs(results, loaded, finals, scenarios)
 
 
 def first_hit(recs, level):
@@ -265,4 +267,4 @@ def plot(results, loaded, finals, scenarios, path):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(common.cli(main))

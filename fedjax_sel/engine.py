@@ -270,6 +270,7 @@ class Simulator:
       self.mesh = jax.make_mesh((jax.device_count(),), ("clients",),
                                 axis_types=(jax.sharding.AxisType.Auto,))
       self.client_sharding = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec("clients"))
+      self._replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
     if local.chunk_size is None:
       cost = step_cost(model, optimizer, local, model.init(jax.random.PRNGKey(0)),
                        data.feature_shape)
@@ -285,16 +286,27 @@ class Simulator:
     if self.on_host:
       self._capacity = {split: capacity(getattr(data, split), availability.num_available)
                         for split in ("train", "val", "test")}
-      self._avail_host = jax.jit(lambda t: availability.sample(seed, t))
+      self._avail_host = self._jit(lambda t: availability.sample(seed, t))
       self._prefetcher = ThreadPoolExecutor(max_workers=1)
       self._pending = None
-      self._metrics_fn = jax.jit(lambda p, pool: client_metrics(model, p, pool,
+      self._metrics_fn = self._jit(lambda p, pool: client_metrics(model, p, pool,
                                                                 self.eval_batch_size))
     self.arrays = self._device_arrays()
-    self._step = jax.jit(self._round)
-    self._steps = jax.jit(self._rounds, static_argnums=2)
-    self._evaluate = jax.jit(self._evaluate_impl)
-    self._evaluate_public = jax.jit(self._public_metrics)
+    self._step = self._jit(self._round)
+    self._steps = self._jit(self._rounds, static_argnums=2)
+    self._evaluate = self._jit(self._evaluate_impl)
+    self._evaluate_public = self._jit(self._public_metrics)
+
+  def _jit(self, fn, **kw):
+    """`jax.jit` whose outputs are replicated over the clients mesh, when there is one: every
+    process of a multi-host run then holds the whole state and metrics (and reads them)."""
+    if self.mesh is None:
+      return jax.jit(fn, **kw)
+    return jax.jit(fn, out_shardings=self._replicated, **kw)
+
+  def _global(self, tree):
+    """`tree` placed on every device of the mesh (the same values in every process)."""
+    return tree if self.mesh is None else jax.device_put(tree, self._replicated)
 
   def _device_arrays(self, ids=None) -> DataArrays:
     """The data the compiled round reads: every client's, or in host mode the clients `ids`'."""
@@ -308,10 +320,7 @@ class Simulator:
       pools = [device_pool(d.train), device_pool(d.val), device_pool(d.test)]
     arrays = DataArrays(*pools, jnp.asarray(d.public_x), jnp.asarray(d.public_y),
                         jnp.asarray(d.label_hist))
-    if self.mesh is not None:
-      replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-      arrays = jax.device_put(arrays, replicated)
-    return arrays
+    return self._global(arrays)
 
   # ---------------------------------------------------------------------------------------------
   def init(self) -> EngineState:
@@ -320,16 +329,18 @@ class Simulator:
     if params is None:
       params = self.model.init(keylib.round_key(self.seed, 0, keylib.INIT))
     n = self.num_clients
-    return EngineState(
+    state = EngineState(
         round=jnp.zeros((), jnp.int32), params=params, clients=ClientState.create(n),
         filter_state=self.filter.init(n) if self.filter is not None else (),
         selector_state=self.selector.init(n, params), participation_state=self.participation.init(n),
         aggregator_state=self.aggregator.init(params), filtered=jnp.zeros((n,), bool),
         prev_available=jnp.zeros((n,), bool), costs=Costs.zeros())
+    return self._global(state)
 
   def step(self, state: EngineState) -> tuple[EngineState, dict]:
     """Runs one round (one compiled call; in host mode, after this round's available clients'
     rows reach the device, and with the next round's rows prepared meanwhile)."""
+    state = self._global(state)
     if not self.on_host:
       return self._step(state, self.arrays)
     t = int(state.round)
@@ -350,7 +361,7 @@ class Simulator:
     rounds: for small models it removes the per-round dispatch."""
     if self.on_host:
       raise ValueError("steps() runs rounds without the host; with store='host' call step()")
-    return self._steps(state, self.arrays, num_rounds)
+    return self._steps(self._global(state), self.arrays, num_rounds)
 
   def _rounds(self, state, arrays, num_rounds):
     return jax.lax.scan(lambda s, _: self._round(s, arrays), state, None, length=num_rounds)

@@ -7,6 +7,9 @@ the caller's settings). `run(..., resume=True)` checks the fingerprint, reads th
 back from its metrics file (a torn last line, from a kill mid-write, is dropped), continues from
 the checkpoint and returns the whole history; resuming a finished run computes nothing.
 
+In a multi-host run (`jax.distributed`) every process computes every round and only process 0
+writes files and progress; on resume every process reads the checkpoint (a shared folder).
+
 A round whose global model or losses are not finite stops the run (`NonFiniteError`, naming the
 round and the cause) after its record is written; `Simulator(..., nonfinite="exclude")` instead
 keeps non-finite local updates out of the aggregate and counts them.
@@ -102,11 +105,14 @@ def _write_records(path: str, records: list[dict]) -> None:
   os.replace(tmp, path)
 
 
-def _start(state, out_dir, resume, overwrite, fingerprint, say) -> tuple[EngineState, list]:
-  """The state to start from and the history before it (resume), or a clean run folder."""
+def _start(state, out_dir, resume, overwrite, fingerprint, say,
+           writer: bool) -> tuple[EngineState, list]:
+  """The state to start from and the history before it (resume), or a clean run folder (made
+  only by the `writer` process)."""
   if os.path.exists(out_dir) and not os.path.isdir(out_dir):
     raise FileExistsError(f"out_dir {out_dir} is a file, not a folder")
-  os.makedirs(out_dir, exist_ok=True)
+  if writer:
+    os.makedirs(out_dir, exist_ok=True)
   metrics_path = os.path.join(out_dir, METRICS_FILE)
   ckpt_path = os.path.join(out_dir, CHECKPOINT_FILE)
   if resume and os.path.exists(ckpt_path):
@@ -121,15 +127,16 @@ def _start(state, out_dir, resume, overwrite, fingerprint, say) -> tuple[EngineS
       raise checkpoint.CheckpointError(
           f"cannot resume: {metrics_path} holds rounds {[r['round'] for r in history][:5]}... "
           f"but {ckpt_path} is at round {done}; the run's history is lost, start it afresh")
-    _write_records(metrics_path, history)
+    if writer:
+      _write_records(metrics_path, history)
     return jax.tree.map(jax.numpy.asarray, state), history
   previous = [p for p in (metrics_path, ckpt_path) if os.path.exists(p)]
   if resume:
     say(f"no checkpoint in {out_dir}: starting fresh\n")
-  elif previous and not overwrite:
+  elif previous and not overwrite and writer:  # Others may see the writer's first lines.
     raise FileExistsError(f"{out_dir} holds a previous run ({', '.join(previous)}); resume it "
                           "(resume=True, --resume) or replace it (overwrite=True, --overwrite)")
-  for p in previous:
+  for p in previous if writer else ():
     os.remove(p)
   return state, []
 
@@ -175,15 +182,18 @@ def run(sim: Simulator, rounds: int, out_dir: str | None = None, *, eval_every: 
   for name, value in (("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
     if not isinstance(value, int) or value < 1:
       raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+  writer = jax.process_index() == 0
+  progress = progress if writer else None
   say = (lambda text: (progress.write(label + text), progress.flush())) if progress else (
       lambda text: None)
   state = sim.init()
   records, metrics_path, ckpt_path, fingerprint = [], None, None, None
   if out_dir is not None:
     fingerprint = run_fingerprint(sim, settings)
-    state, records = _start(state, out_dir, resume, overwrite, fingerprint, say)
-    metrics_path = os.path.join(out_dir, METRICS_FILE)
-    ckpt_path = os.path.join(out_dir, CHECKPOINT_FILE)
+    state, records = _start(state, out_dir, resume, overwrite, fingerprint, say, writer)
+    if writer:
+      metrics_path = os.path.join(out_dir, METRICS_FILE)
+      ckpt_path = os.path.join(out_dir, CHECKPOINT_FILE)
   first = int(state.round)
   if first >= rounds:
     say(f"finished earlier ({first} rounds): nothing to compute\n")

@@ -18,6 +18,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
                           "vs_jax_loop"}, "scan_rounds"),
     ("filter_throughput", {"model", "n", "m", "dgf_s", "rgf_s", "limit_s", "host_loop_s"}, "opt"),
     ("selector_throughput", {"selector", "N", "K", "ms", "selections_per_s"}, "divfl"),
+    pytest.param("population_scaling", {"selector", "store", "N", "round_ms", "peak_rss_mb",
+                                        "device_data_mb"}, "machine", marks=pytest.mark.slow),
 ])
 def test_benchmark_quick_mode(tmp_path, script, keys, extra):
   proc = subprocess.run([sys.executable, "-m", f"benchmarks.{script}", "--quick",

@@ -91,3 +91,21 @@ def test_compact_pool_keeps_each_available_clients_rows():
     lo, n = small.offsets[k], small.counts[k]
     np.testing.assert_array_equal(small.x[lo:lo + n], pool.client(k)[0])
   assert small.counts[2] == 0 and (small.client_id[small.counts.sum():] == 4).all()
+
+
+def test_synth_store_generator_follows_the_definition(tmp_path):
+  """Client sizes n_k >= 50 (capped), the 90/10 split, labels = argmax of a client's own linear
+  model (so a client's data are far more separable by one linear map than the pooled data), and
+  the store equals a simulator's device data."""
+  data = store.synth_store(str(tmp_path / "s"), 300, seed=1, max_samples=80, block=64)
+  sizes = np.asarray(data.train.counts) + np.asarray(data.test.counts)
+  assert sizes.min() >= 50 and sizes.max() <= 80 and len(sizes) == 300
+  np.testing.assert_array_equal(np.asarray(data.test.counts), np.round(0.1 * sizes))
+  assert (np.asarray(data.train.client_id)[np.asarray(data.train.offsets)] == np.arange(300)).all()
+  np.testing.assert_array_equal(data.label_hist.sum(1), np.asarray(data.train.counts))
+  x, y = data.train.client(7)
+  fit = np.linalg.lstsq(np.c_[x, np.ones(len(x))], np.eye(10)[y], rcond=None)[0]
+  own = (np.argmax(np.c_[x, np.ones(len(x))] @ fit, 1) == y).mean()
+  assert own > 0.6
+  again = store.synth_store(str(tmp_path / "t"), 300, seed=1, max_samples=80, block=64)
+  np.testing.assert_array_equal(np.asarray(again.train.x), np.asarray(data.train.x))

@@ -1,0 +1,125 @@
+r"""Round time and peak memory versus the population size N, for the on-device and off-device stores.
+
+  python -m benchmarks.population_scaling            # N = 10^3 .. 10^6 (about 15 minutes)
+  python -m benchmarks.population_scaling --quick    # smoke run (half a minute)
+
+Data: SYNTH(1, 1) populations written once to memory-mapped stores (`data.store.synth_store`,
+capped at --samples_per_client examples per client, 90/10 train/test) under --store_root. Model:
+logistic regression (60 -> 10), one local epoch, B = 10, K = --k clients per round, FedAvg.
+Configurations, each in its own process so that its peak memory is its own:
+  random:  random selection among n = --num_available available clients (fixed as N grows);
+  entropy: UACS-FL's entropy top-K among all N clients (every client's stats every round).
+for store=device (all data on the device) and store=host (only the round's available clients'
+rows on the device, prefetched a round ahead). Reported: median round time over --rounds rounds
+after a compiled warm-up round, the process's peak resident memory, and the client data held on
+the device (all of it, or two rounds of compacted rows).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+from absl import app, flags
+
+from benchmarks.common import markdown_table, write_results
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("ns", ["1000", "10000", "100000", "1000000"], "Population sizes N.")
+flags.DEFINE_integer("k", 10, "K, clients trained per round.")
+flags.DEFINE_integer("num_available", 100, "n, clients available per round (random selection).")
+flags.DEFINE_integer("entropy_max_n", 100000, "Largest N of the all-client-statistics rows.")
+flags.DEFINE_integer("samples_per_client", 20, "Cap on each client's examples.")
+flags.DEFINE_integer("rounds", 5, "Timed rounds (median).")
+flags.DEFINE_string("store_root", "/tmp/fedjax_sel_stores", "Where the SYNTH stores are cached.")
+flags.DEFINE_string("child", None, "Internal: run one configuration (JSON) and print its row.")
+
+
+def store_path(n: int) -> str:
+  return os.path.join(FLAGS.store_root, f"synth_n{n}_s{FLAGS.samples_per_client}")
+
+
+def run_one(config: dict) -> dict:
+  """One configuration, in this process: build the simulator, time rounds, measure memory."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+
+  import fedjax_sel as fs  # pylint: disable=import-outside-toplevel
+  from fedjax_sel import uacs  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.data import store  # pylint: disable=import-outside-toplevel
+
+  n = config["N"]
+  data = store.open_store(store_path(n))
+  available = n if config["selector"] == "entropy" else min(config["n"], n)
+  selector = (uacs.entropy_selector(config["K"]) if config["selector"] == "entropy"
+              else fs.random_selector(config["K"]))
+  model = fs.build_model("logreg", data.feature_shape, data.num_classes)
+  start = time.perf_counter()
+  sim = fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=10),
+                     fs.uniform_availability(n, available, period=1), selector, fs.fedavg(),
+                     config["K"], 0, store=config["store"])
+  state = sim.init()
+  state, _ = sim.step(state)  # Compiles.
+  jax.block_until_ready(state)
+  setup = time.perf_counter() - start
+  times = []
+  for _ in range(config["rounds"]):
+    t0 = time.perf_counter()
+    state, _ = sim.step(state)
+    jax.block_until_ready(state)
+    times.append(time.perf_counter() - t0)
+  if sim.on_host:
+    row_bytes = lambda p: int(np.prod(p.x.shape[1:])) * p.x.dtype.itemsize + 8
+    device_bytes = 2 * sum(sim._capacity[s] * row_bytes(getattr(data, s))  # pylint: disable=protected-access
+                           for s in ("train", "val", "test"))
+  else:
+    device_bytes = fs.engine.data_bytes(data)
+  return {**config, "n": available, "round_ms": 1e3 * float(np.median(times)),
+          "setup_s": setup, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+          "device_data_mb": device_bytes / 2**20, "data_mb": fs.engine.data_bytes(data) / 2**20}
+
+
+def main(argv):
+  del argv
+  from fedjax_sel.data import store  # pylint: disable=import-outside-toplevel
+  if FLAGS.child:
+    print("ROW " + json.dumps(run_one(json.loads(FLAGS.child))), flush=True)
+    return
+  ns = [500] if FLAGS.quick else [int(v) for v in FLAGS.ns]
+  rounds = 1 if FLAGS.quick else FLAGS.rounds
+  for n in ns:
+    if not os.path.exists(os.path.join(store_path(n), store.STORE_FILE)):
+      t0 = time.perf_counter()
+      store.synth_store(store_path(n), n, max_samples=FLAGS.samples_per_client, block=5000)
+      print(f"wrote {store_path(n)} in {time.perf_counter() - t0:.1f}s", flush=True)
+  configs = [{"N": n, "K": FLAGS.k, "n": FLAGS.num_available, "selector": sel, "store": where,
+              "rounds": rounds}
+             for sel in ("random", "entropy") for where in ("device", "host") for n in ns
+             if sel == "random" or n <= FLAGS.entropy_max_n]
+  rows = []
+  for config in configs:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.population_scaling",
+                           f"--child={json.dumps(config)}", f"--store_root={FLAGS.store_root}",
+                           f"--samples_per_client={FLAGS.samples_per_client}"],
+                          capture_output=True, text=True, check=False)
+    found = [line[4:] for line in proc.stdout.splitlines() if line.startswith("ROW ")]
+    if not found:
+      raise RuntimeError(f"configuration {config} failed:\n{proc.stdout}{proc.stderr}")
+    rows.append(json.loads(found[0]))
+    print(rows[-1], flush=True)
+  table = markdown_table(rows, [("selector", "selection"), ("store", "store"), ("N", "N"),
+                                ("n", "n available"), ("K", "K"), ("round_ms", "round ms"),
+                                ("setup_s", "setup + compile s"), ("peak_rss_mb", "peak RSS MiB"),
+                                ("device_data_mb", "client data on device MiB"),
+                                ("data_mb", "all client data MiB")])
+  print(table)
+  write_results("population_scaling", rows, table)
+
+
+if __name__ == "__main__":
+  app.run(main)
