@@ -92,6 +92,7 @@ class DataArrays(NamedTuple):
   public_x: jax.Array
   public_y: jax.Array
   label_hist: jax.Array
+  counts: jax.Array  # [3, N] every client's train / validation / test example counts.
 
 
 def constant_lr(lr: float) -> Callable[[jax.Array], jax.Array]:
@@ -124,6 +125,7 @@ class _Picked(NamedTuple):
 
 NONFINITE = ("stop", "exclude")
 STORES = ("device", "host", "auto")
+HOST_ROWS = ("auto", "available", "chosen")
 # Share of device memory the clients' data may take before store="auto" keeps them on the host:
 # accelerators need the rest for models and activations; on CPU the device copy sits beside the
 # host's.
@@ -136,14 +138,19 @@ def data_bytes(data: FederatedDataset) -> int:
              for p in (data.train, data.val, data.test))
 
 
-def fits_on_device(data: FederatedDataset) -> bool:
-  """Whether the data fit the first device's share of memory (`DEVICE_DATA_SHARE`)."""
+def fits_on_device(data: FederatedDataset, rows: dict | None = None, buffers: int = 1) -> bool:
+  """Whether the data (or `buffers` copies of `rows[split]` rows of each split) fit the first
+  device's share of memory (`DEVICE_DATA_SHARE`)."""
+  size = data_bytes(data)
+  if rows is not None:
+    row_bytes = lambda p: int(np.prod(p.x.shape[1:])) * p.x.dtype.itemsize + 12
+    size = buffers * sum(rows[s] * row_bytes(getattr(data, s)) for s in ("train", "val", "test"))
   device = jax.devices()[0]
   if device.platform == "cpu":
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return data_bytes(data) <= DEVICE_DATA_SHARE["cpu"] * memory
+    return size <= DEVICE_DATA_SHARE["cpu"] * memory
   memory = (device.memory_stats() or {}).get("bytes_limit", 16 * 2**30)
-  return data_bytes(data) <= DEVICE_DATA_SHARE["other"] * memory
+  return size <= DEVICE_DATA_SHARE["other"] * memory
 
 
 def _check_arguments(data, optimizer, local, availability, seed, eval_mask) -> None:
@@ -212,13 +219,17 @@ class Simulator:
       `clean_{train,test}_accuracy` over these clients' training and test data (e.g. the
       non-corrupted ones, or FedALIGN's priority clients).
     store: where the clients' data live: "device" (all of it, the fast default when it fits),
-      "host" (host memory or a memory-mapped store, `data/store.py`: each round transfers only the
-      available clients' rows, prepared on a background thread while the previous round runs,
-      and evaluation streams the population through the device in chunks of n clients), or
-      "auto" (host when the data exceed `DEVICE_DATA_SHARE` of the device's memory). In host mode
-      per-client stats and gradients exist for the round's available clients only (the others
-      read as empty clients), which is all that masked selection and the rules read; DivFL's
-      first-round proxy table is filled for the available clients only.
+      "host" (host memory or a memory-mapped store, `data/store.py`), or "auto" (host when the
+      data exceed `DEVICE_DATA_SHARE` of the device's memory). Evaluation then streams the
+      population through the device in chunks.
+    host_rows: with store="host", which rows reach the device each round: "available" (the
+      round's available clients', prepared on a background thread while the previous round
+      runs; per-client stats and gradients exist for them only, which is all that masked
+      selection and the rules read; DivFL's first-round table covers only them), "chosen" (stats
+      streamed over all N clients in chunks, the round's choice planned from them, then only the
+      chosen clients' rows; a selector that reads client data beyond its stats, like DivFL, is
+      refused when it chooses unplanned clients), or "auto" ("available" when two rounds of
+      available rows fit the device's share, else "chosen").
     nonfinite: "stop" (default: a non-finite model or loss reaches the metrics, and `run` stops
       there) or "exclude" (a client whose local model or loss is not finite is left out of the
       aggregate and of FilFL's candidates, and counted in the `nonfinite_clients` metric: what a
@@ -232,10 +243,12 @@ class Simulator:
                participation: Participation | None = None,
                lr_schedule: Callable[[jax.Array], jax.Array] | None = None,
                eval_batch_size: int = 512, init_params: Any = None, eval_mask=None,
-               nonfinite: str = "stop", store: str = "device"):
+               nonfinite: str = "stop", store: str = "device", host_rows: str = "auto"):
     n = data.num_clients
     if store not in STORES:
       raise ValueError(f"store must be one of {STORES}, got {store!r}")
+    if host_rows not in HOST_ROWS:
+      raise ValueError(f"host_rows must be one of {HOST_ROWS}, got {host_rows!r}")
     if nonfinite not in NONFINITE:
       raise ValueError(f"nonfinite must be one of {NONFINITE}, got {nonfinite!r}")
     self.exclude_nonfinite = nonfinite == "exclude"
@@ -283,9 +296,23 @@ class Simulator:
                    and not self.participation.reads_local_models
                    and (filter is None or not filter.trains_available))
     self.on_host = store == "host" or (store == "auto" and not fits_on_device(data))
+    self.host_rows = None
     if self.on_host:
-      self._capacity = {split: capacity(getattr(data, split), availability.num_available)
+      available_rows = {split: capacity(getattr(data, split), availability.num_available)
                         for split in ("train", "val", "test")}
+      self.host_rows = host_rows
+      if host_rows == "auto":
+        self.host_rows = "available" if fits_on_device(data, available_rows, buffers=2) else (
+            "chosen")
+      trains_all = filter is not None and filter.trains_available
+      self._slots = max(clients_per_round, availability.num_available if trains_all else 0)
+      # Clients per transfer: the capacity of the round's rows is that many clients' worth.
+      self._chunk_clients = (availability.num_available if self.host_rows == "available"
+                             else self._slots)
+      self._capacity = {split: capacity(getattr(data, split), self._chunk_clients)
+                        for split in ("train", "val", "test")}
+      self._chunk_stats = self._jit(lambda p, a, t, ids: self._stats(p, a, t, ids))
+      self._plan_fn = self._jit(self._plan)
       self._avail_host = self._jit(lambda t: availability.sample(seed, t))
       self._prefetcher = ThreadPoolExecutor(max_workers=1)
       self._pending = None
@@ -318,8 +345,9 @@ class Simulator:
                for split in ("train", "val", "test")]
     else:
       pools = [device_pool(d.train), device_pool(d.val), device_pool(d.test)]
+    counts = np.stack([np.asarray(p.counts) for p in (d.train, d.val, d.test)])
     arrays = DataArrays(*pools, jnp.asarray(d.public_x), jnp.asarray(d.public_y),
-                        jnp.asarray(d.label_hist))
+                        jnp.asarray(d.label_hist), jnp.asarray(counts))
     return self._global(arrays)
 
   # ---------------------------------------------------------------------------------------------
@@ -343,6 +371,8 @@ class Simulator:
     state = self._global(state)
     if not self.on_host:
       return self._step(state, self.arrays)
+    if self.host_rows == "chosen":
+      return self._step_chosen_rows(state)
     t = int(state.round)
     pending, self._pending = self._pending, None
     arrays = pending[1].result() if pending is not None and pending[0] == t else (
@@ -350,6 +380,24 @@ class Simulator:
     out = self._step(state, arrays)
     self._pending = (t + 1, self._prefetcher.submit(self._round_arrays, t + 1))
     return out
+
+  def _step_chosen_rows(self, state: EngineState) -> tuple[EngineState, dict]:
+    """Host store, rows of the chosen clients only: stats streamed over the population in chunks,
+    the round's choice planned from them, then only those clients' rows sent to the device."""
+    t = int(state.round)
+    stats = {}
+    for ids in client_chunks(self.num_clients, self._chunk_clients):
+      padded = np.full((self._chunk_clients,), self.num_clients, np.int32)
+      padded[:len(ids)] = ids
+      chunk = self._chunk_stats(state.params, self._device_arrays(ids), jnp.int32(t), padded)
+      stats = chunk if not stats else jax.tree.map(jnp.add, stats, chunk)
+    need = np.asarray(self._plan_fn(state, self.arrays, stats))
+    new_state, metrics = self._step(state, self._device_arrays(np.flatnonzero(need)), stats)
+    if np.any(np.asarray(metrics["selected"]) & ~need):
+      raise RuntimeError(
+          f"round {t}: the selector chose clients its plan did not (it reads client data beyond "
+          "its stats, e.g. DivFL's gradients): use host_rows='available' or store='device'")
+    return new_state, metrics
 
   def _round_arrays(self, t: int) -> DataArrays:
     ids = np.flatnonzero(np.asarray(self._avail_host(jnp.int32(t))))
@@ -373,13 +421,13 @@ class Simulator:
     return self._evaluate(params, self.arrays)
 
   def _evaluate_streamed(self, params) -> dict:
-    """`evaluate` over the population in chunks of n clients (host mode)."""
+    """`evaluate` over the population in chunks of clients (host mode)."""
     n = self.num_clients
     out = {}
     for split in ("test", "train"):
       pool = getattr(self.data, split)
       sums = np.zeros((3, n))
-      for ids in client_chunks(n, self.availability.num_available):
+      for ids in client_chunks(n, self._chunk_clients):
         m = self._metrics_fn(params, device_pool(compact(pool, ids, self._capacity[split])))
         sums += np.stack([np.asarray(m.loss) * np.asarray(m.count),
                           np.asarray(m.accuracy) * np.asarray(m.count), np.asarray(m.count)])
@@ -395,7 +443,10 @@ class Simulator:
     return out
 
   # ---------------------------------------------------------------------------------------------
-  def _stats(self, params, arrays: DataArrays, t) -> dict:
+  def _stats(self, params, arrays: DataArrays, t, ids=None) -> dict:
+    """The `[N]` stats the parts need, from the clients in `arrays`; with `ids` (a chunk of client
+    ids, N for padding) the per-client gradient and mini-batch stats run for those clients only
+    (the others read 0)."""
     stats = {}
     wanted = set(self.needs)
     if wanted & {"loss", "accuracy", "entropy"}:
@@ -405,25 +456,28 @@ class Simulator:
       if wanted & {f"{split}_loss", f"{split}_accuracy"}:
         m = client_metrics(self.model, params, pool, self.eval_batch_size)
         stats.update({f"{split}_loss": m.loss, f"{split}_accuracy": m.accuracy})
-    all_clients = jnp.arange(self.num_clients, dtype=jnp.int32)
+    who = jnp.arange(self.num_clients, dtype=jnp.int32) if ids is None else ids
+    scatter = (lambda v: v) if ids is None else (
+        lambda v: jnp.zeros((self.num_clients, *v.shape[1:]), v.dtype).at[ids].set(v, mode="drop"))
     if "batch_loss" in wanted:
-      stats["batch_loss"] = self._batch_loss(params, arrays.train, t)
+      stats["batch_loss"] = scatter(self._batch_loss(params, arrays.train, t, who))
     if "grad" in wanted:
-      stats["grad"] = client_gradients(self.model, params, arrays.train, all_clients)
+      stats["grad"] = jax.tree.map(scatter, client_gradients(self.model, params, arrays.train,
+                                                             who))
     if "grad_norm" in wanted:
-      stats["grad_norm"] = client_gradients(self.model, params, arrays.train, all_clients,
-                                            norm_only=True)
+      stats["grad_norm"] = scatter(client_gradients(self.model, params, arrays.train, who,
+                                                    norm_only=True))
     return {k: stats[k] for k in self.needs}
 
-  def _batch_loss(self, params, pool: ClientPool, t) -> jax.Array:
-    """`[N]` loss of each client on one random mini-batch of B of its training examples."""
+  def _batch_loss(self, params, pool: ClientPool, t, ids) -> jax.Array:
+    """Loss of each client of `ids` on one random mini-batch of B of its training examples."""
     b = self.local.batch_size
-    keys = keylib.client_keys(keylib.round_key(self.seed, t, keylib.STATS),
-                              jnp.arange(self.num_clients))
+    keys = keylib.client_keys(keylib.round_key(self.seed, t, keylib.STATS), ids)
     u = jax.vmap(lambda k: jax.random.uniform(k, (b,)))(keys)
-    rows = rows_with_replacement(u, pool.offsets[:, None], pool.counts[:, None], pool.x.shape[0])
+    offsets, counts = pool.offsets[ids], pool.counts[ids]
+    rows = rows_with_replacement(u, offsets[:, None], counts[:, None], pool.x.shape[0])
     losses = jax.vmap(lambda r: per_example_loss(self.model, params, pool.x[r], pool.y[r]))(rows)
-    return jnp.where(pool.counts > 0, jnp.mean(losses, axis=1), 0.0)
+    return jnp.where(counts > 0, jnp.mean(losses, axis=1), 0.0)
 
   def _train(self, params, arrays, mask, size, t, lr,
              aggregate_mask=None) -> tuple[jax.Array, jax.Array, LocalResult]:
@@ -447,14 +501,39 @@ class Simulator:
         chosen)
     return chosen, sel_state, train_m & chosen, agg_m & train_m & chosen, part_state
 
-  def _round(self, state: EngineState, arrays: DataArrays):
+  def _inputs(self, state: EngineState, arrays: DataArrays, stats) -> RoundInputs:
+    t, params = state.round, state.params
+    return RoundInputs(t, params, self.availability.sample(self.seed, t),
+                       self._stats(params, arrays, t) if stats is None else stats, state.clients,
+                       arrays.counts[0], arrays.label_hist,
+                       lambda ids: client_gradients(self.model, params, arrays.train, ids))
+
+  def _plan(self, state: EngineState, arrays: DataArrays, stats) -> jax.Array:
+    """`[N]` bool: the clients whose rows the round will train on (host store, rows of the chosen
+    clients only): every available client on a round when FilFL trains them all, else the
+    selector's choice, made as the round will make it (same state, keys and stats)."""
+    inputs = self._inputs(state, arrays, stats)
+    t, avail = inputs.round, inputs.available
+    filt, fmask = self.filter, avail
+    if filt is not None:
+      filter_round = (t % filt.period == 0) | jnp.any(avail != state.prev_available)
+      fresh = avail
+      if not filt.trains_available:
+        fresh = filt.apply(state.filter_state, keylib.round_key(self.seed, t, keylib.FILTER),
+                           inputs, avail, None)[0] & avail
+      fmask = jnp.where(filter_round, fresh, state.filtered & avail)
+    chosen, _ = self.selector.select(state.selector_state,
+                                     keylib.round_key(self.seed, t, keylib.SELECT), inputs, fmask)
+    if filt is not None and filt.trains_available:
+      return jnp.where(filter_round, avail, chosen)
+    return chosen
+
+  def _round(self, state: EngineState, arrays: DataArrays, stats=None):
     t = state.round
     params = state.params
     lr = self.lr_schedule(t)
-    avail = self.availability.sample(self.seed, t)
-    inputs = RoundInputs(t, params, avail, self._stats(params, arrays, t), state.clients,
-                         arrays.train.counts, arrays.label_hist,
-                         lambda ids: client_gradients(self.model, params, arrays.train, ids))
+    inputs = self._inputs(state, arrays, stats)
+    avail = inputs.available
     changed = jnp.any(avail != state.prev_available)
     filt = self.filter
     filter_round = jnp.asarray(False)
@@ -584,11 +663,12 @@ class Simulator:
     evals = grads = jnp.zeros((), jnp.float32)
     evaluators = jnp.zeros_like(avail)
     filter_needs = set(self.filter.needs) if self.filter is not None else set()
-    groups = (({"loss", "accuracy", "entropy"}, arrays.train.counts, False),
-              ({"val_loss", "val_accuracy"}, arrays.val.counts, False),
-              ({"test_loss", "test_accuracy"}, arrays.test.counts, False),
-              ({"batch_loss"}, jnp.where(arrays.train.counts > 0, self.local.batch_size, 0), False),
-              ({"grad", "grad_norm"}, arrays.train.counts, True))
+    train, val, test = arrays.counts
+    groups = (({"loss", "accuracy", "entropy"}, train, False),
+              ({"val_loss", "val_accuracy"}, val, False),
+              ({"test_loss", "test_accuracy"}, test, False),
+              ({"batch_loss"}, jnp.where(train > 0, self.local.batch_size, 0), False),
+              ({"grad", "grad_norm"}, train, True))
     for names, per_client, backward in groups:
       wanted = names & set(self.needs)
       if not wanted:

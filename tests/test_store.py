@@ -109,3 +109,21 @@ def test_synth_store_generator_follows_the_definition(tmp_path):
   assert own > 0.6
   again = store.synth_store(str(tmp_path / "t"), 300, seed=1, max_samples=80, block=64)
   np.testing.assert_array_equal(np.asarray(again.train.x), np.asarray(data.train.x))
+
+
+@pytest.mark.parametrize("rule", [False, True])
+def test_chosen_rows_mode_with_all_client_statistics_gives_the_same_run(rule):
+  """Entropy selection over every client (n = N): stats streamed in chunks of K clients, the
+  round's choice planned from them, only the chosen clients' rows on the device; with FedSRC's
+  rule reading the chosen clients' test loss too."""
+  from fedjax_sel import fedsrc, uacs  # pylint: disable=import-outside-toplevel
+  data = ragged_dataset([23, 5, 40, 1, 17, 9, 31, 12, 3, 28, 14, 7])
+  model = fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(16,))
+  part = fedsrc.fedsrc_rule(fedsrc.FedSRCConfig()) if rule else None
+  make = lambda where: fs.Simulator(
+      model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
+      fs.uniform_availability(12, 12), uacs.entropy_selector(3, eps=0.3), fs.fedavg(), 3, 0,
+      store=where, host_rows="chosen", participation=part)
+  device, host = make("device"), make("host")
+  assert host.host_rows == "chosen" and host._capacity["train"] < data.train.x.shape[0]  # pylint: disable=protected-access
+  assert_same_runs(device, host)
