@@ -126,6 +126,7 @@ class _Picked(NamedTuple):
 NONFINITE = ("stop", "exclude")
 STORES = ("device", "host", "auto")
 HOST_ROWS = ("auto", "available", "chosen")
+STREAM_CLIENTS = 4096  # Clients per chunk when the host store streams the population through.
 # Share of device memory the clients' data may take before store="auto" keeps them on the host:
 # accelerators need the rest for models and activations; on CPU the device copy sits beside the
 # host's.
@@ -311,6 +312,10 @@ class Simulator:
                              else self._slots)
       self._capacity = {split: capacity(getattr(data, split), self._chunk_clients)
                         for split in ("train", "val", "test")}
+      # Clients per chunk when streaming the population (stats, evaluation): fewer dispatches.
+      self._stream_clients = min(n, max(self._chunk_clients, STREAM_CLIENTS))
+      self._stream_capacity = {split: capacity(getattr(data, split), self._stream_clients)
+                               for split in ("train", "val", "test")}
       self._chunk_stats = self._jit(lambda p, a, t, ids: self._stats(p, a, t, ids))
       self._plan_fn = self._jit(self._plan)
       self._avail_host = self._jit(lambda t: availability.sample(seed, t))
@@ -335,13 +340,15 @@ class Simulator:
     """`tree` placed on every device of the mesh (the same values in every process)."""
     return tree if self.mesh is None else jax.device_put(tree, self._replicated)
 
-  def _device_arrays(self, ids=None) -> DataArrays:
-    """The data the compiled round reads: every client's, or in host mode the clients `ids`'."""
+  def _device_arrays(self, ids=None, capacities=None) -> DataArrays:
+    """The data the compiled round reads: every client's, or in host mode the clients `ids`'
+    (in `capacities` rows per split, default the round's)."""
     d = self.data
     if self.on_host:
       if ids is None:  # Shapes only, for the first compile's placeholders.
         ids = np.zeros((0,), np.int64)
-      pools = [device_pool(compact(getattr(d, split), ids, self._capacity[split]))
+      capacities = capacities or self._capacity
+      pools = [device_pool(compact(getattr(d, split), ids, capacities[split]))
                for split in ("train", "val", "test")]
     else:
       pools = [device_pool(d.train), device_pool(d.val), device_pool(d.test)]
@@ -386,10 +393,11 @@ class Simulator:
     the round's choice planned from them, then only those clients' rows sent to the device."""
     t = int(state.round)
     stats = {}
-    for ids in client_chunks(self.num_clients, self._chunk_clients):
-      padded = np.full((self._chunk_clients,), self.num_clients, np.int32)
+    for ids in client_chunks(self.num_clients, self._stream_clients):
+      padded = np.full((self._stream_clients,), self.num_clients, np.int32)
       padded[:len(ids)] = ids
-      chunk = self._chunk_stats(state.params, self._device_arrays(ids), jnp.int32(t), padded)
+      chunk = self._chunk_stats(state.params, self._device_arrays(ids, self._stream_capacity),
+                                jnp.int32(t), padded)
       stats = chunk if not stats else jax.tree.map(jnp.add, stats, chunk)
     need = np.asarray(self._plan_fn(state, self.arrays, stats))
     new_state, metrics = self._step(state, self._device_arrays(np.flatnonzero(need)), stats)
@@ -427,8 +435,8 @@ class Simulator:
     for split in ("test", "train"):
       pool = getattr(self.data, split)
       sums = np.zeros((3, n))
-      for ids in client_chunks(n, self._chunk_clients):
-        m = self._metrics_fn(params, device_pool(compact(pool, ids, self._capacity[split])))
+      for ids in client_chunks(n, self._stream_clients):
+        m = self._metrics_fn(params, device_pool(compact(pool, ids, self._stream_capacity[split])))
         sums += np.stack([np.asarray(m.loss) * np.asarray(m.count),
                           np.asarray(m.accuracy) * np.asarray(m.count), np.asarray(m.count)])
       masks = {"": np.ones(n, bool)}
