@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -44,6 +43,16 @@ flags.DEFINE_string("child", None, "Internal: run one configuration (JSON) and p
 
 def store_path(n: int) -> str:
   return os.path.join(FLAGS.store_root, f"synth_n{n}_s{FLAGS.samples_per_client}")
+
+
+def peak_rss_mb() -> float:
+  """This process's peak resident memory (VmHWM: unlike ru_maxrss, not inherited across exec
+  from the parent that generated the stores)."""
+  with open("/proc/self/status", encoding="utf-8") as f:
+    for line in f:
+      if line.startswith("VmHWM:"):
+        return int(line.split()[1]) / 1024
+  return float("nan")
 
 
 def run_one(config: dict) -> dict:
@@ -84,7 +93,7 @@ def run_one(config: dict) -> dict:
   else:
     device_bytes = fs.engine.data_bytes(data)
   return {**config, "n": available, "host_rows": sim.host_rows, "round_ms": 1e3 * float(np.median(times)),
-          "setup_s": setup, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+          "setup_s": setup, "peak_rss_mb": peak_rss_mb(),
           "device_data_mb": device_bytes / 2**20, "data_mb": fs.engine.data_bytes(data) / 2**20}
 
 

@@ -68,6 +68,12 @@ def build_bad_files(root):
   write_idx_dir(os.path.join(root, "idx_badgz"), b"plain bytes, not gzip",
                 idx_bytes(labels), images_name="train-images-idx3-ubyte.gz")
   os.makedirs(os.path.join(root, "empty_tfds"))
+  from fedjax_sel.data import store  # pylint: disable=import-outside-toplevel
+  store.write_store(os.path.join(root, "store_truncated"), ragged_dataset([5, 6, 7]))
+  path = os.path.join(root, "store_truncated", "train_x.npy")
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) - 16)
+  store.write_store(os.path.join(root, "store_ok"), ragged_dataset([5, 6, 7]))
   with open(os.path.join(root, "a_file"), "w", encoding="utf-8") as f:
     f.write("not a folder")
   os.makedirs(os.path.join(root, "previous", "seed0"))
@@ -130,6 +136,10 @@ LAUNCHER_CASES = [
     ("run", ["--dataset=fashion_mnist", "--data_dir={tmp}/idx_badgz"], "gzip"),
     ("run", ["--dataset=tfds", "--tfds_name=cifar10", "--data_dir={tmp}/empty_tfds"],
      "not prepared"),
+    ("run", ["--store_dir={tmp}/store_truncated"], "train_x.npy"),
+    ("run", ["--store_dir={tmp}/empty_tfds"], "store.json"),
+    ("run", ["--store_dir={tmp}/store_ok", "--num_clients=7"], "holds 3 clients"),
+    ("run", ["--store=disk"], "--store"),
     ("filfl", ["--filters=foo"], "--filters"),
     ("filfl", ["--gammas=nan"], "--gammas"),
     ("filfl", ["--gammas=2"], "--gammas"),

@@ -127,3 +127,13 @@ def test_chosen_rows_mode_with_all_client_statistics_gives_the_same_run(rule):
   device, host = make("device"), make("host")
   assert host.host_rows == "chosen" and host._capacity["train"] < data.train.x.shape[0]  # pylint: disable=protected-access
   assert_same_runs(device, host)
+
+
+def test_make_store_then_run_from_it_on_the_host(tmp_path):
+  from tests.test_launchers import launch  # pylint: disable=import-outside-toplevel
+  launch("experiments.make_store", "--synth_clients=300", "--synth_max_samples=30",
+         f"--store_out={tmp_path}/s")
+  proc = launch("experiments.run", f"--store_dir={tmp_path}/s", "--store=host", "--model=logreg",
+                "--num_available=40", "--clients_per_round=5", "--rounds=2",
+                f"--out_dir={tmp_path}/run")
+  assert "N=300" in proc.stdout and "[   2/2]" in proc.stdout
