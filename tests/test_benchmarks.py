@@ -14,9 +14,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("script,keys,extra", [
-    ("round_throughput", {"model", "K", "vectorized", "jax_loop", "central_B", "central_KB",
-                          "vs_jax_loop"}, "scan_rounds"),
-    ("filter_throughput", {"model", "n", "m", "dgf_s", "rgf_s", "limit_s", "host_loop_s"}, "opt"),
+    pytest.param("round_throughput", {"model", "K", "vectorized", "jax_loop", "central_B",
+                                      "central_KB", "vs_jax_loop"}, "scan_rounds",
+                 marks=pytest.mark.slow),
+    pytest.param("filter_throughput", {"model", "n", "m", "dgf_s", "rgf_s", "limit_s",
+                                       "host_loop_s"}, "opt", marks=pytest.mark.slow),
     ("selector_throughput", {"selector", "N", "K", "ms", "selections_per_s"}, "divfl"),
     pytest.param("population_scaling", {"selector", "store", "N", "round_ms", "peak_rss_mb",
                                         "device_data_mb"}, "machine", marks=pytest.mark.slow),

@@ -153,6 +153,7 @@ def test_client_metrics_and_gradients_match_per_client_loop(small_data):
     np.testing.assert_allclose(norms[k], optax.tree.norm(g), rtol=1e-4)
 
 
+@pytest.mark.slow  # Covered by faster tests in the default suite; `pytest -m slow`.
 def test_resume_continues_the_same_run(tmp_path, small_data):
   full = fs.run(make_sim(small_data), 6, str(tmp_path / "full"), checkpoint_every=3, progress=None)
   fs.run(make_sim(small_data), 3, str(tmp_path / "part"), checkpoint_every=3, progress=None)

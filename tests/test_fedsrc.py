@@ -221,6 +221,7 @@ def test_savings_and_exclusions_match_hand_counts():
   np.testing.assert_array_equal(ex["good_sampled"], [2, 1, 1])
 
 
+@pytest.mark.slow  # Covered by faster tests in the default suite; `pytest -m slow`.
 def test_fedsrc_with_robust_aggregators_on_leaf_and_tfds_data(tmp_path):
   """FedSRC with Krum on a LEAF FEMNIST fixture (FEMNIST MLP 784-64-10 shape) and with the trimmed
   mean on TFDS mock MNIST in the non-IID split (MNIST MLP 784-200-100-10)."""

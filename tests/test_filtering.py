@@ -70,8 +70,9 @@ GREEDY = jax.jit(filtering.greedy_filter, static_argnames=("loss_fn", "mode", "e
 
 
 @pytest.mark.parametrize("mode", ["dgf", "rgf"])
-@pytest.mark.parametrize("empty_value,order", [("global", "random"), ("zero", "index"),
-                                               ("global", "index")])
+@pytest.mark.parametrize("empty_value,order", [
+    pytest.param("global", "random", marks=pytest.mark.slow), ("zero", "index"),
+    pytest.param("global", "index", marks=pytest.mark.slow)])
 def test_jitted_greedy_equals_algorithm1(mode, empty_value, order):
   for case, n in enumerate([1, 2, 3, 7, 12, 30]):
     loss_fn, clients, g = make_problem(case, n, scale=0.5 + case * 0.3)

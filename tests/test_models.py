@@ -40,9 +40,12 @@ def test_max_pool_2x2_equals_flax_max_pool(shape):
 
 
 @pytest.mark.parametrize("name,shape,classes", [
-    ("logreg", (8, 8, 1), 10), ("mlp", (60,), 10), ("leaf_cnn", (28, 28, 1), 62),
-    ("cifar_cnn", (32, 32, 3), 10), pytest.param("resnet18", (32, 32, 3), 10, marks=pytest.mark.slow),
-    ("char_lstm", (80,), 81)])
+    ("logreg", (8, 8, 1), 10), ("mlp", (60,), 10),
+    # The presets' tests train these end to end in the default suite.
+    pytest.param("leaf_cnn", (28, 28, 1), 62, marks=pytest.mark.slow),
+    pytest.param("cifar_cnn", (32, 32, 3), 10, marks=pytest.mark.slow),
+    pytest.param("resnet18", (32, 32, 3), 10, marks=pytest.mark.slow),
+    pytest.param("char_lstm", (80,), 81, marks=pytest.mark.slow)])
 def test_models_run_and_reduce_loss(name, shape, classes):
   model = build_model(name, shape, classes)
   params = model.init(jax.random.PRNGKey(0))
@@ -71,6 +74,7 @@ def test_unknown_model():
     build_model("vgg", (8,), 2)
 
 
+@pytest.mark.slow  # Covered by faster tests in the default suite; `pytest -m slow`.
 def test_narrow_resnet18_structure_and_gradients():
   from fedjax_sel.models.bundle import from_flax  # pylint: disable=import-outside-toplevel
   from fedjax_sel.models.modules import ResNet18  # pylint: disable=import-outside-toplevel

@@ -60,6 +60,7 @@ def assert_close(a, b, path="record"):
     assert a == b, path
 
 
+@pytest.mark.slow  # Four launcher processes per launcher: `pytest -m slow`.
 @pytest.mark.parametrize("name", sorted(LAUNCHERS))
 def test_two_processes_equal_one_process_of_four_devices_and_of_one(tmp_path, name):
   module, sub, extra = LAUNCHERS[name]
@@ -93,8 +94,9 @@ def test_two_processes_equal_one_process_of_four_devices_and_of_one(tmp_path, na
     (["--coordinator_address=localhost:{port}", "--num_processes=2", "--process_id=2"],
      "--process_id"),
     (["--num_processes=2"], "--coordinator_address"),
-    (["--coordinator_address=localhost:{port}", "--num_processes=2", "--process_id=0",
-      "--distributed_timeout=5"], "fewer processes joined"),
+    pytest.param(["--coordinator_address=localhost:{port}", "--num_processes=2",
+                  "--process_id=0", "--distributed_timeout=5"], "fewer processes joined",
+                 marks=pytest.mark.slow),
 ])
 def test_unreachable_coordinator_or_bad_counts_fail_in_bounded_time(tmp_path, args, needle):
   args = [a.replace("{port}", str(free_port())) for a in args]
