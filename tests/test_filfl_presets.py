@@ -41,6 +41,7 @@ def test_cifar10_preset_on_tfds_mock_data(tmp_path):
   BatchNorm (narrowed to 8 channels for CPU), the preset's E, B, lr schedule and weight decay."""
   out = tmp_path / "cifar"
   args = ["--preset=cifar10", "--resnet_width=8", "--chunk_size=4", "--conv_impl=lax",
+          "--local_epochs=1",
           f"--out_dir={out}", *SMALL]
   code = ("import sys, tensorflow_datasets as tfds\n"
           "from absl import app\n"

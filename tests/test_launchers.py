@@ -117,6 +117,7 @@ def test_fedalign_bad_flags_fail_before_compute(args, needle):
   assert "[   1/" not in proc.stdout
 
 
+@pytest.mark.slow  # Covered by faster tests in the default suite; `pytest -m slow`.
 def test_uacs_launcher_writes_selection_metrics(tmp_path):
   out = tmp_path / "uacs"
   proc = launch("experiments.uacs", "--rounds=3", "--seeds=0", "--scenarios=1", "--num_clients=20",

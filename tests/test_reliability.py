@@ -401,7 +401,7 @@ def test_power_of_choice_charges_only_its_candidates():
 
 def run_filfl(out, *extra):
   return subprocess.Popen(
-      [sys.executable, "-m", "experiments.filfl", "--rounds=6", "--seeds=0,1", "--num_clients=12",
+      [sys.executable, "-m", "experiments.filfl", "--rounds=4", "--seeds=0,1", "--num_clients=12",
        "--num_available=6", "--clients_per_round=2", "--filters=none,dgf", "--checkpoint_every=2",
        f"--out_dir={out}", *extra], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
       text=True)
@@ -415,7 +415,7 @@ def test_killed_multi_run_job_resumes_to_the_same_outputs(tmp_path):
   job = run_filfl(tmp_path / "cut")
   third = tmp_path / "cut" / "dgf" / "seed0" / "metrics.jsonl"
   deadline = time.time() + 600
-  while not (third.exists() and third.read_text(encoding="utf-8").count("\n") >= 3):
+  while not (third.exists() and third.read_text(encoding="utf-8").count("\n") >= 2):
     assert time.time() < deadline and job.poll() is None, "the job ended before it was killed"
     time.sleep(0.05)
   job.send_signal(signal.SIGKILL)

@@ -48,6 +48,7 @@ def test_host_store_gives_the_same_run_as_the_device():
   assert_same_runs(device, host)
 
 
+@pytest.mark.slow  # Covered by faster tests in the default suite; `pytest -m slow`.
 def test_host_store_same_filfl_run():
   data = ragged_dataset([23, 5, 40, 6, 17, 9, 31, 12, 8, 28])
   rng = np.random.default_rng(9)
@@ -111,7 +112,7 @@ def test_synth_store_generator_follows_the_definition(tmp_path):
   np.testing.assert_array_equal(np.asarray(again.train.x), np.asarray(data.train.x))
 
 
-@pytest.mark.parametrize("rule", [False, True])
+@pytest.mark.parametrize("rule", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_chosen_rows_mode_with_all_client_statistics_gives_the_same_run(rule):
   """Entropy selection over every client (n = N): stats streamed in chunks of K clients, the
   round's choice planned from them, only the chosen clients' rows on the device; with FedSRC's
