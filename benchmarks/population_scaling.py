@@ -1,6 +1,8 @@
-r"""Round time and peak memory versus the population size N, for the on-device and off-device stores.
+r"""Round time and peak memory versus the population size N and the clients per round K, for the
+on-device and off-device stores.
 
   python -m benchmarks.population_scaling            # N = 10^3 .. 10^6 (about 15 minutes)
+  python -m benchmarks.population_scaling --sweep=k  # K = 10 .. 1000 at N = 10^5 (about 5 minutes)
   python -m benchmarks.population_scaling --quick    # smoke run (half a minute)
 
 Data: SYNTH(1, 1) populations written once to memory-mapped stores (`data.store.synth_store`,
@@ -15,6 +17,8 @@ through the device in chunks of 4096 clients, then only the K chosen clients' ro
 median round time over --rounds rounds after a compiled warm-up round, the process's peak
 resident memory, and the client data held on the device (all of it, or the compacted rows: two
 rounds' worth for random, one stats chunk and the chosen rows for entropy).
+`--sweep=k` varies K over --ks at N = --k_sweep_n with n = --k_sweep_available available clients
+(random) and writes `population_scaling_k`.
 """
 
 from __future__ import annotations
@@ -38,6 +42,12 @@ flags.DEFINE_integer("entropy_max_n", 1000000, "Largest N of the all-client-stat
 flags.DEFINE_integer("samples_per_client", 20, "Cap on each client's examples.")
 flags.DEFINE_integer("rounds", 5, "Timed rounds (median).")
 flags.DEFINE_string("store_root", "/tmp/fedjax_sel_stores", "Where the SYNTH stores are cached.")
+flags.DEFINE_enum("sweep", "n", ["n", "k"], "Vary the population size N (at K = --k) or the "
+                  "clients per round K (over --ks, at N = --k_sweep_n).")
+flags.DEFINE_list("ks", ["10", "100", "1000"], "Clients per round K of the K sweep.")
+flags.DEFINE_integer("k_sweep_n", 100000, "Population size N of the K sweep.")
+flags.DEFINE_integer("k_sweep_available", 1000, "n, clients available per round in the K sweep "
+                     "(random selection); must be at least the largest K.")
 flags.DEFINE_string("child", None, "Internal: run one configuration (JSON) and print its row.")
 
 
@@ -103,17 +113,26 @@ def main(argv):
   if FLAGS.child:
     print("ROW " + json.dumps(run_one(json.loads(FLAGS.child))), flush=True)
     return
-  ns = [500] if FLAGS.quick else [int(v) for v in FLAGS.ns]
   rounds = 1 if FLAGS.quick else FLAGS.rounds
+  if FLAGS.sweep == "k":
+    ns = [500] if FLAGS.quick else [FLAGS.k_sweep_n]
+    ks = [5, 50] if FLAGS.quick else [int(v) for v in FLAGS.ks]
+    available = min(FLAGS.k_sweep_available, ns[0])
+    if max(ks) > available:
+      raise app.UsageError(f"--ks: every K must be at most the {available} available clients "
+                           "(--k_sweep_available, --k_sweep_n)")
+  else:
+    ns = [500] if FLAGS.quick else [int(v) for v in FLAGS.ns]
+    ks, available = [FLAGS.k], FLAGS.num_available
   for n in ns:
     if not os.path.exists(os.path.join(store_path(n), store.STORE_FILE)):
       t0 = time.perf_counter()
       store.synth_store(store_path(n), n, max_samples=FLAGS.samples_per_client, block=5000)
       print(f"wrote {store_path(n)} in {time.perf_counter() - t0:.1f}s", flush=True)
-  configs = [{"N": n, "K": FLAGS.k, "n": FLAGS.num_available, "selector": sel, "store": where,
+  configs = [{"N": n, "K": k, "n": available, "selector": sel, "store": where,
               "rounds": rounds, "host_rows": "chosen" if sel == "entropy" else "available"}
              for sel in ("random", "entropy") for where in ("device", "host") for n in ns
-             if sel == "random" or n <= FLAGS.entropy_max_n]
+             for k in ks if sel == "random" or n <= FLAGS.entropy_max_n]
   rows = []
   for config in configs:
     proc = subprocess.run([sys.executable, "-m", "benchmarks.population_scaling",
@@ -132,7 +151,7 @@ def main(argv):
                                 ("device_data_mb", "client data on device MiB"),
                                 ("data_mb", "all client data MiB")])
   print(table)
-  write_results("population_scaling", rows, table)
+  write_results("population_scaling" + ("_k" if FLAGS.sweep == "k" else ""), rows, table)
 
 
 if __name__ == "__main__":

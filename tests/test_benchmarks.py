@@ -1,4 +1,4 @@
-"""Smoke test: the three benchmark scripts run in --quick mode and write well-formed results.
+"""Smoke test: the benchmark scripts run in --quick mode and write well-formed results.
 
 Benchmarks measure speed; nothing here asserts a time.
 """
@@ -22,11 +22,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ("selector_throughput", {"selector", "N", "K", "ms", "selections_per_s"}, "divfl"),
     pytest.param("population_scaling", {"selector", "store", "N", "round_ms", "peak_rss_mb",
                                         "device_data_mb"}, "machine", marks=pytest.mark.slow),
+    pytest.param("population_scaling --sweep=k", {"selector", "store", "K", "round_ms"}, "machine",
+                 marks=pytest.mark.slow),
 ])
 def test_benchmark_quick_mode(tmp_path, script, keys, extra):
-  proc = subprocess.run([sys.executable, "-m", f"benchmarks.{script}", "--quick",
+  script, *args = script.split()
+  proc = subprocess.run([sys.executable, "-m", f"benchmarks.{script}", "--quick", *args,
                          f"--out={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout + proc.stderr
+  script += "_k" if args else ""
   with open(tmp_path / f"{script}_quick.json", encoding="utf-8") as f:
     result = json.load(f)
   assert result["rows"] and all(keys <= set(r) for r in result["rows"])
