@@ -129,6 +129,7 @@ def _start(state, out_dir, resume, overwrite, fingerprint, say,
           f"but {ckpt_path} is at round {done}; the run's history is lost, start it afresh")
     if writer:
       _write_records(metrics_path, history)
+    say(f"resuming {ckpt_path} after round {done}\n")
     return jax.tree.map(jax.numpy.asarray, state), history
   previous = [p for p in (metrics_path, ckpt_path) if os.path.exists(p)]
   if resume:

@@ -88,6 +88,44 @@ def test_two_processes_equal_one_process_of_four_devices_and_of_one(tmp_path, na
   assert not os.path.exists(os.path.join(tmp_path, "two", "summary.md.tmp"))
 
 
+def two_processes(module, args, folder):
+  port = free_port()
+  procs = [launch(module, args + [f"--out_dir={folder}", f"--process_id={i}",
+                                  f"--coordinator_address=localhost:{port}", "--num_processes=2"], 2)
+           for i in (0, 1)]
+  outs = [proc.communicate(timeout=600)[0] for proc in procs]
+  for proc, out in zip(procs, outs):
+    assert proc.returncode == 0, out
+  return outs
+
+
+@pytest.mark.slow  # Five launcher processes: `pytest -m slow`.
+def test_two_process_run_resumes_like_an_uninterrupted_one(tmp_path):
+  """2 processes stop after round 2 and resume to round 3 from process 0's checkpoint (both read
+  it); the result equals one uninterrupted single-device run. Resuming with a changed flag is
+  refused by every process."""
+  module, sub, extra = LAUNCHERS["filfl"]
+  base = [a for a in COMMON if not a.startswith("--rounds")] + extra
+  one = launch(module, base + ["--rounds=3", f"--out_dir={tmp_path}/one"], 1)
+  assert one.wait(timeout=600) == 0, one.communicate()[0]
+  two_processes(module, base + ["--rounds=2"], tmp_path / "two")
+  outs = two_processes(module, base + ["--rounds=3", "--resume"], tmp_path / "two")
+  assert "resum" in outs[0].lower(), outs[0]
+  first, resumed = (outputs(os.path.join(tmp_path, d, sub)) for d in ("one", "two"))
+  assert len(resumed[0]) == 3
+  for a, b in zip(first[0], resumed[0]):
+    assert_close(a, b)
+  for a, b in zip(first[1], resumed[1]):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  port = free_port()
+  procs = [launch(module, base + ["--rounds=4", "--resume", "--lr=0.5", f"--out_dir={tmp_path}/two",
+                                  f"--process_id={i}", f"--coordinator_address=localhost:{port}",
+                                  "--num_processes=2"], 2) for i in (0, 1)]
+  outs = [proc.communicate(timeout=600)[0] for proc in procs]
+  assert all(proc.returncode != 0 for proc in procs), outs
+  assert "lr" in outs[0] and "--help" not in outs[0], outs[0]
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--coordinator_address=localhost:{port}", "--num_processes=2", "--process_id=1",
       "--distributed_timeout=5"], "could not join"),
