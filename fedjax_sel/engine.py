@@ -174,6 +174,19 @@ def _check_arguments(data, optimizer, local, availability, seed, eval_mask) -> N
                      f"{np.shape(eval_mask)}")
 
 
+def _check_split_stats(data, needs) -> None:
+  """A stat over a client's validation or test split needs every client to hold one: a client
+  with none would read loss 0 and pass any threshold unseen."""
+  for split, stats in (("val", {"val_loss", "val_accuracy"}),
+                       ("test", {"test_loss", "test_accuracy"})):
+    read = sorted(needs & stats)
+    empty = int(np.sum(np.asarray(getattr(data, split).counts) == 0)) if read else 0
+    if empty:
+      raise ValueError(f"{', '.join(read)} is read by the filter, selector or participation rule, "
+                       f"but {empty} of {data.num_clients} clients hold no {split} data (their "
+                       f"{read[0]} would be 0); give every client a {split} split")
+
+
 def _finite_slots(res: LocalResult) -> jax.Array:
   """`[K]` bool: the slot's local model and training loss are all finite."""
   ok = jnp.isfinite(res.train_loss)
@@ -278,6 +291,7 @@ class Simulator:
     if unknown:
       raise ValueError(f"unknown stats {sorted(unknown)}; accepted: {STAT_NAMES}")
     self.needs = tuple(sorted(needs))
+    _check_split_stats(data, needs)
     self.mesh = None
     self.client_sharding = None
     if jax.device_count() > 1:

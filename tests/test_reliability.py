@@ -16,7 +16,7 @@ import optax
 import pytest
 
 import fedjax_sel as fs
-from fedjax_sel import checkpoint
+from fedjax_sel import checkpoint, fedsrc
 from fedjax_sel.data import sources
 from tests.conftest import ragged_dataset
 from tests.test_launchers import REPO
@@ -222,6 +222,9 @@ def api_cases():
       ("batch_size 0", sim(local=fs.LocalHParams(batch_size=0)), ValueError, "batch_size"),
       ("K above n", sim(clients_per_round=5), ValueError, "clients_per_round"),
       ("nonfinite mode", sim(nonfinite="ignore"), ValueError, "nonfinite"),
+      ("rule reads absent val split",
+       sim(participation=fedsrc.fedsrc_rule(fedsrc.FedSRCConfig(decision_stat="val_loss"))),
+       ValueError, "val_loss is read .* 4 of 4 clients hold no val data"),
       ("run rounds 0", lambda: fs.run(None, 0), ValueError, "rounds"),
       ("run rounds float", lambda: fs.run(None, 2.5), ValueError, "rounds"),
       ("run eval_every 0", lambda: fs.run(None, 2, eval_every=0), ValueError, "eval_every"),

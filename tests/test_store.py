@@ -116,9 +116,10 @@ def test_synth_store_generator_follows_the_definition(tmp_path):
 def test_chosen_rows_mode_with_all_client_statistics_gives_the_same_run(rule):
   """Entropy selection over every client (n = N): stats streamed in chunks of K clients, the
   round's choice planned from them, only the chosen clients' rows on the device; with FedSRC's
-  rule reading the chosen clients' test loss too."""
+  rule reading the chosen clients' test loss too (every client then needs a test split: the
+  1-example client grows to 3)."""
   from fedjax_sel import fedsrc, uacs  # pylint: disable=import-outside-toplevel
-  data = ragged_dataset([23, 5, 40, 1, 17, 9, 31, 12, 3, 28, 14, 7])
+  data = ragged_dataset([23, 5, 40, 3 if rule else 1, 17, 9, 31, 12, 3, 28, 14, 7])
   model = fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(16,))
   part = fedsrc.fedsrc_rule(fedsrc.FedSRCConfig()) if rule else None
   make = lambda where: fs.Simulator(
