@@ -28,6 +28,10 @@ import jax.numpy as jnp
 
 STAT_NAMES = ("loss", "accuracy", "entropy", "batch_loss", "val_loss", "val_accuracy", "test_loss",
               "test_accuracy", "grad_norm", "grad")
+# The stats that evaluate the global model on every example of one of a client's splits.
+SPLIT_STATS = {"train": frozenset({"loss", "accuracy", "entropy"}),
+               "val": frozenset({"val_loss", "val_accuracy"}),
+               "test": frozenset({"test_loss", "test_accuracy"})}
 
 
 class ClientState(NamedTuple):

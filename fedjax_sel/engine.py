@@ -31,8 +31,9 @@ import optax
 
 from fedjax_sel import keys as keylib
 from fedjax_sel.availability import Availability
-from fedjax_sel.components import (STAT_NAMES, AggregateInputs, Aggregator, ClientState, Filter,
-                                   Participation, RoundInputs, RoundOutcome, Selector, everyone)
+from fedjax_sel.components import (SPLIT_STATS, STAT_NAMES, AggregateInputs, Aggregator,
+                                   ClientState, Filter, Participation, RoundInputs, RoundOutcome,
+                                   Selector, everyone)
 from fedjax_sel.data.federated import (ClientPool, FederatedDataset, device_pool,
                                        rows_with_replacement)
 from fedjax_sel.data.store import capacity, client_chunks, compact
@@ -177,9 +178,8 @@ def _check_arguments(data, optimizer, local, availability, seed, eval_mask) -> N
 def _check_split_stats(data, needs) -> None:
   """A stat over a client's validation or test split needs every client to hold one: a client
   with none would read loss 0 and pass any threshold unseen."""
-  for split, stats in (("val", {"val_loss", "val_accuracy"}),
-                       ("test", {"test_loss", "test_accuracy"})):
-    read = sorted(needs & stats)
+  for split in ("val", "test"):
+    read = sorted(needs & SPLIT_STATS[split])
     empty = int(np.sum(np.asarray(getattr(data, split).counts) == 0)) if read else 0
     if empty:
       raise ValueError(f"{', '.join(read)} is read by the filter, selector or participation rule, "
@@ -471,11 +471,11 @@ class Simulator:
     (the others read 0)."""
     stats = {}
     wanted = set(self.needs)
-    if wanted & {"loss", "accuracy", "entropy"}:
+    if wanted & SPLIT_STATS["train"]:
       m = client_metrics(self.model, params, arrays.train, self.eval_batch_size)
       stats.update(loss=m.loss, accuracy=m.accuracy, entropy=m.entropy)
     for split, pool in (("val", arrays.val), ("test", arrays.test)):
-      if wanted & {f"{split}_loss", f"{split}_accuracy"}:
+      if wanted & SPLIT_STATS[split]:
         m = client_metrics(self.model, params, pool, self.eval_batch_size)
         stats.update({f"{split}_loss": m.loss, f"{split}_accuracy": m.accuracy})
     who = jnp.arange(self.num_clients, dtype=jnp.int32) if ids is None else ids
@@ -686,9 +686,8 @@ class Simulator:
     evaluators = jnp.zeros_like(avail)
     filter_needs = set(self.filter.needs) if self.filter is not None else set()
     train, val, test = arrays.counts
-    groups = (({"loss", "accuracy", "entropy"}, train, False),
-              ({"val_loss", "val_accuracy"}, val, False),
-              ({"test_loss", "test_accuracy"}, test, False),
+    groups = ((SPLIT_STATS["train"], train, False), (SPLIT_STATS["val"], val, False),
+              (SPLIT_STATS["test"], test, False),
               ({"batch_loss"}, jnp.where(train > 0, self.local.batch_size, 0), False),
               ({"grad", "grad_norm"}, train, True))
     for names, per_client, backward in groups:

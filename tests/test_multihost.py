@@ -89,14 +89,13 @@ def test_two_processes_equal_one_process_of_four_devices_and_of_one(tmp_path, na
 
 
 def two_processes(module, args, folder):
+  """Runs a launcher as 2 processes of 2 devices each; returns their exit codes and outputs."""
   port = free_port()
   procs = [launch(module, args + [f"--out_dir={folder}", f"--process_id={i}",
-                                  f"--coordinator_address=localhost:{port}", "--num_processes=2"], 2)
-           for i in (0, 1)]
+                                  f"--coordinator_address=localhost:{port}",
+                                  "--num_processes=2"], 2) for i in (0, 1)]
   outs = [proc.communicate(timeout=600)[0] for proc in procs]
-  for proc, out in zip(procs, outs):
-    assert proc.returncode == 0, out
-  return outs
+  return [proc.returncode for proc in procs], outs
 
 
 @pytest.mark.slow  # Five launcher processes: `pytest -m slow`.
@@ -108,21 +107,19 @@ def test_two_process_run_resumes_like_an_uninterrupted_one(tmp_path):
   base = [a for a in COMMON if not a.startswith("--rounds")] + extra
   one = launch(module, base + ["--rounds=3", f"--out_dir={tmp_path}/one"], 1)
   assert one.wait(timeout=600) == 0, one.communicate()[0]
-  two_processes(module, base + ["--rounds=2"], tmp_path / "two")
-  outs = two_processes(module, base + ["--rounds=3", "--resume"], tmp_path / "two")
-  assert "resum" in outs[0].lower(), outs[0]
+  codes, outs = two_processes(module, base + ["--rounds=2"], tmp_path / "two")
+  assert codes == [0, 0], outs
+  codes, outs = two_processes(module, base + ["--rounds=3", "--resume"], tmp_path / "two")
+  assert codes == [0, 0] and "resum" in outs[0].lower(), outs
   first, resumed = (outputs(os.path.join(tmp_path, d, sub)) for d in ("one", "two"))
   assert len(resumed[0]) == 3
   for a, b in zip(first[0], resumed[0]):
     assert_close(a, b)
   for a, b in zip(first[1], resumed[1]):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-  port = free_port()
-  procs = [launch(module, base + ["--rounds=4", "--resume", "--lr=0.5", f"--out_dir={tmp_path}/two",
-                                  f"--process_id={i}", f"--coordinator_address=localhost:{port}",
-                                  "--num_processes=2"], 2) for i in (0, 1)]
-  outs = [proc.communicate(timeout=600)[0] for proc in procs]
-  assert all(proc.returncode != 0 for proc in procs), outs
+  changed = base + ["--rounds=4", "--resume", "--lr=0.5"]
+  codes, outs = two_processes(module, changed, tmp_path / "two")
+  assert all(code != 0 for code in codes), outs
   assert "lr" in outs[0] and "--help" not in outs[0], outs[0]
 
 
