@@ -175,7 +175,7 @@ def main(argv):
             mode=filt_name, period=FLAGS.filter_period, empty_value=FLAGS.empty_value,
             const=FLAGS.filter_const, order=FLAGS.filter_order, opt=FLAGS.opt,
             submod_samples=FLAGS.submod_samples, gammas=gammas)
-        filt = filtering.filfl_filter(public_loss, data.public_x, data.public_y, cfg)
+        filt = filtering.filfl_filter(public_loss, cfg)
       sim = fs.Simulator(model, data, common.optimizer(), common.local_hparams(),
                          common.availability(FLAGS.avail_reference),
                          make_selector(), fs.fedavg(FLAGS.weighting), FLAGS.clients_per_round,

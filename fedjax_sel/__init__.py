@@ -4,10 +4,12 @@ self-regulation.
 The flat namespace below is the public API; modules hold one concern each:
 `data` (pools, partitioners, sources), `models`, `local_training`, `compiled_cost` (XLA's memory
 and FLOP counts), `evaluation`, `components` (the pure part types), `availability`, `selectors`,
-`aggregators`, `engine`, `checkpoint`, `runner`.
+`aggregators`, `round` (the round as pure stages), `placement` (where the clients' data live),
+`programs` (the compiled programs, shared by signature), `runs` (runs as a batch axis), `engine`
+(the `Simulator` shell), `compilation` (the persistent cache), `checkpoint`, `runner`.
 """
 
-__version__ = "0.1.0"  # Before the imports: the runner writes it into checkpoint fingerprints.
+__version__ = "0.2.0"  # Before the imports: the runner writes it into checkpoint fingerprints.
 
 from fedjax_sel.aggregators import fedavg, weighted_mean
 from fedjax_sel.availability import Availability, uniform_availability
@@ -15,10 +17,13 @@ from fedjax_sel.components import (AggregateInputs, Aggregator, ClientState, Fil
                                    RoundInputs, RoundOutcome, Selector, everyone)
 from fedjax_sel.data.builders import DATASETS, DatasetSpec, build_dataset
 from fedjax_sel.data.federated import ClientPool, FederatedDataset
-from fedjax_sel.engine import Costs, EngineState, Simulator, constant_lr, step_decay_lr
+from fedjax_sel.engine import (Costs, EngineState, LrSchedule, Simulator, constant_lr,
+                               step_decay_lr)
 from fedjax_sel.evaluation import ClientMetrics, client_gradients, client_metrics
 from fedjax_sel.local_training import LocalHParams, LocalResult, local_train, steps_per_client
 from fedjax_sel.models import MODELS, Model, build_model
-from fedjax_sel.runner import run, summary_table
+from fedjax_sel.placement import Capacity
+from fedjax_sel.runner import run, run_batch, summary_table
+from fedjax_sel.runs import RunBatch
 from fedjax_sel.selectors import random_selector, top_k_mask
 

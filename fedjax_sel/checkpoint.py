@@ -39,8 +39,15 @@ class CheckpointError(ValueError):
   """A checkpoint that is foreign, truncated, corrupted, of another structure or another run."""
 
 
-def save(path: str, state: Any, fingerprint: dict) -> None:
-  """Writes `state` (any pytree of arrays) and its run's `fingerprint` atomically to `path`."""
+def previous(path: str) -> str:
+  """Where `save(..., keep_previous=True)` keeps the checkpoint it replaced."""
+  return path + ".prev"
+
+
+def save(path: str, state: Any, fingerprint: dict, keep_previous: bool = False) -> None:
+  """Writes `state` (any pytree of arrays) and its run's `fingerprint` atomically to `path`; with
+  `keep_previous`, the checkpoint it replaces stays at `previous(path)` (the runs of a batch,
+  checkpointed one after another, can then all resume from one round after a kill)."""
   leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(jax.device_get(state))]
   payload = serialization.msgpack_serialize(
       {"fingerprint": fingerprint, "leaves": {str(i): leaf for i, leaf in enumerate(leaves)}})
@@ -50,6 +57,8 @@ def save(path: str, state: Any, fingerprint: dict) -> None:
     f.write(MAGIC + digest + b"\n" + payload)
     f.flush()
     os.fsync(f.fileno())
+  if keep_previous and os.path.exists(path):
+    os.replace(path, previous(path))
   os.replace(tmp, path)
   folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
   try:

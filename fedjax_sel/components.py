@@ -68,6 +68,8 @@ class RoundInputs(NamedTuple):
     label_hist: `[N, C]` training label histogram per client.
     gradients: on demand, `ids [M] -> [M, ...]` full-batch gradients of F_k at w_t of those
       clients (the `grad` stat's rows, computed only when called); None outside the engine.
+    public_x, public_y: the server's public set (an argument of the compiled round, so runs with
+      different public sets share it); None outside the engine.
   """
 
   round: jax.Array
@@ -78,6 +80,8 @@ class RoundInputs(NamedTuple):
   num_examples: jax.Array
   label_hist: jax.Array
   gradients: Callable[[jax.Array], Any] | None = None
+  public_x: jax.Array | None = None
+  public_y: jax.Array | None = None
 
 
 class RoundOutcome(NamedTuple):
@@ -138,7 +142,8 @@ class Filter(NamedTuple):
   `(slots [n], valid [n], LocalResult)` of every available client's local model when
   `trains_available` (FilFL), else None. `info` is a dict of scalars/arrays for the metrics.
   Filtering runs on rounds with `t % period == 0` or a change of availability; other rounds reuse
-  the last filtered-in set (intersected with the available set).
+  the last filtered-in set (intersected with the available set). `uses_public`: `apply` reads
+  the server's public set (`inputs.public_x`, `inputs.public_y`), which must then be non-empty.
   """
 
   init: Callable[[int], Any]
@@ -146,6 +151,7 @@ class Filter(NamedTuple):
   period: int = 1
   trains_available: bool = False
   needs: tuple[str, ...] = ()
+  uses_public: bool = False
 
 
 class Participation(NamedTuple):

@@ -63,20 +63,26 @@ def eps_schedule(schedule: str | Schedule, eps0: float, rounds: int,
     [0.2, 0.1, 0.0]
   """
   check_schedule(schedule, eps0, rounds, warmup_fraction)
+  fn = _eps_of_round(schedule, rounds, warmup_fraction)
+  return lambda t: fn(t, jnp.float32(eps0))
+
+
+def _eps_of_round(schedule: str | Schedule, rounds: int, warmup_fraction: float):
+  """(t, eps_0) -> eps_t: eps_0 is an argument (the rule keeps it in its state, so runs of one
+  program may differ in it)."""
   w = warmup_rounds(rounds, warmup_fraction)
   span = max(rounds - 1 - w, 1)
-  eps0 = jnp.float32(eps0)
 
   def since(t):
     return jnp.maximum(jnp.asarray(t) - w, 0).astype(jnp.float32)
 
   if callable(schedule):
-    return lambda t: jnp.asarray(schedule(since(t)), jnp.float32)
+    return lambda t, eps0: jnp.asarray(schedule(since(t)), jnp.float32)
   if schedule == "linear":
-    return lambda t: eps0 * jnp.maximum(1.0 - since(t) / span, 0.0)
+    return lambda t, eps0: eps0 * jnp.maximum(1.0 - since(t) / span, 0.0)
   if schedule == "constant":
-    return lambda t: eps0 + 0.0 * since(t)
-  return lambda t: eps0 / (1.0 + since(t))
+    return lambda t, eps0: eps0 + 0.0 * since(t)
+  return lambda t, eps0: eps0 / (1.0 + since(t))
 
 
 def check_schedule(schedule, eps0: float, rounds: int, warmup_fraction: float) -> None:
@@ -127,7 +133,8 @@ def fedalign_rule(priority, rounds: int, eps0: float = 0.2, schedule: str | Sche
     metric: "loss" or "accuracy" (the paper's experiments' proxy).
     split: data a client evaluates w_t on: "train" or "val" (its validation split).
 
-  The state, reported in the round metrics under "rule": `eps`, `warmup`, `objective` (F(w_t) or
+  The state holds eps_0 and the priority mask (values of the run, not of the compiled program) and,
+  reported in the round metrics under "rule": `eps`, `warmup`, `objective` (F(w_t) or
   the priority accuracy), `others_trained`, `others_aggregated` (non-priority clients), and
   `closest_gap`, the smallest |F_k - F| over the non-priority clients asked this round (0 when none
   was): when it stays above eps_t, nobody aligns and FedALIGN is the "None" run.
@@ -137,43 +144,49 @@ def fedalign_rule(priority, rounds: int, eps0: float = 0.2, schedule: str | Sche
   if split not in SPLITS:
     raise ValueError(f"align_split must be one of {SPLITS}, got {split!r}")
   check_priority(priority)
-  eps_fn = eps_schedule(schedule, eps0, rounds, warmup_fraction)
+  check_schedule(schedule, eps0, rounds, warmup_fraction)
+  eps_fn = _eps_of_round(schedule, rounds, warmup_fraction)
   w_rounds = warmup_rounds(rounds, warmup_fraction)
-  priority = jnp.asarray(priority, bool)
+  priority = np.asarray(priority, bool)
   stat = metric if split == "train" else f"val_{metric}"
 
   def init(num_clients):
     del num_clients
     z = jnp.zeros((), jnp.float32)
     return {"eps": z, "warmup": jnp.asarray(True), "objective": z, "others_trained": z,
-            "others_aggregated": z, "closest_gap": z}
+            "others_aggregated": z, "closest_gap": z, "eps0": jnp.float32(eps0),
+            "priority": jnp.asarray(priority)}
 
   def apply(state, key, inputs: RoundInputs, chosen):
-    del key, state
+    del key
+    prio = state["priority"]
     value = inputs.stats[stat]
-    weights = jnp.where(priority & chosen, inputs.num_examples, 0).astype(jnp.float32)
+    weights = jnp.where(prio & chosen, inputs.num_examples, 0).astype(jnp.float32)
     objective = jnp.sum(weights * value) / jnp.maximum(jnp.sum(weights), 1e-30)
     warmup = jnp.asarray(inputs.round) < w_rounds
-    eps = eps_fn(inputs.round)
-    train, aggregate = alignment_masks(value, objective, eps, priority, chosen, warmup, metric)
-    count = lambda m: jnp.sum(m & ~priority).astype(jnp.float32)
-    others = ~priority & chosen
+    eps = eps_fn(inputs.round, state["eps0"])
+    train, aggregate = alignment_masks(value, objective, eps, prio, chosen, warmup, metric)
+    count = lambda m: jnp.sum(m & ~prio).astype(jnp.float32)
+    others = ~prio & chosen
     gap = jnp.min(jnp.where(others, jnp.abs(value - objective), jnp.inf))
-    return train, aggregate, {"eps": jnp.where(warmup, 0.0, eps), "warmup": warmup,
-                              "objective": objective, "others_trained": count(train),
-                              "others_aggregated": count(aggregate),
-                              "closest_gap": jnp.where(jnp.any(others), gap, 0.0)}
+    return train, aggregate, dict(state, eps=jnp.where(warmup, 0.0, eps), warmup=warmup,
+                                  objective=objective, others_trained=count(train),
+                                  others_aggregated=count(aggregate),
+                                  closest_gap=jnp.where(jnp.any(others), gap, 0.0))
 
-  return Participation(init=init, apply=apply, needs=(stat,), report=lambda state: state)
+  def report(state):
+    return {k: v for k, v in state.items() if k not in ("eps0", "priority")}
+
+  return Participation(init=init, apply=apply, needs=(stat,), report=report)
 
 
 def priority_only(priority) -> Participation:
   """The "None" baseline: only the priority clients train and are aggregated (FedAvg on P)."""
   check_priority(priority)
-  priority = jnp.asarray(priority, bool)
-  return Participation(init=lambda n: (),
-                       apply=lambda state, key, inputs, chosen: (chosen & priority,
-                                                                 chosen & priority, state))
+  priority = np.asarray(priority, bool)
+  return Participation(init=lambda n: {"priority": jnp.asarray(priority)},
+                       apply=lambda state, key, inputs, chosen: (chosen & state["priority"],
+                                                                 chosen & state["priority"], state))
 
 
 PRIORITY_CHOICES = ("random", "ids", "classes")

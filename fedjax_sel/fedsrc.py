@@ -167,32 +167,38 @@ def client_thresholds(cfg: FedSRCConfig, median, spread, alpha, rhi):
 def fedsrc_rule(cfg: FedSRCConfig = FedSRCConfig()) -> Participation:
   """The FedSRC participation rule.
 
-  State (a dict of scalars): `ready` (losses have been reported), `median`, `spread`, `alpha`, and
+  State (a dict of scalars): `beta` and `target` (the run's), `ready` (losses have been reported),
+  `median`, `spread`, `alpha`, and
   for the report `gated` (the threshold applied this round), `phi` (the server threshold of the
   round, 0 when not gated), `selected`, `passed` (sampled clients under their threshold), `rate`
   (share of the sampled clients that trained).
   """
   check_config(cfg)
+  # beta and the participation target are run values kept in the state, so runs that differ
+  # only in them share one compiled round; the functions below capture the rest of the config.
+  rule_cfg = cfg._replace(beta=0.0, target=0.0)
 
   def init(num_clients):
     f = lambda v: jnp.asarray(v, jnp.float32)
     return {"ready": jnp.asarray(False), "median": f(0.0), "spread": f(0.0),
             "alpha": f(cfg.alpha0), "phi": f(0.0), "selected": f(0.0), "passed": f(0.0),
             "rate": f(1.0), "gated": jnp.asarray(False),
-            "checked": jnp.zeros((num_clients,), jnp.float32)}
+            "checked": jnp.zeros((num_clients,), jnp.float32), "beta": f(cfg.beta),
+            "target": f(cfg.target)}
 
   def apply(state, key, inputs: RoundInputs, chosen):
-    value = inputs.stats[cfg.decision_stat]
-    rhi = heterogeneity_index(inputs.label_hist, cfg.kappa)
-    thresholds = client_thresholds(cfg, state["median"], state["spread"], state["alpha"], rhi)
+    run_cfg = rule_cfg._replace(beta=state["beta"])
+    value = inputs.stats[run_cfg.decision_stat]
+    rhi = heterogeneity_index(inputs.label_hist, run_cfg.kappa)
+    thresholds = client_thresholds(run_cfg, state["median"], state["spread"], state["alpha"], rhi)
     passed = value <= thresholds
     n = chosen.shape[0]
     u = jax.vmap(lambda k: jax.random.uniform(k))(keylib.client_keys(key, jnp.arange(n)))
-    forced = u < cfg.reinclude_prob
-    if cfg.reinclude_after > 0:
-      forced |= inputs.clients.consecutive_skips >= cfg.reinclude_after
+    forced = u < run_cfg.reinclude_prob
+    if run_cfg.reinclude_after > 0:
+      forced |= inputs.clients.consecutive_skips >= run_cfg.reinclude_after
     train = chosen & jnp.where(state["ready"], passed | forced, True)
-    phi = server_threshold(cfg, state["median"], state["spread"], state["alpha"])
+    phi = server_threshold(run_cfg, state["median"], state["spread"], state["alpha"])
     state = dict(state, phi=jnp.where(state["ready"], phi, 0.0),
                  selected=jnp.sum(chosen).astype(jnp.float32),
                  passed=jnp.sum(chosen & passed).astype(jnp.float32), gated=state["ready"],
@@ -204,9 +210,9 @@ def fedsrc_rule(cfg: FedSRCConfig = FedSRCConfig()) -> Participation:
     del inputs
     reported = outcome.trained
     n = jnp.sum(reported)
-    losses = (outcome.train_loss if cfg.reported_loss == "train" else
+    losses = (outcome.train_loss if rule_cfg.reported_loss == "train" else
               state["checked"][outcome.slots]).astype(jnp.float32)
-    if cfg.mode == "paper":
+    if rule_cfg.mode == "paper":
       median, spread = median_spread(losses, reported)
     else:
       median, _ = median_spread(losses, reported)
@@ -214,8 +220,9 @@ def fedsrc_rule(cfg: FedSRCConfig = FedSRCConfig()) -> Participation:
     enough = n >= 2
     rate = n / jnp.maximum(state["selected"], 1.0)
     alpha = state["alpha"]
-    if cfg.mode == "paper":
-      stepped = jnp.clip(alpha + cfg.alpha_gain * (cfg.target - rate), 0.0, cfg.alpha_max)
+    if rule_cfg.mode == "paper":
+      stepped = jnp.clip(alpha + rule_cfg.alpha_gain * (state["target"] - rate), 0.0,
+                         rule_cfg.alpha_max)
       alpha = jnp.where(state["gated"], stepped, alpha)
     return dict(state, ready=state["ready"] | enough,
                 median=jnp.where(enough, median, state["median"]),

@@ -263,27 +263,24 @@ class FilterConfig(NamedTuple):
 
 
 def filfl_filter(public_loss: Callable[[Params, jax.Array, jax.Array], jax.Array],
-                 public_x, public_y, config: FilterConfig) -> Filter:
+                 config: FilterConfig) -> Filter:
   """The FilFL filter as an engine `Filter`: every available client trains first, then the greedy
-  pass keeps the subset whose averaged model has the lowest public loss.
+  pass keeps the subset whose averaged model has the lowest public loss on the server's public
+  set (`inputs.public_x`, `inputs.public_y`: the dataset's, passed to the compiled round).
 
   Args:
     public_loss: (params, x, y) -> mean loss.
-    public_x, public_y: the server's public set.
     config: `FilterConfig`.
   """
   _check(config.mode, config.empty_value, config.order)
   if config.period < 1:
     raise ValueError(f"filter period h must be >= 1, got {config.period}")
-  m = int(np.shape(public_y)[0])
-  if m == 0:
-    raise ValueError("FilFL needs a non-empty public set (set public_fraction > 0)")
-  px, py = jnp.asarray(public_x), jnp.asarray(public_y)
 
   def apply(state, key, inputs, mask, local):
     del mask
     slots, valid, res = local
-    loss_fn = lambda p: public_loss(p, px, py)
+    m = inputs.public_y.shape[0]
+    loss_fn = lambda p: public_loss(p, inputs.public_x, inputs.public_y)
     out = greedy_filter(loss_fn, res.params, valid, inputs.params, key, mode=config.mode,
                         empty_value=config.empty_value, const=config.const, order=config.order)
     n_clients = inputs.available.shape[0]
@@ -303,4 +300,5 @@ def filfl_filter(public_loss: Callable[[Params, jax.Array, jax.Array], jax.Array
     info["public_samples"] = evals * m
     return filtered, state, info
 
-  return Filter(init=lambda n: (), apply=apply, period=config.period, trains_available=True)
+  return Filter(init=lambda n: (), apply=apply, period=config.period, trains_available=True,
+                uses_public=True)

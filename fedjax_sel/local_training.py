@@ -93,7 +93,7 @@ def _epoch_orders(key: jax.Array, count: jax.Array, num_epochs: int, max_count: 
 def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, global_params: Params,
                 pool: ClientPool, clients: jax.Array, valid: jax.Array, keys: jax.Array,
                 learning_rate: jax.Array, max_count: int, client_sharding=None,
-                combine: jax.Array | None = None) -> LocalResult:
+                combine: jax.Array | None = None, prox_mu: jax.Array | None = None) -> LocalResult:
   """Trains the clients `clients [K]` (slots with `valid [K]` False are no-ops) from the global model.
 
   Args:
@@ -110,6 +110,8 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
     client_sharding: optional `NamedSharding` of a leading clients axis, for several devices.
     combine: optional `[K]` weights; then the chunks are folded into `sum_k combine_k w^k` as they
       finish (a linear aggregate, e.g. FedAvg) and the K local models are never held at once.
+    prox_mu: optional traced FedProx coefficient used instead of `hp.prox_mu` (which then only
+      says whether the term is on), so runs with different mu share one compiled program.
 
   Returns:
     A `LocalResult` over the K slots, in the order given; with `combine`, its `params` is the
@@ -123,12 +125,13 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
   tx = optimizer(learning_rate)
   total_rows = pool.x.shape[0]
   global_weights = trainable(model, global_params)
+  mu = hp.prox_mu if prox_mu is None else prox_mu
 
   def loss_fn(weights, params, xb, yb, mask):
     losses, new_params = train_losses(model, with_trainable(model, params, weights), xb, yb, mask)
     mean = jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     if hp.prox_mu:  # FedAvg skips the term: its value and gradient are passes over every weight.
-      mean += 0.5 * hp.prox_mu * sum(jnp.sum((p - g) ** 2) for p, g in
+      mean += 0.5 * mu * sum(jnp.sum((p - g) ** 2) for p, g in
                                      zip(jax.tree.leaves(weights), jax.tree.leaves(global_weights)))
     return mean, (jnp.sum(losses * mask), new_params)
 

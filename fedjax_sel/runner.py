@@ -67,10 +67,12 @@ def dataset_digest(data) -> str:
 
 
 def run_fingerprint(sim: Simulator, settings: dict | None = None) -> dict:
-  """What determines a run: the library version, seed, K, N, model and its parameter shapes, the
-  data's digest, and the caller's `settings` (e.g. the launcher's flags)."""
+  """What determines a run: the library version, seed, learning rate, FedProx mu, K, N, model and
+  its parameter shapes, the data's digest, and the caller's `settings` (e.g. the launcher's
+  flags)."""
   shapes = [list(np.shape(a)) for a in jax.tree.leaves(jax.eval_shape(sim.init).params)]
-  return {"library": __version__, "seed": sim.seed, "clients_per_round": sim.k,
+  return {"library": __version__, "seed": sim.seed, "lr_base": float(sim.run_values.lr),
+          "prox_mu_value": float(sim.run_values.prox_mu), "clients_per_round": sim.k,
           "num_clients": sim.num_clients, "model": sim.model.name,
           "param_shapes": hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:16],
           "data": dataset_digest(sim.data), **(settings or {})}
@@ -115,6 +117,8 @@ def _start(state, out_dir, resume, overwrite, fingerprint, say,
     os.makedirs(out_dir, exist_ok=True)
   metrics_path = os.path.join(out_dir, METRICS_FILE)
   ckpt_path = os.path.join(out_dir, CHECKPOINT_FILE)
+  if resume and not os.path.exists(ckpt_path) and os.path.exists(checkpoint.previous(ckpt_path)):
+    ckpt_path = checkpoint.previous(ckpt_path)  # Killed between two writes of a batch's save.
   if resume and os.path.exists(ckpt_path):
     state, stored = checkpoint.load(ckpt_path, state)
     diff = checkpoint.differences(stored, fingerprint)
@@ -131,7 +135,8 @@ def _start(state, out_dir, resume, overwrite, fingerprint, say,
       _write_records(metrics_path, history)
     say(f"resuming {ckpt_path} after round {done}\n")
     return jax.tree.map(jax.numpy.asarray, state), history
-  previous = [p for p in (metrics_path, ckpt_path) if os.path.exists(p)]
+  previous = [p for p in (metrics_path, ckpt_path, checkpoint.previous(ckpt_path))
+              if os.path.exists(p)]
   if resume:
     say(f"no checkpoint in {out_dir}: starting fresh\n")
   elif previous and not overwrite and writer:  # Others may see the writer's first lines.
@@ -219,11 +224,185 @@ def run(sim: Simulator, rounds: int, out_dir: str | None = None, *, eval_every: 
         progress.flush()
       _check_finite(record, t)
       if ckpt_path and ((t + 1) % checkpoint_every == 0 or t == rounds - 1):
-        checkpoint.save(ckpt_path, state, fingerprint)
+        checkpoint.save(ckpt_path, state, fingerprint, keep_previous=True)
   finally:
     if sink:
       sink.close()
   return records
+
+
+def _checkpoint_rounds(path: str, template) -> dict[int, str]:
+  """{round: file} of the checkpoints kept at `path` (the latest and the one before it)."""
+  found = {}
+  for p in (path, checkpoint.previous(path)):
+    if os.path.exists(p):
+      state, _ = checkpoint.load(p, template)
+      found[int(np.asarray(state.round))] = p
+  return found
+
+
+def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_every: int = 1,
+              checkpoint_every: int = 10, resume: bool = False, overwrite: bool = False,
+              progress: TextIO | None = sys.stdout, label: str = "",
+              settings: list[dict] | None = None) -> list[list[dict]]:
+  """Runs the R runs of a `RunBatch` for `rounds` rounds together; returns each run's records.
+
+  Each run keeps its own folder (`out_dirs[i]`: `metrics.jsonl`, `checkpoint.msgpack` and the one
+  before it), fingerprint and history, as with `run`. The runs checkpoint together, keeping the
+  previous checkpoint too, so a job killed at any moment (even between two runs' writes) resumes
+  every run from one round. A run whose model or loss stops being finite stops alone: its record
+  is written, then nothing more of it, while the others go on; `NonFiniteError` is raised at the
+  end naming it (its `records` attribute holds every run's records).
+
+  Args:
+    batch: the `RunBatch`.
+    rounds, eval_every, checkpoint_every, resume, overwrite, progress, label: as in `run`.
+    out_dirs: one folder per run (None: keep in memory only).
+    settings: per-run JSON-able settings for the fingerprints (e.g. the launcher's flags with the
+      run's swept value).
+  """
+  if not isinstance(rounds, int) or rounds < 1:
+    raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+  for name, value in (("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
+    if not isinstance(value, int) or value < 1:
+      raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+  r = batch.num_runs
+  if out_dirs is not None and len(out_dirs) != r:
+    raise ValueError(f"out_dirs must name one folder per run ({r}), got {len(out_dirs)}")
+  if settings is not None and len(settings) != r:
+    raise ValueError(f"settings must hold one dict per run ({r}), got {len(settings)}")
+  writer = jax.process_index() == 0
+  progress = progress if writer else None
+  say = (lambda text: (progress.write(label + text), progress.flush())) if progress else (
+      lambda text: None)
+  states = batch.init()
+  histories = [[] for _ in range(r)]
+  paths, fingerprints = [None] * r, [None] * r
+  if out_dirs is not None:
+    fingerprints = [run_fingerprint(sim, (settings or [None] * r)[i])
+                    for i, sim in enumerate(batch.sims)]
+    states, histories = _start_batch(batch, states, out_dirs, resume, overwrite, fingerprints,
+                                     say, writer)
+    if writer:
+      paths = [(os.path.join(d, METRICS_FILE), os.path.join(d, CHECKPOINT_FILE))
+               for d in out_dirs]
+  first = int(np.asarray(states.round)[0])
+  if first >= rounds:
+    say(f"finished earlier ({first} rounds): nothing to compute\n")
+    return [h[:rounds] for h in histories]
+  start = time.perf_counter() - max((h[-1]["wall_s"] for h in histories if h), default=0.0)
+  sinks = [open(p[0], "a", encoding="utf-8") if p else None for p in paths]
+  stopped: dict[int, str] = {}
+  try:
+    for t in range(first, rounds):
+      states, metrics = batch.step(states)
+      metrics = to_host(metrics)
+      evaluated = (t + 1) % eval_every == 0 or t == rounds - 1
+      evals = to_host(batch.evaluate(states.params)) if evaluated else None
+      wall = round(time.perf_counter() - start, 3)
+      for i in range(r):
+        if i in stopped:
+          continue
+        record = _jsonable(jax.tree.map(lambda a, i=i: a[i], metrics))
+        if evals is not None:
+          record.update(_jsonable(jax.tree.map(lambda a, i=i: a[i], evals)))
+        record["wall_s"] = wall
+        histories[i].append(record)
+        if sinks[i]:
+          sinks[i].write(json.dumps(record) + "\n")
+          sinks[i].flush()
+        try:
+          _check_finite(record, t)
+        except NonFiniteError as e:
+          stopped[i] = str(e)
+          say(f"run {i} stopped: {e}\n")
+      if progress is not None:
+        progress.write(batch_progress_line(label, t, rounds, histories, stopped) + "\n")
+        progress.flush()
+      if (t + 1) % checkpoint_every == 0 or t == rounds - 1:
+        for i, p in enumerate(paths):
+          if p and i not in stopped:
+            checkpoint.save(p[1], jax.tree.map(lambda a, i=i: a[i], states), fingerprints[i],
+                            keep_previous=True)
+      if len(stopped) == r:
+        break
+  finally:
+    for sink in sinks:
+      if sink:
+        sink.close()
+  if stopped:
+    error = NonFiniteError("; ".join(f"run {i}: {m}" for i, m in sorted(stopped.items())))
+    error.records = histories
+    raise error
+  return histories
+
+
+def _start_batch(batch, states, out_dirs, resume, overwrite, fingerprints, say, writer):
+  """The stacked states to start from and each run's history: with `resume`, every run from the
+  latest round all of them hold a checkpoint of (the latest or the one before it)."""
+  r = batch.num_runs
+  template = jax.tree.map(lambda a: np.asarray(a[0]), states)
+  found = []
+  for d in out_dirs:
+    ckpt = os.path.join(d, CHECKPOINT_FILE)
+    found.append(_checkpoint_rounds(ckpt, template) if resume else {})
+  common = set.intersection(*(set(f) for f in found)) if all(found) else set()
+  if resume and common:
+    done = max(common)
+    loaded, histories = [], []
+    for i, d in enumerate(out_dirs):
+      state, stored = checkpoint.load(found[i][done], template)
+      diff = checkpoint.differences(stored, fingerprints[i])
+      if diff:
+        raise checkpoint.CheckpointError(
+            f"cannot resume {found[i][done]}: the run was started with other settings "
+            "(checkpoint -> now): " + "; ".join(diff))
+      metrics_path = os.path.join(d, METRICS_FILE)
+      history = read_history(metrics_path, done)
+      if [rec["round"] for rec in history] != list(range(done)):
+        raise checkpoint.CheckpointError(
+            f"cannot resume: {metrics_path} holds rounds "
+            f"{[rec['round'] for rec in history][:5]}... but {found[i][done]} is at round {done}; "
+            "the run's history is lost, start it afresh")
+      if writer:
+        _write_records(metrics_path, history)
+      loaded.append(state)
+      histories.append(history)
+    say(f"resuming {r} runs after round {done} ({out_dirs[0]} ...)\n")
+    return jax.tree.map(jax.numpy.asarray, _stack_host(loaded)), histories
+  if resume:
+    say("no common checkpoint of the runs: starting them fresh\n")
+  fresh = []
+  for d, fp in zip(out_dirs, fingerprints):
+    _, history = _start(None, d, False, overwrite or resume, fp, say, writer)
+    fresh.append(history)
+  return states, fresh
+
+
+def _stack_host(states):
+  return jax.tree.map(lambda *xs: np.stack(xs), *states)
+
+
+def batch_progress_line(label: str, t: int, rounds: int, histories: list[list[dict]],
+                        stopped: dict) -> str:
+  """One line per round of a batch: runs going, the mean and range of their losses and test
+  accuracy."""
+  live = [h[-1] for i, h in enumerate(histories) if i not in stopped and h]
+  parts = [f"{label}[{t + 1:>4}/{rounds}]", f"runs {len(live)}/{len(histories)}"]
+  def spread(key, fmt):
+    values = [rec[key] for rec in live if isinstance(rec.get(key), (int, float))]
+    if not values:
+      return None
+    return (f"{key.replace('_', ' ')} {np.mean(values):{fmt}}" if len(values) == 1 else
+            f"{key.replace('_', ' ')} {np.mean(values):{fmt}} [{min(values):{fmt}}-"
+            f"{max(values):{fmt}}]")
+  for key, fmt in (("local_train_loss", ".4f"), ("test_accuracy", ".4f")):
+    text = spread(key, fmt)
+    if text:
+      parts.append(text)
+  if live:
+    parts.append(f"{live[0]['wall_s']:.1f}s")
+  return "  ".join(parts)
 
 
 def progress_line(label: str, t: int, rounds: int, record: dict) -> str:

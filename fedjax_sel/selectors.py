@@ -122,7 +122,8 @@ def divfl(k: int, proxy: str = "gradient") -> Selector:
   """DivFL (SPEC section 5): a stale table of gradient proxies for all N clients, greedy facility
   location over the mask.
 
-  The table is filled for every client from the full-batch gradients at round 0, then refreshed
+  The table is filled for every client from the full-batch gradients at round 0 (the round index
+  decides, not the state: the selector starts with the run), then refreshed
   only for the clients that trained in a round: with their gradient at w_t (`proxy="gradient"`) or
   their local update w^k - w_t (`proxy="update"`). Gradients are asked of `inputs.gradients` for
   just those rows (N on the filling round, the K slots after it), not for all N every round; the
@@ -140,29 +141,34 @@ def divfl(k: int, proxy: str = "gradient") -> Selector:
 
   def init(n, params):
     dim = sum(int(np.size(a)) for a in jax.tree.leaves(params))
-    return {"table": jnp.zeros((n, dim), jnp.float32), "filled": jnp.zeros((), bool),
-            "fresh": jnp.zeros((), bool), "gradients_computed": jnp.zeros((), jnp.int32),
+    return {"table": jnp.zeros((n, dim), jnp.float32),
+            "gradients_computed": jnp.zeros((), jnp.int32),
             "gradient_samples": jnp.zeros((), jnp.float32)}
+
+  def filling(inputs):
+    # A function of the round alone (not of the state), so that under a runs axis the branch is
+    # taken once for the whole batch instead of both branches being computed.
+    return jnp.asarray(inputs.round) == 0
 
   def select(state, key, inputs, mask):
     del key
     n = mask.shape[0]
-    table = jax.lax.cond(state["filled"], lambda: state["table"],
-                         lambda: flat(inputs.gradients(jnp.arange(n, dtype=jnp.int32))))
-    fill = ~state["filled"]
+    fill = filling(inputs)
+    table = jax.lax.cond(fill, lambda: flat(inputs.gradients(jnp.arange(n, dtype=jnp.int32))),
+                         lambda: state["table"])
     return facility_location_greedy(table, mask, k), {
-        "table": table, "filled": jnp.ones((), bool), "fresh": fill,
+        "table": table,
         "gradients_computed": jnp.where(fill, n, 0).astype(jnp.int32),
         "gradient_samples": jnp.where(fill, jnp.sum(inputs.num_examples), 0).astype(jnp.float32)}
 
   def observe(state, inputs, outcome):
     table = state["table"]
     slots = outcome.slots
+    fresh = filling(inputs)
     if proxy == "gradient":  # Rows filled this round already hold the gradients at w_t.
-      rows = jax.lax.cond(state["fresh"], lambda: table[slots],
-                          lambda: flat(inputs.gradients(slots)))
-      refreshed = jnp.where(state["fresh"], 0, slots.shape[0])
-      samples = jnp.where(state["fresh"], 0.0,
+      rows = jax.lax.cond(fresh, lambda: table[slots], lambda: flat(inputs.gradients(slots)))
+      refreshed = jnp.where(fresh, 0, slots.shape[0])
+      samples = jnp.where(fresh, 0.0,
                           jnp.sum(jnp.where(outcome.trained, inputs.num_examples[slots], 0)))
     else:
       rows = flat(jax.tree.map(lambda p, g: p - g[None], outcome.params, inputs.params))
@@ -186,18 +192,18 @@ def all_selector() -> Selector:
 def group_random_selector(groups, sizes: tuple[int, ...]) -> Selector:
   """A uniform sample of `sizes[g]` clients from each group g of the mask (all of a group that
   holds fewer); `groups` is an `[N]` int array of group ids 0..G-1 (e.g. FedALIGN's priority and
-  non-priority clients under partial participation).
+  non-priority clients under partial participation), kept in the selector's state.
 
   Example:
     >>> import jax, jax.numpy as jnp
     >>> sel = group_random_selector(jnp.array([0, 0, 1, 1, 1]), (1, 2))
-    >>> chosen, _ = sel.select((), jax.random.PRNGKey(0), None, jnp.ones(5, bool))
+    >>> chosen, _ = sel.select(sel.init(5, None), jax.random.PRNGKey(0), None, jnp.ones(5, bool))
     >>> int(chosen[:2].sum()), int(chosen[2:].sum())
     (1, 2)
   """
   if any(s < 0 for s in sizes):
     raise ValueError(f"group sample sizes must be >= 0, got {sizes}")
-  groups = jnp.asarray(groups, jnp.int32)
+  groups = np.asarray(groups, np.int32)
 
   def select(state, key, inputs, mask):
     del inputs
@@ -205,7 +211,7 @@ def group_random_selector(groups, sizes: tuple[int, ...]) -> Selector:
     chosen = jnp.zeros(mask.shape, bool)
     for g, size in enumerate(sizes):
       if size:
-        chosen |= top_k_mask(u, mask & (groups == g), size)
+        chosen |= top_k_mask(u, mask & (state["groups"] == g), size)
     return chosen, state
 
-  return Selector(init=lambda n, params: (), select=select)
+  return Selector(init=lambda n, params: {"groups": jnp.asarray(groups)}, select=select)

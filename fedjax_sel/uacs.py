@@ -42,22 +42,22 @@ def _check_m(m: int) -> None:
 
 
 def entropy_selector(m: int, eps: float = 0.1) -> Selector:
-  """Epsilon-greedy top-m on the mean predictive entropy; state `{"explored": bool}` says whether
-  the last round explored."""
+  """Epsilon-greedy top-m on the mean predictive entropy. State: `{"eps": the exploration
+  probability (a state value, so runs of one program may differ in it), "explored": whether the
+  last round explored}`."""
   _check_m(m)
   if not 0.0 <= eps <= 1.0:
     raise ValueError(f"exploration probability eps must be in [0, 1], got {eps}")
 
   def select(state, key, inputs, mask):
-    del state
     k_coin, k_pick = jax.random.split(key)
-    explored = jax.random.uniform(k_coin) < eps
+    explored = jax.random.uniform(k_coin) < state["eps"]
     at_random = top_k_mask(jax.random.uniform(k_pick, mask.shape), mask, m)
     greedy = top_k_mask(inputs.stats["entropy"], mask, m)
-    return jnp.where(explored, at_random, greedy), {"explored": explored}
+    return jnp.where(explored, at_random, greedy), {"eps": state["eps"], "explored": explored}
 
-  return Selector(init=lambda n, params: {"explored": jnp.asarray(False)}, select=select,
-                  needs=("entropy",))
+  return Selector(init=lambda n, params: {"eps": jnp.float32(eps), "explored": jnp.asarray(False)},
+                  select=select, needs=("entropy",))
 
 
 def grad_norm_selector(m: int) -> Selector:

@@ -216,7 +216,8 @@ def test_streamed_linear_aggregate_equals_stacked_aggregate(small_data):
 def test_batch_loss_stat_matches_per_client_loop(small_data):
   sim = make_sim(small_data)
   params = sim.init().params
-  got = np.asarray(jax.jit(lambda p, a: sim._batch_loss(p, a.train, 4, jnp.arange(10)))(params, sim.arrays))
+  got = np.asarray(jax.jit(lambda p, a: fs.round.batch_loss(sim.config, p, a.train, 4, sim.seed,
+                                                            jnp.arange(10)))(params, sim.arrays))
   loss = jax.jit(lambda x, y: fs.models.per_example_loss(sim.model, params, x, y))
   key = fs.keys.round_key(sim.seed, 4, fs.keys.STATS)
   for k in range(small_data.num_clients):

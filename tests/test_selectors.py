@@ -11,7 +11,7 @@ from fedjax_sel.selectors import (divfl, facility_location_greedy, power_of_choi
                                   weighted_sample_without_replacement)
 
 
-def inputs_for(n, loss=None, batch_loss=None, counts=None, last_loss=None, grad=None):
+def inputs_for(n, loss=None, batch_loss=None, counts=None, last_loss=None, grad=None, round_idx=0):
   clients = ClientState.create(n)
   if last_loss is not None:
     clients = clients._replace(last_loss=jnp.asarray(last_loss, jnp.float32))
@@ -24,7 +24,7 @@ def inputs_for(n, loss=None, batch_loss=None, counts=None, last_loss=None, grad=
   if grad is not None:
     gradients = lambda ids: {"w": jnp.asarray(grad, jnp.float32)[ids]}
   counts = jnp.ones(n, jnp.int32) * 10 if counts is None else jnp.asarray(counts)
-  return RoundInputs(jnp.int32(0), {"w": jnp.zeros(2)}, jnp.ones(n, bool), stats, clients, counts,
+  return RoundInputs(jnp.int32(round_idx), {"w": jnp.zeros(2)}, jnp.ones(n, bool), stats, clients, counts,
                      jnp.zeros((n, 2)), gradients)
 
 
@@ -95,9 +95,9 @@ def test_divfl_uses_stale_table():
   # Next round the gradients have moved, but only client 0 trained: the others keep stale rows,
   # and only the K = 2 slots' gradients are computed.
   moved = np.array([[100.0, 0], [-50, 0], [-50, 0], [-50, 0]])
-  chosen, state = sel.select(state, None, inputs_for(4, grad=moved), jnp.ones(4, bool))
+  chosen, state = sel.select(state, None, inputs_for(4, grad=moved, round_idx=1), jnp.ones(4, bool))
   assert np.flatnonzero(chosen).tolist() == [1, 2]  # Selected on the stale table.
-  state = sel.observe(state, inputs_for(4, grad=moved), outcome)
+  state = sel.observe(state, inputs_for(4, grad=moved, round_idx=1), outcome)
   np.testing.assert_allclose(np.asarray(state["table"]), [[100, 0], [1, 0], [10, 0], [11, 0]])
   assert int(sel.report(state)["gradients_computed"]) == 2
 

@@ -56,7 +56,7 @@ def test_host_store_same_filfl_run():
                        public_y=rng.integers(0, 4, 30).astype(np.int32))
   model = fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(16,))
   pub = lambda p, x, y: jax.numpy.mean(fs.models.per_example_loss(model, p, x, y))
-  filt = filtering.filfl_filter(pub, data.public_x, data.public_y, filtering.FilterConfig("dgf"))
+  filt = filtering.filfl_filter(pub, filtering.FilterConfig("dgf"))
   assert_same_runs(*sims(data, filter=filt))
 
 
@@ -127,7 +127,7 @@ def test_chosen_rows_mode_with_all_client_statistics_gives_the_same_run(rule):
       fs.uniform_availability(12, 12), uacs.entropy_selector(3, eps=0.3), fs.fedavg(), 3, 0,
       store=where, host_rows="chosen", participation=part)
   device, host = make("device"), make("host")
-  assert host.host_rows == "chosen" and host._capacity["train"] < data.train.x.shape[0]  # pylint: disable=protected-access
+  assert host.host_rows == "chosen" and host.placement._capacity["train"] < data.train.x.shape[0]  # pylint: disable=protected-access
   assert_same_runs(device, host)
 
 

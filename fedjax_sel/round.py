@@ -1,0 +1,543 @@
+"""One round as a pure function of (static config, state, data, run values): the engine's core.
+
+A round (see the README's "The round") runs these stages, each a function below:
+availability -> client stats -> filter -> select -> participate -> train -> aggregate -> client
+state -> costs -> metrics. `round_step(config, state, data, run)` composes them. Everything that
+can differ between runs of one job is an argument: the run's seed, learning rate and FedProx mu
+(`RunValues`), the clients' data and the public set (`DataArrays`), and the parts' own state
+(`EngineState`, where a part keeps values such as the entropy selector's eps). The `RoundConfig`
+holds only what fixes the program (model, parts, K, n, capacities); `program_key(config)` is its
+structural signature, so every run with an equal config reuses one compiled round (`programs.py`),
+and a leading runs axis can batch runs (`runs.py`).
+
+Under a runs axis (`config.runs_axis`), the round's schedule decisions are taken once for the
+batch: a filtering round happens when any run needs one (`lax.pmax` over the axis keeps the
+predicate unbatched, so `lax.cond` runs one branch, not both), and a run that did not need it
+keeps its filtered set and is charged as on an ordinary round.
+
+Example:
+  >>> import jax, jax.numpy as jnp, optax
+  >>> from fedjax_sel import Simulator, build_dataset, build_model, DatasetSpec, fedavg
+  >>> from fedjax_sel import random_selector, uniform_availability, LocalHParams
+  >>> data = build_dataset(DatasetSpec("digits", num_clients=10), seed=0)
+  >>> sim = Simulator(build_model("logreg", data.feature_shape, 10), data,
+  ...                 lambda lr: optax.sgd(lr), LocalHParams(batch_size=16),
+  ...                 uniform_availability(10, 5), random_selector(3), fedavg(), 3, seed=0)
+  >>> state, metrics = round_step(sim.config, sim.init(), sim.arrays, sim.run_values)
+  >>> int(metrics["num_trained"])
+  3
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_sel import keys as keylib
+from fedjax_sel.availability import Availability
+from fedjax_sel.components import (SPLIT_STATS, AggregateInputs, Aggregator, ClientState, Filter,
+                                   Participation, RoundInputs, RoundOutcome, Selector)
+from fedjax_sel.data.federated import ClientPool, rows_with_replacement
+from fedjax_sel.evaluation import client_gradients, client_metrics
+from fedjax_sel.local_training import LocalHParams, LocalResult, OptimizerFactory, local_train
+from fedjax_sel.models.bundle import Model, example_metrics, per_example_loss
+from fedjax_sel.signature import signature
+
+
+class Costs(NamedTuple):
+  """Cumulative cost counters (see the README's "Costs").
+
+  Attributes:
+    client_eval_samples: samples evaluated by clients (forward passes for selection / rules).
+    client_grad_samples: samples whose loss gradient clients computed for selection (a forward and
+      a backward pass each: gradient norms, DivFL proxies).
+    train_samples: training samples processed by clients.
+    uploads: models uploaded to the server.
+    downloads: models downloaded by clients.
+    server_public_samples: samples of the public set evaluated by the server (filtering).
+  """
+
+  client_eval_samples: jax.Array
+  client_grad_samples: jax.Array
+  train_samples: jax.Array
+  uploads: jax.Array
+  downloads: jax.Array
+  server_public_samples: jax.Array
+
+  @staticmethod
+  def zeros() -> "Costs":
+    return Costs(*(jnp.zeros((), jnp.float32) for _ in range(6)))
+
+
+class EngineState(NamedTuple):
+  """Everything a run carries from round to round (a pytree: checkpoint it to resume)."""
+
+  round: jax.Array
+  params: Any
+  clients: ClientState
+  filter_state: Any
+  selector_state: Any
+  participation_state: Any
+  aggregator_state: Any
+  filtered: jax.Array
+  prev_available: jax.Array
+  costs: Costs
+
+
+class DataArrays(NamedTuple):
+  """The data a compiled round reads, passed as arguments (never captured as constants).
+
+  Attributes:
+    train, val, test: the clients' pools (device arrays; a job's runs pad them to one capacity).
+    public_x, public_y: the server's public set.
+    label_hist: `[N, C]` training label histogram per client.
+    counts: `[3, N]` every client's train / validation / test example counts.
+    eval_mask: `[N]` bool, the clients of the `clean_*` evaluation metrics.
+  """
+
+  train: ClientPool
+  val: ClientPool
+  test: ClientPool
+  public_x: jax.Array
+  public_y: jax.Array
+  label_hist: jax.Array
+  counts: jax.Array
+  eval_mask: jax.Array
+
+
+class RunValues(NamedTuple):
+  """What distinguishes one run of a program from another: scalars a runs axis batches.
+
+  Attributes:
+    seed: int32; every key derives from (seed, round, purpose, client id).
+    lr: float32 base client learning rate (the config's `lr_factor(t)` multiplies it).
+    prox_mu: float32 FedProx coefficient (used when the config's `local.prox_mu` is non-zero).
+  """
+
+  seed: jax.Array
+  lr: jax.Array
+  prox_mu: jax.Array
+
+
+class RoundConfig(NamedTuple):
+  """What fixes the compiled round (static; see `program_key`).
+
+  Attributes:
+    model, optimizer, local: the model bundle, client optimizer factory and local settings
+      (`local.chunk_size` resolved; `local.prox_mu` only says whether FedProx is on).
+    availability, selector, aggregator, filter, participation: the parts (filter may be None).
+    k: K training slots.
+    needs: the stats the parts read, sorted.
+    stream: fold a linear aggregate out of local training (no K local models held).
+    exclude_nonfinite: leave non-finite local models out of the aggregate.
+    max_count: the largest client's training examples (a capacity: >= every run's).
+    eval_batch_size: batch of the vectorized evaluations.
+    lr_factor: round -> multiplier of the run's learning rate.
+    clean_metrics: evaluation also reports `clean_*` metrics over `eval_mask`.
+    client_sharding: NamedSharding of a clients axis over devices, or None.
+    runs_axis: the vmapped runs axis name when runs are batched, else None.
+  """
+
+  model: Model
+  optimizer: OptimizerFactory
+  local: LocalHParams
+  availability: Availability
+  selector: Selector
+  aggregator: Aggregator
+  filter: Filter | None
+  participation: Participation
+  k: int
+  needs: tuple[str, ...]
+  stream: bool
+  exclude_nonfinite: bool
+  max_count: int
+  eval_batch_size: int
+  lr_factor: Callable[[jax.Array], jax.Array]
+  clean_metrics: bool
+  client_sharding: Any = None
+  runs_axis: str | None = None
+
+
+def program_key(config: RoundConfig) -> Any:
+  """The structural signature of a config (`signature.py`); parts' `init` functions are left
+  out: they run outside the round."""
+  parts = {name: getattr(config, name) for name in ("selector", "aggregator", "filter",
+                                                    "participation")}
+  stripped = {name: p if p is None else p._replace(init=None) for name, p in parts.items()}
+  return signature(config._replace(model=config.model._replace(init=None), **stripped))
+
+
+def _any_run(config: RoundConfig, flag: jax.Array) -> jax.Array:
+  """`flag` or-ed over the runs axis (unbatched under it), so a `lax.cond` on it takes one branch
+  for the whole batch."""
+  return flag if config.runs_axis is None else jax.lax.pmax(flag, config.runs_axis)
+
+
+# --- Stages -------------------------------------------------------------------------------------
+
+def client_stats(config: RoundConfig, params, arrays: DataArrays, t, seed, ids=None) -> dict:
+  """The `[N]` stats the parts need, from the clients in `arrays`; with `ids` (a chunk of client
+  ids, N for padding) the per-client gradient and mini-batch stats run for those clients only
+  (the others read 0)."""
+  n = arrays.counts.shape[1]
+  stats = {}
+  wanted = set(config.needs)
+  if wanted & SPLIT_STATS["train"]:
+    m = client_metrics(config.model, params, arrays.train, config.eval_batch_size)
+    stats.update(loss=m.loss, accuracy=m.accuracy, entropy=m.entropy)
+  for split, pool in (("val", arrays.val), ("test", arrays.test)):
+    if wanted & SPLIT_STATS[split]:
+      m = client_metrics(config.model, params, pool, config.eval_batch_size)
+      stats.update({f"{split}_loss": m.loss, f"{split}_accuracy": m.accuracy})
+  who = jnp.arange(n, dtype=jnp.int32) if ids is None else ids
+  scatter = (lambda v: v) if ids is None else (
+      lambda v: jnp.zeros((n, *v.shape[1:]), v.dtype).at[ids].set(v, mode="drop"))
+  if "batch_loss" in wanted:
+    stats["batch_loss"] = scatter(batch_loss(config, params, arrays.train, t, seed, who))
+  if "grad" in wanted:
+    stats["grad"] = jax.tree.map(scatter, client_gradients(config.model, params, arrays.train,
+                                                           who))
+  if "grad_norm" in wanted:
+    stats["grad_norm"] = scatter(client_gradients(config.model, params, arrays.train, who,
+                                                  norm_only=True))
+  return {k: stats[k] for k in config.needs}
+
+
+def batch_loss(config: RoundConfig, params, pool: ClientPool, t, seed, ids) -> jax.Array:
+  """Loss of each client of `ids` on one random mini-batch of B of its training examples."""
+  b = config.local.batch_size
+  keys = keylib.client_keys(keylib.round_key(seed, t, keylib.STATS), ids)
+  u = jax.vmap(lambda k: jax.random.uniform(k, (b,)))(keys)
+  offsets, counts = pool.offsets[ids], pool.counts[ids]
+  rows = rows_with_replacement(u, offsets[:, None], counts[:, None], pool.x.shape[0])
+  losses = jax.vmap(lambda r: per_example_loss(config.model, params, pool.x[r], pool.y[r]))(rows)
+  return jnp.where(counts > 0, jnp.mean(losses, axis=1), 0.0)
+
+
+def round_inputs(config: RoundConfig, state: EngineState, arrays: DataArrays, run: RunValues,
+                 stats=None) -> RoundInputs:
+  """What the parts read this round (stats computed unless given, e.g. streamed by the host)."""
+  t, params = state.round, state.params
+  if stats is None:
+    stats = client_stats(config, params, arrays, t, run.seed)
+  return RoundInputs(t, params, config.availability.sample(run.seed, t), stats, state.clients,
+                     arrays.counts[0], arrays.label_hist,
+                     lambda ids: client_gradients(config.model, params, arrays.train, ids),
+                     arrays.public_x, arrays.public_y)
+
+
+def train_slots(config: RoundConfig, params, arrays: DataArrays, run: RunValues, mask, size, t,
+                lr, aggregate_mask=None) -> tuple[jax.Array, jax.Array, LocalResult]:
+  """Trains the clients of `mask` in `size` slots; with `aggregate_mask` (streaming mode) the
+  result's params are the linear aggregate of the clients in `mask & aggregate_mask`."""
+  slots, valid = _nonzero_slots(mask, size)
+  keys = keylib.client_keys(keylib.round_key(run.seed, t, keylib.TRAIN), slots)
+  combine = None
+  if aggregate_mask is not None:
+    combine = config.aggregator.linear_weights(valid & aggregate_mask[slots],
+                                               arrays.train.counts[slots])
+  res = local_train(config.model, config.optimizer, config.local, params, arrays.train, slots,
+                    valid, keys, lr, config.max_count, config.client_sharding, combine,
+                    prox_mu=run.prox_mu)
+  return slots, valid, res
+
+
+def select_and_participate(config: RoundConfig, state: EngineState, inputs: RoundInputs, fmask,
+                           seed):
+  """(chosen, selector state, train mask, aggregate mask, rule state) of the round."""
+  t = inputs.round
+  chosen, sel_state = config.selector.select(
+      state.selector_state, keylib.round_key(seed, t, keylib.SELECT), inputs, fmask)
+  train_m, agg_m, part_state = config.participation.apply(
+      state.participation_state, keylib.round_key(seed, t, keylib.PARTICIPATE), inputs, chosen)
+  return chosen, sel_state, train_m & chosen, agg_m & train_m & chosen, part_state
+
+
+class _Picked(NamedTuple):
+  """What the filter / select / train part of a round produced (both `lax.cond` branches)."""
+
+  fmask: jax.Array
+  filter_state: Any
+  info: dict
+  chosen: jax.Array
+  selector_state: Any
+  train_mask: jax.Array
+  aggregate_mask: jax.Array
+  participation_state: Any
+  slots: jax.Array
+  valid: jax.Array
+  result: LocalResult
+  train_samples: jax.Array
+  uploads: jax.Array
+  downloads: jax.Array
+
+
+def filter_round_flag(config: RoundConfig, state: EngineState, avail) -> jax.Array:
+  """This run's filtering decision: every `period` rounds and when availability changed."""
+  changed = jnp.any(avail != state.prev_available)
+  return (state.round % config.filter.period == 0) | changed
+
+
+def _pick(config: RoundConfig, state: EngineState, arrays: DataArrays, run: RunValues,
+          inputs: RoundInputs, lr) -> tuple[_Picked, jax.Array]:
+  """Filter (on filtering rounds), select, participate and train; returns the picks and this
+  run's filter-round flag."""
+  t, params, avail = state.round, state.params, inputs.available
+  n_avail = config.availability.num_available
+  filt = config.filter
+
+  def select_and_train(fmask, fstate, info, local, trained_all):
+    chosen, sel_state, train_m, agg_m, part_state = select_and_participate(
+        config, state, inputs, fmask, run.seed)
+    if local is None:
+      slots, valid, res = train_slots(config, params, arrays, run, train_m, config.k, t, lr,
+                                      agg_m if config.stream else None)
+      trained_models = jnp.sum(valid)
+      train_samples = jnp.sum(res.samples)
+    else:  # Aggregate the already-trained models of the selected clients (no retraining).
+      slots_n, valid_n, res_n = local
+      slots, valid = _nonzero_slots(train_m, config.k)
+      n = avail.shape[0]
+      where = jnp.zeros((n,), jnp.int32).at[slots_n].set(jnp.arange(n_avail))
+      res = jax.tree.map(lambda a: a[where[slots]], res_n)
+      res = res._replace(train_loss=jnp.where(valid, res.train_loss, 0.0),
+                         samples=jnp.where(valid, res.samples, 0.0))
+      # A run of a batch that did not need this filtering round pays for its K clients only.
+      trained_models = jnp.where(trained_all, jnp.sum(valid_n), jnp.sum(valid))
+      train_samples = jnp.where(trained_all, jnp.sum(res_n.samples), jnp.sum(res.samples))
+    return _Picked(fmask, fstate, info, chosen, sel_state, train_m, agg_m, part_state, slots,
+                   valid, res, train_samples.astype(jnp.float32),
+                   trained_models.astype(jnp.float32),
+                   jnp.maximum(trained_models, jnp.sum(chosen)).astype(jnp.float32))
+
+  if filt is None:
+    return select_and_train(avail, state.filter_state, {}, None, True), jnp.asarray(False)
+
+  own = filter_round_flag(config, state, avail)
+  fkey = keylib.round_key(run.seed, t, keylib.FILTER)
+  reused = state.filtered & avail
+
+  def filter_branch(_):
+    local = None
+    if filt.trains_available:
+      local = train_slots(config, params, arrays, run, avail, n_avail, t, lr)
+      if config.exclude_nonfinite:
+        finite, clean = _without_nonfinite(local[2], params)
+        local = (local[0], local[1] & finite, clean)
+    fmask, fstate, info = filt.apply(state.filter_state, fkey, inputs, avail, local)
+    fmask = jnp.where(own, fmask & avail, reused)
+    fstate = jax.tree.map(lambda a, b: jnp.where(own, a, b), fstate, state.filter_state)
+    info = jax.tree.map(lambda a: jnp.where(own, a, jnp.zeros_like(a)), info)
+    return select_and_train(fmask, fstate, info, local, own)
+
+  info_shape = jax.eval_shape(filter_branch, None).info
+  info_zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), info_shape)
+  reuse = lambda _: select_and_train(reused, state.filter_state, info_zeros, None, False)
+  return jax.lax.cond(_any_run(config, own), filter_branch, reuse, None), own
+
+
+def aggregate(config: RoundConfig, state: EngineState, picked: _Picked, arrays: DataArrays):
+  """(new global model, aggregator state, slots trained, slots finite, slots aggregated, local
+  models or None, the local result after the non-finite guard)."""
+  params, res, slots = state.params, picked.result, picked.slots
+  trained = picked.valid & picked.train_mask[slots]
+  finite = jnp.ones_like(trained)
+  if config.exclude_nonfinite:
+    finite, res = _without_nonfinite(res, params)
+  aggregated = trained & picked.aggregate_mask[slots] & finite
+  num_examples = arrays.train.counts[slots]
+  if config.stream:
+    any_weight = jnp.sum(config.aggregator.linear_weights(aggregated, num_examples)) > 0
+    new_params = jax.tree.map(lambda a, g: jnp.where(any_weight, a, g), res.params, params)
+    return new_params, state.aggregator_state, trained, finite, aggregated, None, res
+  new_params, agg_state = config.aggregator.apply(
+      state.aggregator_state, params, res.params,
+      AggregateInputs(aggregated, num_examples, res.train_loss))
+  return new_params, agg_state, trained, finite, aggregated, res.params, res
+
+
+def update_clients(clients: ClientState, t, chosen, did, slots, trained,
+                   train_loss) -> ClientState:
+  """The persistent client arrays after the round; `did`: `[N]` bool, trained and uploaded."""
+  loss = clients.last_loss.at[slots].set(jnp.where(trained, train_loss, clients.last_loss[slots]))
+  skipped = chosen & ~did
+  return ClientState(
+      last_loss=loss,
+      last_round=jnp.where(did, t, clients.last_round),
+      participations=clients.participations + did.astype(jnp.int32),
+      consecutive_skips=jnp.where(did, 0, clients.consecutive_skips + skipped.astype(jnp.int32)))
+
+
+def stat_costs(config: RoundConfig, arrays: DataArrays, avail, chosen,
+               sel_evaluated) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Samples clients evaluated (forward) and differentiated (forward and backward) to compute
+  this round's stats, and the `[N]` clients that evaluated for the selector or filter: a stat
+  the filter reads costs every available client; one the selector reads, the clients its report
+  names as `evaluated` (power-of-choice's d candidates; default every available client); one
+  only the participation rule reads, the selected clients (they alone decide)."""
+  evals = grads = jnp.zeros((), jnp.float32)
+  evaluators = jnp.zeros_like(avail)
+  needs = set(config.needs)
+  filter_needs = set(config.filter.needs) if config.filter is not None else set()
+  train, val, test = arrays.counts
+  groups = ((SPLIT_STATS["train"], train, False), (SPLIT_STATS["val"], val, False),
+            (SPLIT_STATS["test"], test, False),
+            ({"batch_loss"}, jnp.where(train > 0, config.local.batch_size, 0), False),
+            ({"grad", "grad_norm"}, train, True))
+  for names, per_client, backward in groups:
+    wanted = names & needs
+    if not wanted:
+      continue
+    who = jnp.zeros_like(avail)
+    if wanted & filter_needs:
+      who |= avail
+    if wanted & set(config.selector.needs):
+      who |= sel_evaluated & avail
+    evaluators |= who
+    if wanted & set(config.participation.needs):
+      who |= chosen
+    samples = jnp.sum(jnp.where(who, per_client, 0)).astype(jnp.float32)
+    if backward:
+      grads += samples
+    else:
+      evals += samples
+  return evals, grads, evaluators
+
+
+# --- The round ----------------------------------------------------------------------------------
+
+def round_step(config: RoundConfig, state: EngineState, arrays: DataArrays, run: RunValues,
+               stats=None) -> tuple[EngineState, dict]:
+  """One round: `(state w_t, ...) -> (state w_{t+1}, metrics)`; `stats` when streamed by the
+  host store."""
+  t, params = state.round, state.params
+  n = arrays.counts.shape[1]
+  lr = run.lr * config.lr_factor(t)
+  inputs = round_inputs(config, state, arrays, run, stats)
+  avail = inputs.available
+  picked, filter_round = _pick(config, state, arrays, run, inputs, lr)
+  new_params, agg_state, trained, finite, aggregated, local_models, res = aggregate(
+      config, state, picked, arrays)
+  chosen, slots = picked.chosen, picked.slots
+
+  outcome = RoundOutcome(slots, trained, aggregated, res.train_loss, local_models, new_params)
+  sel_state = config.selector.observe(picked.selector_state, inputs, outcome)
+  part_state = config.participation.observe(picked.participation_state, inputs, outcome)
+  did = jnp.zeros((n,), bool).at[slots].max(trained)
+  clients = update_clients(state.clients, t, chosen, did, slots, trained, res.train_loss)
+
+  sel_report = config.selector.report(sel_state)
+  evals, grads, evaluators = stat_costs(config, arrays, avail, chosen,
+                                        sel_report.get("evaluated", avail))
+  grads += jnp.asarray(sel_report.get("gradient_samples", 0.0), jnp.float32)
+  gradients_computed = (n * len({"grad", "grad_norm"} & set(config.needs))
+                        + jnp.asarray(sel_report.get("gradients_computed", 0), jnp.int32))
+  # The clients that evaluated the model for the selector's or filter's stats downloaded it.
+  downloads = jnp.maximum(picked.downloads, jnp.sum(evaluators).astype(jnp.float32))
+  round_costs = Costs(
+      client_eval_samples=evals, client_grad_samples=grads, train_samples=picked.train_samples,
+      uploads=picked.uploads, downloads=downloads,
+      server_public_samples=jnp.asarray(picked.info.get("public_samples", 0.0), jnp.float32))
+  costs = jax.tree.map(jnp.add, state.costs, round_costs)
+
+  w = jnp.where(trained & finite, res.samples, 0.0)
+  agg = jnp.zeros((n,), bool).at[slots].max(aggregated)
+  metrics = {
+      "round": t,
+      "lr": lr,
+      "num_available": jnp.sum(avail),
+      "num_filtered": jnp.sum(picked.fmask),
+      "num_selected": jnp.sum(chosen),
+      "num_trained": jnp.sum(trained),
+      "num_aggregated": jnp.sum(aggregated),
+      "filter_round": filter_round,
+      "local_train_loss": jnp.sum(jnp.where(w > 0, res.train_loss, 0.0) * w)
+                          / jnp.maximum(jnp.sum(w), 1.0),
+      "nonfinite_clients": jnp.sum(trained & ~finite),
+      "model_finite": jnp.all(jnp.stack([jnp.all(jnp.isfinite(a))
+                                         for a in jax.tree.leaves(new_params)])),
+      "cost": round_costs._asdict(),
+      "cumulative_cost": costs._asdict(),
+      "filter": picked.info,
+      "selected": chosen,
+      "trained_clients": did,
+      "aggregated_clients": agg,
+      "rule": config.participation.report(part_state),
+      "selector": sel_report,
+      "gradients_computed": gradients_computed,
+  }
+  if config.filter is not None:
+    metrics["filtered_in"] = picked.fmask
+  new_state = EngineState(t + 1, new_params, clients, picked.filter_state, sel_state, part_state,
+                          agg_state, picked.fmask, avail, costs)
+  return new_state, metrics
+
+
+def plan_rows(config: RoundConfig, state: EngineState, arrays: DataArrays, run: RunValues,
+              stats) -> jax.Array:
+  """`[N]` bool: the clients whose rows the round will train on (host store, rows of the chosen
+  clients only): every available client on a round when FilFL trains them all, else the
+  selector's choice, made as the round will make it (same state, keys and stats)."""
+  inputs = round_inputs(config, state, arrays, run, stats)
+  t, avail = inputs.round, inputs.available
+  filt, fmask = config.filter, avail
+  if filt is not None:
+    filter_round = filter_round_flag(config, state, avail)
+    fresh = avail
+    if not filt.trains_available:
+      fresh = filt.apply(state.filter_state, keylib.round_key(run.seed, t, keylib.FILTER),
+                         inputs, avail, None)[0] & avail
+    fmask = jnp.where(filter_round, fresh, state.filtered & avail)
+  chosen, _ = config.selector.select(state.selector_state,
+                                     keylib.round_key(run.seed, t, keylib.SELECT), inputs, fmask)
+  if filt is not None and filt.trains_available:
+    return jnp.where(filter_round, avail, chosen)
+  return chosen
+
+
+def evaluate(config: RoundConfig, params, arrays: DataArrays) -> dict:
+  """Global model metrics: pooled test and train loss / accuracy (and over `eval_mask`), and on
+  the public set when there is one."""
+  out = {}
+  for split, pool in (("test", arrays.test), ("train", arrays.train)):
+    m = client_metrics(config.model, params, pool, config.eval_batch_size)
+    out[f"{split}_loss"], out[f"{split}_accuracy"] = m.pooled()
+    if config.clean_metrics:
+      clean = m._replace(count=jnp.where(arrays.eval_mask, m.count, 0.0))
+      out[f"clean_{split}_loss"], out[f"clean_{split}_accuracy"] = clean.pooled()
+  if arrays.public_y.shape[0]:
+    out.update(public_metrics(config.model, params, arrays.public_x, arrays.public_y))
+  return out
+
+
+def public_metrics(model: Model, params, x, y) -> dict:
+  m = example_metrics(model, params, x, y)
+  return {"public_loss": jnp.mean(m.loss), "public_accuracy": jnp.mean(m.correct)}
+
+
+# --- Helpers ------------------------------------------------------------------------------------
+
+def _finite_slots(res: LocalResult) -> jax.Array:
+  """`[K]` bool: the slot's local model and training loss are all finite."""
+  ok = jnp.isfinite(res.train_loss)
+  for leaf in jax.tree.leaves(res.params):
+    ok &= jnp.all(jnp.isfinite(leaf.reshape(leaf.shape[0], -1)), axis=1)
+  return ok
+
+
+def _without_nonfinite(res: LocalResult, global_params) -> tuple[jax.Array, LocalResult]:
+  """(`[K]` finite mask, `res` with each non-finite slot's model replaced by the global model), so
+  that no later average, median or distance sees a NaN; the slot's loss becomes NaN, which keeps
+  it marked non-finite when the slots are gathered again."""
+  finite = _finite_slots(res)
+  params = jax.tree.map(
+      lambda p, g: jnp.where(finite.reshape(-1, *([1] * g.ndim)), p, g[None]), res.params,
+      global_params)
+  return finite, res._replace(params=params, train_loss=jnp.where(finite, res.train_loss, jnp.nan))
+
+
+def _nonzero_slots(mask: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
+  slots = jnp.nonzero(mask, size=size, fill_value=0)[0].astype(jnp.int32)
+  return slots, jnp.arange(size) < jnp.sum(mask)

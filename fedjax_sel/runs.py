@@ -1,0 +1,174 @@
+"""Runs as a batch axis: R runs of one program advance together in one compiled call.
+
+`RunBatch(sims)` takes `Simulator`s that share a program (equal `round.program_key`: same model,
+parts, K, n and capacities; they may differ in seed, learning rate, FedProx mu, data values and
+the values parts keep in their state, such as the entropy selector's eps, FedALIGN's eps_0 or
+FedSRC's target and beta) and stacks their states, data and run values on a leading `[R]` axis.
+Its `step` runs one round of every run: the round is `vmap`ped over chunks of `runs_chunk` runs
+(axis name "runs"), and the chunks are looped inside the compiled call (`lax.map`). On CPU, wide
+vmaps of models with real work per client are slower than a loop (see the README's performance
+notes), so `auto_runs_chunk` vmaps every run only for tiny models there; on accelerators it vmaps
+them all.
+
+Schedule decisions are taken for the batch as a whole: the round index is one unbatched value (the
+runs advance together), and FilFL's filtering round is or-ed over the runs (`round.py`), so
+`lax.cond` runs one branch instead of both. Runs with the host store advance one by one (their
+rows are sent per run): build them as separate `Simulator`s.
+
+Example:
+  >>> import optax
+  >>> from fedjax_sel import (DatasetSpec, Simulator, build_dataset, build_model, fedavg,
+  ...                         random_selector, uniform_availability, LocalHParams, Capacity)
+  >>> datasets = [build_dataset(DatasetSpec("digits", num_clients=10), seed=s) for s in (0, 1)]
+  >>> cap = Capacity.of(datasets)
+  >>> sims = [Simulator(build_model("logreg", d.feature_shape, 10), d, lambda lr: optax.sgd(lr),
+  ...                   LocalHParams(batch_size=16), uniform_availability(10, 5),
+  ...                   random_selector(3), fedavg(), 3, seed=s, capacity=cap)
+  ...         for s, d in enumerate(datasets)]
+  >>> batch = RunBatch(sims)
+  >>> states, metrics = batch.step(batch.init())
+  >>> metrics["num_trained"].tolist()
+  [3, 3]
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_sel import round as round_lib
+from fedjax_sel.engine import client_step_cost
+from fedjax_sel.local_training import CPU_TINY_STEP_FLOPS
+from fedjax_sel.programs import program
+from fedjax_sel.round import EngineState, RoundConfig
+from fedjax_sel.signature import Keyed
+
+AXIS = "runs"
+
+
+class BatchConfig(NamedTuple):
+  """The static config of a batched program: the round's config and the runs per vmapped chunk."""
+
+  round: RoundConfig
+  runs_chunk: int
+
+
+def _stack(trees: Sequence[Any], sharding=None) -> Any:
+  """The trees stacked on a leading runs axis (on the host: no per-leaf compilation)."""
+  stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *trees)
+  return jax.device_put(stacked, sharding) if sharding is not None else jax.tree.map(
+      jnp.asarray, stacked)
+
+
+def unstack(tree: Any, i: int) -> Any:
+  """Run `i`'s slice of a stacked `[R, ...]` tree."""
+  return jax.tree.map(lambda a: a[i], tree)
+
+
+def _over_runs(fn, chunk: int, *trees):
+  """`fn` over the leading runs axis of `trees`: vmapped (axis "runs") in chunks of `chunk` runs,
+  the chunks looped by `lax.map`."""
+  r = jax.tree.leaves(trees)[0].shape[0]
+  vmapped = jax.vmap(fn, axis_name=AXIS)
+  if chunk >= r:
+    return vmapped(*trees)
+  split = lambda a: a.reshape(r // chunk, chunk, *a.shape[1:])
+  out = jax.lax.map(lambda xs: vmapped(*xs), jax.tree.map(split, trees))
+  return jax.tree.map(lambda a: a.reshape(r, *a.shape[2:]), out)
+
+
+def _batched_step(cfg, states, arrays, runs):
+  config, chunk = cfg.value
+  t = states.round[0]  # The runs advance together: one unbatched round index.
+  return _over_runs(lambda s, a, r: round_lib.round_step(config, s._replace(round=t), a, r),
+                    chunk, states, arrays, runs)
+
+
+def _batched_evaluate(cfg, params, arrays):
+  config, chunk = cfg.value
+  return _over_runs(lambda p, a: round_lib.evaluate(config, p, a), chunk, params, arrays)
+
+
+def auto_runs_chunk(sim, num_runs: int, platform: str | None = None) -> int:
+  """Runs per vmapped chunk: all of them on accelerators and, on CPU, for models whose client step
+  is tiny (dispatch-bound: logistic regression); else 1 (a loop inside the compiled call), the
+  largest divisor of `num_runs` at most that."""
+  if (platform or jax.devices()[0].platform) != "cpu":
+    return num_runs
+  cost = client_step_cost(sim.model, sim.optimizer, sim.local, sim.data.feature_shape)
+  return num_runs if cost.flops < CPU_TINY_STEP_FLOPS else 1
+
+
+def _differences(a: RoundConfig, b: RoundConfig) -> list[str]:
+  return [name for name in RoundConfig._fields
+          if round_lib.program_key(a._replace(**{f: getattr(b, f) for f in RoundConfig._fields
+                                                 if f != name}))
+          != round_lib.program_key(b)]
+
+
+class RunBatch:
+  """R runs of one program, advanced together.
+
+  Args:
+    sims: the runs, `Simulator`s with the device store whose configs share a program (build them
+      with one `capacity=Capacity.of(datasets)`); runs may differ in whether FedProx is on (mu = 0
+      runs then compute the proximal term with mu = 0, which changes nothing).
+    runs_chunk: runs per vmapped chunk (a divisor of R); default `auto_runs_chunk`.
+
+  Raises:
+    ValueError: naming what differs between two runs' programs, or a host-store run.
+  """
+
+  def __init__(self, sims: Sequence, runs_chunk: int | None = None):
+    sims = list(sims)
+    if not sims:
+      raise ValueError("a RunBatch needs at least one run")
+    for i, sim in enumerate(sims):
+      if sim.on_host:
+        raise ValueError(f"run {i} keeps its data on the host (store='host'): host-store runs "
+                         "advance one by one; use store='device' to batch them")
+    prox = any(sim.config.local.prox_mu for sim in sims)
+    configs = [s.config._replace(local=s.config.local._replace(prox_mu=float(prox)))
+               for s in sims]
+    first = round_lib.program_key(configs[0])
+    for i, config in enumerate(configs[1:], 1):
+      if round_lib.program_key(config) != first:
+        raise ValueError(f"run {i} does not share run 0's program: they differ in "
+                         f"{', '.join(_differences(configs[0], config)) or 'their data shapes'} "
+                         "(runs may differ only in seed, learning rate, FedProx mu, data values "
+                         "and part-state values; pad their data to one Capacity)")
+    shapes = {jax.tree.map(np.shape, s.arrays) == jax.tree.map(np.shape, sims[0].arrays)
+              for s in sims}
+    if shapes != {True}:
+      raise ValueError("the runs' data have different shapes: build them with one "
+                       "capacity=Capacity.of(datasets) (and public sets of one size)")
+    self.sims = sims
+    self.num_runs = len(sims)
+    chunk = runs_chunk or auto_runs_chunk(sims[0], len(sims))
+    chunk = max(c for c in range(1, min(chunk, len(sims)) + 1) if len(sims) % c == 0)
+    self.runs_chunk = chunk
+    config = configs[0]._replace(runs_axis=AXIS)
+    self.config = BatchConfig(config, chunk)
+    self.keyed = Keyed((first, chunk), self.config)
+    self._replicated = sims[0].replicated
+    self.arrays = _stack([s.arrays for s in sims], self._replicated)
+    self.run_values = _stack([s.run_values for s in sims], self._replicated)
+
+  def init(self) -> EngineState:
+    """The runs' states before round 0, stacked `[R, ...]`."""
+    return _stack([s.init() for s in self.sims], self._replicated)
+
+  def step(self, states: EngineState) -> tuple[EngineState, dict]:
+    """One round of every run (one compiled call); metrics stacked `[R, ...]`."""
+    rounds = np.asarray(states.round)
+    if rounds.min() != rounds.max():
+      raise ValueError(f"the runs of a batch advance together; got rounds {rounds.tolist()}")
+    return program(_batched_step, self._replicated)(self.keyed, states, self.arrays,
+                                                    self.run_values)
+
+  def evaluate(self, params) -> dict:
+    """Every run's global-model metrics (`Simulator.evaluate`), stacked `[R]`."""
+    return program(_batched_evaluate, self._replicated)(self.keyed, params, self.arrays)
