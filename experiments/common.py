@@ -11,6 +11,7 @@ import os
 import socket
 import sys
 import time
+from typing import Callable, NamedTuple
 
 import numpy as np
 import optax
@@ -108,6 +109,9 @@ flags.DEFINE_enum("nonfinite", "stop", ("stop", "exclude"), "When a model or los
                   "stop the run naming the round, or exclude the diverged client updates from "
                   "aggregation and count them (nonfinite_clients).")
 flags.DEFINE_bool("plot", False, "Draw the figures after the runs (needs matplotlib).")
+flags.DEFINE_bool("batch_runs", True, "Advance a method's runs (its seeds, and --sweep values) "
+                  "together as one batched compiled program (device store); --nobatch_runs runs "
+                  "them one after another, still sharing one compiled round.")
 
 
 def seeds() -> list[int]:
@@ -123,6 +127,7 @@ def seeds() -> list[int]:
 
 # Flags that do not change a run's results: left out of its checkpoint fingerprint.
 NOT_RESULTS = {"out_dir", "resume", "overwrite", "plot", "rounds", "seeds", "eval_every",
+               "batch_runs", "sweep",
                "checkpoint_every", "chunk_size", "store", "coordinator_address", "num_processes",
                "process_id", "distributed_auto", "distributed_timeout"}
 
@@ -139,8 +144,44 @@ def settings() -> dict:
   return out
 
 
-def engine_options() -> dict:
-  return {"nonfinite": FLAGS.nonfinite, "store": FLAGS.store}
+def engine_options(datasets=()) -> dict:
+  """The engine flags as `Simulator` arguments; with the job's `datasets`, the capacity that pads
+  every run to one shape, so the job's runs share one compiled round."""
+  options = {"nonfinite": FLAGS.nonfinite, "store": FLAGS.store}
+  if datasets:
+    options["capacity"] = fs.Capacity.of(list(datasets))
+  return options
+
+
+class Run(NamedTuple):
+  """One run of a job: its simulator, folder under --out_dir, progress label and optional
+  per-round `extra(state, record) -> dict`."""
+
+  sim: fs.Simulator
+  path: tuple[str, ...]
+  label: str
+  extra: Callable | None = None
+
+
+def run_all(runs: list[Run], settings_of: Callable[[Run], dict] | None = None) -> list[list[dict]]:
+  """Runs a method's runs for --rounds: with --batch_runs (default) and the device store as one
+  `RunBatch` (one compiled call per round for all of them), else one by one; each run keeps its
+  own folder, metrics, checkpoint and resume. A diverged run, a refused resume or a foreign
+  checkpoint exit with the message (status 1), after the other runs of a batch finished."""
+  batched = FLAGS.batch_runs and len(runs) > 1 and not any(r.sim.on_host for r in runs)
+  if not batched:
+    return [run_sim(r.sim, *r.path, label=r.label, extra=r.extra) for r in runs]
+  label = os.path.commonprefix([r.label for r in runs]).rsplit(" ", 1)[0].strip()
+  label = f"{label} ({len(runs)} runs) " if label else f"({len(runs)} runs) "
+  try:
+    batch = fs.RunBatch([r.sim for r in runs])
+    return fs.run_batch(batch, FLAGS.rounds, [os.path.join(FLAGS.out_dir, *r.path) for r in runs],
+                        eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
+                        resume=FLAGS.resume, overwrite=FLAGS.overwrite, label=label,
+                        settings=[(settings_of or (lambda r: settings()))(r) for r in runs],
+                        extras=[r.extra for r in runs])
+  except (NonFiniteError, CheckpointError, FileExistsError) as e:
+    sys.exit(f"error: {label.strip()}: {e}")
 
 
 def check_out_dir() -> None:
@@ -174,6 +215,8 @@ def cli(main):
   """`main` for `app.run`: a UsageError prints its message and where to find help (absl would
   print the help of every flag first), exit status 1."""
   def wrapped(argv):
+    from fedjax_sel.compilation import use_persistent_cache  # pylint: disable=import-outside-toplevel
+    use_persistent_cache()  # $FEDJAX_SEL_CACHE_DIR moves it; =off disables it.
     try:
       return main(argv)
     except app.UsageError as e:

@@ -194,9 +194,10 @@ def main(argv):
   results = {}
   for group in groups():
     runs = results.setdefault(group, {})
+    options = common.engine_options([loaded[(s, group)][0] for s in seeds])
     for method in FLAGS.methods:
       label = LABELS[method] + suffix
-      runs[label] = []
+      jobs = []
       for seed in seeds:
         data, priority = loaded[(seed, group)]
         model = common.model_for(data)
@@ -204,13 +205,12 @@ def main(argv):
         sim = fs.Simulator(model, data, common.optimizer(), common.local_hparams(), avail, selector,
                            fs.fedavg(FLAGS.weighting), k, seed,
                            participation=make_rule(method, priority, group),
-                           lr_schedule=common.lr_schedule(), eval_mask=priority,
-                           **common.engine_options())
+                           lr_schedule=common.lr_schedule(), eval_mask=priority, **options)
         print(f"== {group} {label} seed {seed}: {data.name}, N={data.num_clients}, priority "
               f"{np.flatnonzero(priority).tolist()}")
-        recs = common.run_sim(sim, group, method, f"seed{seed}", label=f"{group} {label} s{seed} ",
-                              extra=round_extras(priority))
-        runs[label].append(recs)
+        jobs.append(common.Run(sim, (group, method, f"seed{seed}"), f"{group} {label} s{seed} ",
+                               round_extras(priority)))
+      runs[label] = common.run_all(jobs)
   if common.writer():  # Process 0 of a multi-host run.
     write_outputs(results)
 

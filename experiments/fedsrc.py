@@ -233,8 +233,9 @@ def main(argv):
   results = {}
   for group in groups():
     runs = results.setdefault(group, {})
+    options = common.engine_options([loaded[(s, group)][0] for s in seeds])
     for key, label, uses_rule, agg_name in runs_to_do():
-      runs[label] = []
+      jobs = []
       for seed in seeds:
         data, kinds = loaded[(seed, group)]
         rule = fedsrc.fedsrc_rule(fedsrc_config()) if uses_rule else None
@@ -243,12 +244,13 @@ def main(argv):
                            fs.random_selector(FLAGS.clients_per_round), make_aggregator(agg_name),
                            FLAGS.clients_per_round, seed, participation=rule,
                            lr_schedule=common.lr_schedule(), eval_mask=kinds == "good",
-                           **common.engine_options())
+                           **options)
         print(f"== {group} {label} seed {seed}: {data.name}, N={data.num_clients}, bad clients "
               f"{int((kinds != 'good').sum())}")
-        recs = common.run_sim(sim, group, key, f"seed{seed}", label=f"{group} {label} s{seed} ",
-                              extra=round_extras(kinds, uses_rule, data))
-        runs[label].append((recs, data, kinds))
+        jobs.append(common.Run(sim, (group, key, f"seed{seed}"), f"{group} {label} s{seed} ",
+                               round_extras(kinds, uses_rule, data)))
+      runs[label] = [(recs, *loaded[(seed, group)])
+                     for seed, recs in zip(seeds, common.run_all(jobs))]
   if common.writer():  # Process 0 of a multi-host run.
     write_outputs(results)
 

@@ -159,11 +159,12 @@ def main(argv):
   loaded = {s: load(s) for s in seeds}  # All data errors surface before any training.
   runs = {}
   bad_rows = []
+  options = common.engine_options([data for data, _ in loaded.values()])
   for filt_name in FLAGS.filters:
     label = LABELS[filt_name]
     if FLAGS.prox_mu and filt_name == "none":
       label = "FedProx"
-    runs[label] = []
+    jobs = []
     for seed in seeds:
       data, bad = loaded[seed]
       model = common.model_for(data)
@@ -180,16 +181,18 @@ def main(argv):
                          common.availability(FLAGS.avail_reference),
                          make_selector(), fs.fedavg(FLAGS.weighting), FLAGS.clients_per_round,
                          seed, filter=filt, lr_schedule=common.lr_schedule(), eval_mask=~bad,
-                         **common.engine_options())
+                         **options)
       print(f"== {label} seed {seed}: {data.name}, N={data.num_clients}, "
             f"bad clients={int(bad.sum())}, public m={len(data.public_y)}, model={model.name}"
             f"{' (BatchNorm)' if model.train_apply else ''}")
-      recs = common.run_sim(sim, filt_name, f"seed{seed}", label=f"{label} s{seed} ")
+      jobs.append(common.Run(sim, (filt_name, f"seed{seed}"), f"{label} s{seed} "))
+    runs[label] = common.run_all(jobs)
+    for seed, recs in zip(seeds, runs[label]):
+      bad = loaded[seed][1]
       for r in recs:
         if r.get("filtered_in") is not None and r["filter_round"]:
           ids = np.array(r["filtered_in"], dtype=int)
           bad_rows.append((label, seed, r["round"], len(ids), int(bad[ids].sum()) if len(ids) else 0))
-      runs[label].append(recs)
   if common.writer():  # Process 0 of a multi-host run.
     write_outputs(runs, bad_rows)
 

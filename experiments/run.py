@@ -22,18 +22,19 @@ def main(argv):
   common.init_distributed()
   seeds = common.seeds()
   datasets = {s: common.load_data(s) for s in seeds}  # Fails on bad data flags before training.
-  runs = []
+  options = common.engine_options(list(datasets.values()))
+  label = "FedProx" if FLAGS.prox_mu else "FedAvg"
+  jobs = []
   for seed in seeds:
     data = datasets[seed]
     sim = fs.Simulator(
         common.model_for(data), data, common.optimizer(), common.local_hparams(),
         common.availability(), fs.random_selector(FLAGS.clients_per_round),
         fs.fedavg(FLAGS.weighting), FLAGS.clients_per_round, seed,
-        lr_schedule=common.lr_schedule(),
-        **common.engine_options())
-    label = "FedProx" if FLAGS.prox_mu else "FedAvg"
+        lr_schedule=common.lr_schedule(), **options)
     print(f"== {label} seed {seed}: {data.name}, N={data.num_clients}, model={FLAGS.model}")
-    runs.append(common.run_sim(sim, f"seed{seed}", label=f"{label} s{seed} "))
+    jobs.append(common.Run(sim, (f"seed{seed}",), f"{label} s{seed} "))
+  runs = common.run_all(jobs)
   table = fs.summary_table([(f"{label} seed {s}", r) for s, r in zip(seeds, runs)])
   print(table)
   if not common.writer():  # Process 0 of a multi-host run writes the files.

@@ -124,9 +124,10 @@ def main(argv):
   for scenario in scenarios:
     group = group_name(scenario)
     runs = results.setdefault(group, {})
+    options = common.engine_options([loaded[(scenario, s)][0] for s in seeds])
     for method in FLAGS.methods:
       label = uacs.METHODS[method]
-      runs[label] = []
+      jobs = []
       for seed in seeds:
         data, is_boundary = loaded[(scenario, seed)]
         model = common.model_for(data)
@@ -134,7 +135,7 @@ def main(argv):
                            common.availability(),
                            make_selector(method), fs.fedavg(FLAGS.weighting),
                            FLAGS.clients_per_round, seed, lr_schedule=common.lr_schedule(),
-                           **common.engine_options())
+                           **options)
 
         def extra(state, record, is_boundary=is_boundary, key=(group, label, seed), model=model):
           if record["round"] == FLAGS.rounds - 1:
@@ -143,9 +144,9 @@ def main(argv):
 
         print(f"== {group} {label} seed {seed}: {data.name}, N={n}, boundary clients "
               f"{np.flatnonzero(is_boundary).tolist()}")
-        recs = common.run_sim(sim, group, method, f"seed{seed}", label=f"{group} {label} s{seed} ",
-                              extra=extra)
-        runs[label].append(recs)
+        jobs.append(common.Run(sim, (group, method, f"seed{seed}"), f"{group} {label} s{seed} ",
+                               extra))
+      runs[label] = common.run_all(jobs)
   if common.writer():  # Process 0 of a multi-host run.
     write_outputs(results, loaded, finals, scenarios)
 

@@ -244,7 +244,9 @@ def _checkpoint_rounds(path: str, template) -> dict[int, str]:
 def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_every: int = 1,
               checkpoint_every: int = 10, resume: bool = False, overwrite: bool = False,
               progress: TextIO | None = sys.stdout, label: str = "",
-              settings: list[dict] | None = None) -> list[list[dict]]:
+              settings: list[dict] | None = None,
+              extras: list[Callable[[EngineState, dict], dict] | None] | None = None
+              ) -> list[list[dict]]:
   """Runs the R runs of a `RunBatch` for `rounds` rounds together; returns each run's records.
 
   Each run keeps its own folder (`out_dirs[i]`: `metrics.jsonl`, `checkpoint.msgpack` and the one
@@ -260,6 +262,8 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
     out_dirs: one folder per run (None: keep in memory only).
     settings: per-run JSON-able settings for the fingerprints (e.g. the launcher's flags with the
       run's swept value).
+    extras: per-run optional `(state, record) -> dict` merged into each of its records (`state`
+      is that run's slice of the batch's state).
   """
   if not isinstance(rounds, int) or rounds < 1:
     raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
@@ -306,6 +310,8 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
         record = _jsonable(jax.tree.map(lambda a, i=i: a[i], metrics))
         if evals is not None:
           record.update(_jsonable(jax.tree.map(lambda a, i=i: a[i], evals)))
+        if extras is not None and extras[i] is not None:
+          record.update(extras[i](jax.tree.map(lambda a, i=i: a[i], states), record))
         record["wall_s"] = wall
         histories[i].append(record)
         if sinks[i]:

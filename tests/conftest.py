@@ -5,8 +5,12 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
+from fedjax_sel.compilation import use_persistent_cache
 from fedjax_sel.data.federated import split_clients
 from fedjax_sel.models import from_flax
+
+
+use_persistent_cache()  # Worker processes and later runs load what another compiled.
 
 
 def ragged_dataset(sizes, num_classes=4, dim=6, seed=0, test_fraction=0.25):
