@@ -6,6 +6,7 @@ flag and the accepted values.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -109,6 +110,9 @@ flags.DEFINE_enum("nonfinite", "stop", ("stop", "exclude"), "When a model or los
                   "stop the run naming the round, or exclude the diverged client updates from "
                   "aggregation and count them (nonfinite_clients).")
 flags.DEFINE_bool("plot", False, "Draw the figures after the runs (needs matplotlib).")
+flags.DEFINE_string("sweep", None, "Sweep one continuous setting: NAME:V1,V2,... adds a run per "
+                    "value to each method (labelled NAME=V), batched with its seeds. NAME: lr, "
+                    "prox_mu, or the launcher's own (an unknown NAME lists them).")
 flags.DEFINE_bool("batch_runs", True, "Advance a method's runs (its seeds, and --sweep values) "
                   "together as one batched compiled program (device store); --nobatch_runs runs "
                   "them one after another, still sharing one compiled round.")
@@ -153,24 +157,102 @@ def engine_options(datasets=()) -> dict:
   return options
 
 
+# Flags --sweep may vary: continuous settings that are run values or part state, so that the
+# runs of a sweep share one compiled round. Launchers add their own.
+SWEEPABLE = ["lr", "prox_mu"]
+
+
+def sweep_values() -> list[float | None]:
+  """The values of --sweep (checked like the flag itself), or [None] without a sweep."""
+  if FLAGS.sweep is None:
+    return [None]
+  name, _, values = FLAGS.sweep.partition(":")
+  if name not in SWEEPABLE or not values:
+    raise app.UsageError(f"--sweep must be NAME:V1,V2,... with NAME among {SWEEPABLE}, got "
+                         f"{FLAGS.sweep!r}")
+  try:
+    parsed = [float(v) for v in values.split(",")]
+  except ValueError as e:
+    raise app.UsageError(f"--sweep values must be numbers, got {values!r}") from e
+  if len(set(parsed)) != len(parsed):
+    raise app.UsageError(f"--sweep values must be distinct, got {values!r}")
+  old = FLAGS[name].value
+  try:
+    for v in parsed:
+      try:
+        FLAGS[name].value = v
+        FLAGS.validate_all_flags()
+      except flags.IllegalFlagValueError as e:
+        raise app.UsageError(f"--sweep={FLAGS.sweep}: {v} is not a valid --{name} ({e})") from e
+      if not math.isfinite(v):
+        raise app.UsageError(f"--sweep={FLAGS.sweep}: values must be finite, got {v}")
+  finally:
+    FLAGS[name].value = old
+  return parsed
+
+
+@contextlib.contextmanager
+def swept(value: float | None):
+  """Inside, the --sweep flag holds `value` (nothing changes for None)."""
+  if value is None:
+    yield ""
+    return
+  name = FLAGS.sweep.partition(":")[0]
+  old = FLAGS[name].value
+  FLAGS[name].value = value
+  try:
+    yield f"{name}={value:g}"
+  finally:
+    FLAGS[name].value = old
+
+
 class Run(NamedTuple):
-  """One run of a job: its simulator, folder under --out_dir, progress label and optional
-  per-round `extra(state, record) -> dict`."""
+  """One run of a job: its simulator, folder under --out_dir, progress label, optional per-round
+  `extra(state, record) -> dict`, and the settings of its fingerprint (the flags as they were
+  when it was built, a swept value included)."""
 
   sim: fs.Simulator
   path: tuple[str, ...]
   label: str
   extra: Callable | None = None
+  settings: dict | None = None
 
 
-def run_all(runs: list[Run], settings_of: Callable[[Run], dict] | None = None) -> list[list[dict]]:
+def swept_suffix() -> str:
+  """" NAME=V" of the value `swept` holds now ("" without --sweep): the label suffix of its runs."""
+  if FLAGS.sweep is None:
+    return ""
+  name = FLAGS.sweep.partition(":")[0]
+  return f" {name}={FLAGS[name].value:g}"
+
+
+def make_run(sim: fs.Simulator, path: tuple[str, ...], label: str, extra=None) -> Run:
+  """A `Run` whose folder and label carry the swept value set by `swept` (if any)."""
+  tag = swept_suffix().strip()
+  if tag:
+    path = (*path[:-1], tag, path[-1])
+    label = f"{label.rstrip()} {tag} "
+  return Run(sim, path, label, extra, settings())
+
+
+def by_sweep(records: list, num_seeds: int) -> list[tuple[str, list]]:
+  """Splits a method's runs (built value by value, seed by seed) into (label suffix, runs of
+  its seeds) per swept value."""
+  values = sweep_values()
+  name = FLAGS.sweep.partition(":")[0] if FLAGS.sweep else ""
+  return [(f" {name}={v:g}" if v is not None else "", records[i * num_seeds:(i + 1) * num_seeds])
+          for i, v in enumerate(values)]
+
+
+def run_all(runs: list[Run]) -> list[list[dict]]:
   """Runs a method's runs for --rounds: with --batch_runs (default) and the device store as one
   `RunBatch` (one compiled call per round for all of them), else one by one; each run keeps its
   own folder, metrics, checkpoint and resume. A diverged run, a refused resume or a foreign
   checkpoint exit with the message (status 1), after the other runs of a batch finished."""
   batched = FLAGS.batch_runs and len(runs) > 1 and not any(r.sim.on_host for r in runs)
   if not batched:
-    return [run_sim(r.sim, *r.path, label=r.label, extra=r.extra) for r in runs]
+    return [run_sim(r.sim, *r.path, label=r.label, extra=r.extra, run_settings=r.settings)
+            for r in runs]
   label = os.path.commonprefix([r.label for r in runs]).rsplit(" ", 1)[0].strip()
   label = f"{label} ({len(runs)} runs) " if label else f"({len(runs)} runs) "
   try:
@@ -178,7 +260,7 @@ def run_all(runs: list[Run], settings_of: Callable[[Run], dict] | None = None) -
     return fs.run_batch(batch, FLAGS.rounds, [os.path.join(FLAGS.out_dir, *r.path) for r in runs],
                         eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
                         resume=FLAGS.resume, overwrite=FLAGS.overwrite, label=label,
-                        settings=[(settings_of or (lambda r: settings()))(r) for r in runs],
+                        settings=[r.settings or settings() for r in runs],
                         extras=[r.extra for r in runs])
   except (NonFiniteError, CheckpointError, FileExistsError) as e:
     sys.exit(f"error: {label.strip()}: {e}")
@@ -207,6 +289,7 @@ def check_common() -> None:
   """The checks every launcher makes before loading data."""
   check_finite()
   seeds()
+  sweep_values()
   check_counts()
   check_out_dir()
 
@@ -440,13 +523,14 @@ def check_finite() -> None:
       raise app.UsageError(f"--{name} must be a finite number, got {flag.value}")
 
 
-def run_sim(sim: fs.Simulator, *path: str, label: str, extra=None) -> list[dict]:
+def run_sim(sim: fs.Simulator, *path: str, label: str, extra=None,
+            run_settings: dict | None = None) -> list[dict]:
   """Runs `sim` for --rounds into `<out_dir>/<path...>` with the launchers' shared run flags; a
   diverged run, a refused resume or a foreign checkpoint exit with the message (status 1)."""
   try:
     return fs.run(sim, FLAGS.rounds, os.path.join(FLAGS.out_dir, *path),
                   eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
                   resume=FLAGS.resume, overwrite=FLAGS.overwrite, label=label, extra=extra,
-                  settings=settings())
+                  settings=run_settings or settings())
   except (NonFiniteError, CheckpointError, FileExistsError) as e:
     sys.exit(f"error: {label.strip()}: {e}")

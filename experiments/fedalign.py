@@ -30,6 +30,7 @@ from fedjax_sel.selectors import all_selector, group_random_selector
 
 FLAGS = flags.FLAGS
 flags.adopt_module_key_flags(common)  # --help lists the shared flags too.
+common.SWEEPABLE.extend(["eps0"])  # --sweep may vary these (run values or part state).
 PRESETS = {
     "fmnist": {"dataset": "fashion_mnist", "partition": "uni_class", "num_clients": 60,
                "num_priority": 2, "model": "logreg", "local_epochs": 5, "lr": 0.1,
@@ -198,19 +199,22 @@ def main(argv):
     for method in FLAGS.methods:
       label = LABELS[method] + suffix
       jobs = []
-      for seed in seeds:
-        data, priority = loaded[(seed, group)]
-        model = common.model_for(data)
-        avail, selector, k = participation_parts(priority)
-        sim = fs.Simulator(model, data, common.optimizer(), common.local_hparams(), avail, selector,
-                           fs.fedavg(FLAGS.weighting), k, seed,
-                           participation=make_rule(method, priority, group),
-                           lr_schedule=common.lr_schedule(), eval_mask=priority, **options)
-        print(f"== {group} {label} seed {seed}: {data.name}, N={data.num_clients}, priority "
-              f"{np.flatnonzero(priority).tolist()}")
-        jobs.append(common.Run(sim, (group, method, f"seed{seed}"), f"{group} {label} s{seed} ",
-                               round_extras(priority)))
-      runs[label] = common.run_all(jobs)
+      for value in common.sweep_values():
+        with common.swept(value):
+          for seed in seeds:
+            data, priority = loaded[(seed, group)]
+            model = common.model_for(data)
+            avail, selector, k = participation_parts(priority)
+            sim = fs.Simulator(model, data, common.optimizer(), common.local_hparams(), avail,
+                               selector, fs.fedavg(FLAGS.weighting), k, seed,
+                               participation=make_rule(method, priority, group),
+                               lr_schedule=common.lr_schedule(), eval_mask=priority, **options)
+            print(f"== {group} {label} seed {seed}: {data.name}, N={data.num_clients}, priority "
+                  f"{np.flatnonzero(priority).tolist()}")
+            jobs.append(common.make_run(sim, (group, method, f"seed{seed}"),
+                                        f"{group} {label} s{seed} ", round_extras(priority)))
+      for suffix, group_runs in common.by_sweep(common.run_all(jobs), len(seeds)):
+        runs[label + suffix] = group_runs
   if common.writer():  # Process 0 of a multi-host run.
     write_outputs(results)
 

@@ -32,6 +32,7 @@ from fedjax_sel.local_training import steps_per_client
 
 FLAGS = flags.FLAGS
 flags.adopt_module_key_flags(common)  # --help lists the shared flags too.
+common.SWEEPABLE.extend(["participation_target", "fedsrc_beta"])  # Run values or part state.
 SPLITS = {"iid": {"partition": "iid"},
           "noniid": {"partition": "dominant", "dominant_fraction": 0.8},
           "extreme": {"partition": "k_classes", "classes_per_client": 2}}
@@ -236,21 +237,26 @@ def main(argv):
     options = common.engine_options([loaded[(s, group)][0] for s in seeds])
     for key, label, uses_rule, agg_name in runs_to_do():
       jobs = []
-      for seed in seeds:
-        data, kinds = loaded[(seed, group)]
-        rule = fedsrc.fedsrc_rule(fedsrc_config()) if uses_rule else None
-        sim = fs.Simulator(common.model_for(data), data, common.optimizer(),
-                           common.local_hparams(), common.availability(),
-                           fs.random_selector(FLAGS.clients_per_round), make_aggregator(agg_name),
-                           FLAGS.clients_per_round, seed, participation=rule,
-                           lr_schedule=common.lr_schedule(), eval_mask=kinds == "good",
-                           **options)
-        print(f"== {group} {label} seed {seed}: {data.name}, N={data.num_clients}, bad clients "
-              f"{int((kinds != 'good').sum())}")
-        jobs.append(common.Run(sim, (group, key, f"seed{seed}"), f"{group} {label} s{seed} ",
-                               round_extras(kinds, uses_rule, data)))
-      runs[label] = [(recs, *loaded[(seed, group)])
-                     for seed, recs in zip(seeds, common.run_all(jobs))]
+      for value in common.sweep_values():
+        with common.swept(value):
+          for seed in seeds:
+            data, kinds = loaded[(seed, group)]
+            rule = fedsrc.fedsrc_rule(fedsrc_config()) if uses_rule else None
+            sim = fs.Simulator(common.model_for(data), data, common.optimizer(),
+                               common.local_hparams(), common.availability(),
+                               fs.random_selector(FLAGS.clients_per_round),
+                               make_aggregator(agg_name),
+                               FLAGS.clients_per_round, seed, participation=rule,
+                               lr_schedule=common.lr_schedule(), eval_mask=kinds == "good",
+                               **options)
+            print(f"== {group} {label} seed {seed}: {data.name}, N={data.num_clients}, bad "
+                  f"clients {int((kinds != 'good').sum())}")
+            jobs.append(common.make_run(sim, (group, key, f"seed{seed}"),
+                                        f"{group} {label} s{seed} ",
+                                        round_extras(kinds, uses_rule, data)))
+      for suffix, group_runs in common.by_sweep(common.run_all(jobs), len(seeds)):
+        runs[label + suffix] = [(recs, *loaded[(seed, group)])
+                                for seed, recs in zip(seeds, group_runs)]
   if common.writer():  # Process 0 of a multi-host run.
     write_outputs(results)
 

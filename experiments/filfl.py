@@ -165,34 +165,38 @@ def main(argv):
     if FLAGS.prox_mu and filt_name == "none":
       label = "FedProx"
     jobs = []
-    for seed in seeds:
-      data, bad = loaded[seed]
-      model = common.model_for(data)
-      filt = None
-      if filt_name != "none":
-        def public_loss(p, x, y, model=model):
-          return jnp.mean(per_example_loss(model, p, x, y))
-        cfg = filtering.FilterConfig(
-            mode=filt_name, period=FLAGS.filter_period, empty_value=FLAGS.empty_value,
-            const=FLAGS.filter_const, order=FLAGS.filter_order, opt=FLAGS.opt,
-            submod_samples=FLAGS.submod_samples, gammas=gammas)
-        filt = filtering.filfl_filter(public_loss, cfg)
-      sim = fs.Simulator(model, data, common.optimizer(), common.local_hparams(),
-                         common.availability(FLAGS.avail_reference),
-                         make_selector(), fs.fedavg(FLAGS.weighting), FLAGS.clients_per_round,
-                         seed, filter=filt, lr_schedule=common.lr_schedule(), eval_mask=~bad,
-                         **options)
-      print(f"== {label} seed {seed}: {data.name}, N={data.num_clients}, "
-            f"bad clients={int(bad.sum())}, public m={len(data.public_y)}, model={model.name}"
-            f"{' (BatchNorm)' if model.train_apply else ''}")
-      jobs.append(common.Run(sim, (filt_name, f"seed{seed}"), f"{label} s{seed} "))
-    runs[label] = common.run_all(jobs)
-    for seed, recs in zip(seeds, runs[label]):
-      bad = loaded[seed][1]
-      for r in recs:
-        if r.get("filtered_in") is not None and r["filter_round"]:
-          ids = np.array(r["filtered_in"], dtype=int)
-          bad_rows.append((label, seed, r["round"], len(ids), int(bad[ids].sum()) if len(ids) else 0))
+    for value in common.sweep_values():
+      with common.swept(value):
+        for seed in seeds:
+          data, bad = loaded[seed]
+          model = common.model_for(data)
+          filt = None
+          if filt_name != "none":
+            def public_loss(p, x, y, model=model):
+              return jnp.mean(per_example_loss(model, p, x, y))
+            cfg = filtering.FilterConfig(
+                mode=filt_name, period=FLAGS.filter_period, empty_value=FLAGS.empty_value,
+                const=FLAGS.filter_const, order=FLAGS.filter_order, opt=FLAGS.opt,
+                submod_samples=FLAGS.submod_samples, gammas=gammas)
+            filt = filtering.filfl_filter(public_loss, cfg)
+          sim = fs.Simulator(model, data, common.optimizer(), common.local_hparams(),
+                             common.availability(FLAGS.avail_reference),
+                             make_selector(), fs.fedavg(FLAGS.weighting), FLAGS.clients_per_round,
+                             seed, filter=filt, lr_schedule=common.lr_schedule(), eval_mask=~bad,
+                             **options)
+          print(f"== {label} seed {seed}: {data.name}, N={data.num_clients}, "
+                f"bad clients={int(bad.sum())}, public m={len(data.public_y)}, model={model.name}"
+                f"{' (BatchNorm)' if model.train_apply else ''}")
+          jobs.append(common.make_run(sim, (filt_name, f"seed{seed}"), f"{label} s{seed} "))
+    for suffix, group in common.by_sweep(common.run_all(jobs), len(seeds)):
+      runs[label + suffix] = group
+      for seed, recs in zip(seeds, group):
+        bad = loaded[seed][1]
+        for r in recs:
+          if r.get("filtered_in") is not None and r["filter_round"]:
+            ids = np.array(r["filtered_in"], dtype=int)
+            bad_rows.append((label + suffix, seed, r["round"], len(ids),
+                             int(bad[ids].sum()) if len(ids) else 0))
   if common.writer():  # Process 0 of a multi-host run.
     write_outputs(runs, bad_rows)
 

@@ -27,6 +27,7 @@ from fedjax_sel.data.boundary import SCENARIOS, BoundaryConfig, boundary_dataset
 
 FLAGS = flags.FLAGS
 flags.adopt_module_key_flags(common)  # --help lists the shared flags too.
+common.SWEEPABLE.extend(["explore_prob"])  # --sweep may vary these (run values or part state).
 flags.DEFINE_list("methods", list(uacs.METHODS), f"Runs to compare: {uacs.METHODS}.")
 flags.DEFINE_list("scenarios", ["1", "2", "3"], "Boundary data scenarios: 1 boundary clients in "
                   "boxes, 2 spread along the whole boundary, 3 like 1 with far clients confined "
@@ -128,25 +129,31 @@ def main(argv):
     for method in FLAGS.methods:
       label = uacs.METHODS[method]
       jobs = []
-      for seed in seeds:
-        data, is_boundary = loaded[(scenario, seed)]
-        model = common.model_for(data)
-        sim = fs.Simulator(model, data, common.optimizer(), common.local_hparams(),
-                           common.availability(),
-                           make_selector(method), fs.fedavg(FLAGS.weighting),
-                           FLAGS.clients_per_round, seed, lr_schedule=common.lr_schedule(),
-                           **options)
+      for value in common.sweep_values():
+        with common.swept(value):
+          for seed in seeds:
+            data, is_boundary = loaded[(scenario, seed)]
+            model = common.model_for(data)
+            sim = fs.Simulator(model, data, common.optimizer(), common.local_hparams(),
+                               common.availability(),
+                               make_selector(method), fs.fedavg(FLAGS.weighting),
+                               FLAGS.clients_per_round, seed, lr_schedule=common.lr_schedule(),
+                               **options)
 
-        def extra(state, record, is_boundary=is_boundary, key=(group, label, seed), model=model):
-          if record["round"] == FLAGS.rounds - 1:
-            finals[key] = (model, state.params)
-          return {"boundary_selected": int(is_boundary[np.asarray(record["selected"], int)].sum())}
+            key = (group, label + common.swept_suffix(), seed)
 
-        print(f"== {group} {label} seed {seed}: {data.name}, N={n}, boundary clients "
-              f"{np.flatnonzero(is_boundary).tolist()}")
-        jobs.append(common.Run(sim, (group, method, f"seed{seed}"), f"{group} {label} s{seed} ",
-                               extra))
-      runs[label] = common.run_all(jobs)
+            def extra(state, record, is_boundary=is_boundary, key=key, model=model):
+              if record["round"] == FLAGS.rounds - 1:
+                finals[key] = (model, state.params)
+              picked = np.asarray(record["selected"], int)
+              return {"boundary_selected": int(is_boundary[picked].sum())}
+
+            print(f"== {group} {label} seed {seed}: {data.name}, N={n}, boundary clients "
+                  f"{np.flatnonzero(is_boundary).tolist()}")
+            jobs.append(common.make_run(sim, (group, method, f"seed{seed}"),
+                                        f"{group} {label} s{seed} ", extra))
+      for suffix, group_runs in common.by_sweep(common.run_all(jobs), len(seeds)):
+        runs[label + suffix] = group_runs
   if common.writer():  # Process 0 of a multi-host run.
     write_outputs(results, loaded, finals, scenarios)
 

@@ -34,7 +34,7 @@ _HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
 def cache_dir() -> str | None:
-  """The persistent cache folder this process uses (None: disabled by `FEDJAX_SEL_CACHE_DIR=off`)."""
+  """The persistent cache folder of this process (None: disabled by `FEDJAX_SEL_CACHE_DIR=off`)."""
   explicit = os.environ.get(ENV_DIR)
   if explicit is not None:
     return None if explicit.strip().lower() in ("", "off", "0", "none") else explicit

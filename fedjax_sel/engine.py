@@ -290,7 +290,8 @@ class Simulator:
     state = EngineState(
         round=jnp.zeros((), jnp.int32), params=params, clients=ClientState.create(n),
         filter_state=filt.init(n) if filt is not None else (),
-        selector_state=self.selector.init(n, params), participation_state=self.participation.init(n),
+        selector_state=self.selector.init(n, params),
+        participation_state=self.participation.init(n),
         aggregator_state=self.aggregator.init(params), filtered=jnp.zeros((n,), bool),
         prev_available=jnp.zeros((n,), bool), costs=Costs.zeros())
     return self._global(state)

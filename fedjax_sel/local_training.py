@@ -236,7 +236,7 @@ def step_cost(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, param
   FLOPs of one client's step."""
   tx = optimizer(jnp.float32(0.1))
 
-  def step(p, o, x, y):
+  def client_step(p, o, x, y):
     mask = jnp.ones(y.shape, jnp.float32)
     loss = lambda w: jnp.mean(train_losses(model, with_trainable(model, p, w), x, y, mask)[0])
     w = trainable(model, p)
@@ -249,7 +249,7 @@ def step_cost(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, param
     os_ = jax.tree.map(spec, jax.eval_shape(tx.init, trainable(model, params)))
     x = jax.ShapeDtypeStruct((c, hp.batch_size, *feature_shape), jnp.float32)
     y = jax.ShapeDtypeStruct((c, hp.batch_size), jnp.int32)
-    return jax.jit(jax.vmap(step)).lower(ps, os_, x, y).compile()
+    return jax.jit(jax.vmap(client_step)).lower(ps, os_, x, y).compile()
 
   one = compiled(1)
   return StepCost(max(planned_bytes(compiled(2)) - planned_bytes(one), 1), flops(one))

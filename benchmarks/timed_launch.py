@@ -1,0 +1,74 @@
+r"""Runs a launcher and writes where its wall time went (used by `benchmarks.time_to_result`).
+
+  python -m benchmarks.timed_launch OUT.json experiments.filfl --out_dir=... [launcher flags]
+
+Splits the process's wall time into: import (the launcher module and the library), data (the
+launchers' `load_data`), set-up (building `Simulator`s and `RunBatch`es, compilation excluded),
+compile (XLA compilation and persistent-cache loads, from JAX's monitoring events, wherever they
+happen), rounds (running the rounds, compilation excluded) and other (what is left: flag parsing,
+summaries, figures). Also counts the round programs compiled and the persistent cache hits.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+
+START = time.perf_counter()
+
+
+def main():
+  out, module_name, *argv = sys.argv[1:]
+  from fedjax_sel.compilation import CompileLog  # pylint: disable=import-outside-toplevel
+  log = CompileLog().__enter__()
+  spent = {"data": 0.0, "set-up": 0.0, "rounds": 0.0}
+  compile_in = {"set-up": 0.0, "rounds": 0.0, "data": 0.0}
+  module = importlib.import_module(module_name)
+  import fedjax_sel as fs  # pylint: disable=import-outside-toplevel
+  from experiments import common  # pylint: disable=import-outside-toplevel
+  imported = time.perf_counter() - START
+
+  def timed(owner, name, phase):
+    fn = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+      compiled = sum(log.snapshot().seconds.values())
+      start = time.perf_counter()
+      try:
+        return fn(*args, **kwargs)
+      finally:
+        spent[phase] += time.perf_counter() - start
+        compile_in[phase] += sum(log.snapshot().seconds.values()) - compiled
+    setattr(owner, name, wrapper)
+
+  timed(common, "load_data", "data")
+  timed(fs, "Simulator", "set-up")
+  timed(fs, "RunBatch", "set-up")
+  timed(fs, "run", "rounds")
+  timed(fs, "run_batch", "rounds")
+  from absl import app  # pylint: disable=import-outside-toplevel
+  status = 0
+  try:
+    app.run(common.cli(module.main), argv=[module_name, *argv])
+  except SystemExit as e:
+    status = e.code or 0
+  total = time.perf_counter() - START
+  log.snapshot()
+  compile_s = sum(log.seconds.values())
+  rounds = ("jit(step)", "jit(steps)", "jit(_batched_step)")
+  phases = {f"{key}_s": spent[phase] - compile_in[phase]
+            for key, phase in (("data", "data"), ("setup", "set-up"), ("rounds", "rounds"))}
+  result = {
+      "status": status, "total_s": total, "import_s": imported, **phases, "compile_s": compile_s,
+      "other_s": total - imported - compile_s - sum(phases.values()),
+      "round_compiles": sum(log.by_name[name] for name in rounds),
+      "compiles": log.compiles, "cache_hits": log.cache_hits}
+  with open(out, "w", encoding="utf-8") as f:
+    json.dump(result, f)
+  sys.exit(status)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,203 @@
+"""Compile once, run many: batched runs equal sequential ones, programs are shared, the persistent
+cache is hit from a second process, a diverging run stops alone, batched jobs resume."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import optax
+import pytest
+
+import fedjax_sel as fs
+from fedjax_sel import fedalign, fedsrc, filtering, uacs
+from fedjax_sel.compilation import CompileLog
+from fedjax_sel.models import per_example_loss
+from fedjax_sel.runner import NonFiniteError
+from tests.conftest import ragged_dataset
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZES = ([23, 5, 40, 8, 17, 9, 31, 12, 3, 28], [14, 30, 6, 22, 9, 41, 7, 18, 25, 11],
+         [19, 8, 33, 15, 4, 27, 12, 36, 10, 21])
+
+
+def _datasets():
+  """Three runs' datasets of different sizes (and so different padded shapes), with public sets."""
+  out = []
+  for seed, sizes in enumerate(SIZES):
+    data = ragged_dataset(sizes, seed=seed)
+    rng = np.random.default_rng(seed)
+    out.append(data._replace(public_x=rng.normal(size=(12, 6)).astype(np.float32),
+                             public_y=rng.integers(0, 4, 12).astype(np.int32)))
+  return out
+
+
+def _sims(method, datasets, values):
+  """One `Simulator` per (dataset, run value) of `method`, padded to one capacity."""
+  cap = fs.Capacity.of(datasets)
+  sims = []
+  for seed, (data, value) in enumerate(zip(datasets, values)):
+    model = fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(8,))
+    kw, selector, lr, local = {}, fs.random_selector(3), 0.1, fs.LocalHParams(batch_size=4)
+    if method == "fedavg":
+      lr, local = value, local._replace(prox_mu=value)  # FedProx mu 0 beside mu > 0 runs.
+    elif method == "filfl_dgf":
+      pub = lambda p, x, y, model=model: per_example_loss(model, p, x, y).mean()
+      kw["filter"] = filtering.filfl_filter(pub, filtering.FilterConfig("dgf", period=2))
+    elif method == "fedalign":
+      priority = np.zeros(10, bool)
+      priority[seed:seed + 4] = True
+      kw["participation"] = fedalign.fedalign_rule(priority, rounds=4, eps0=value,
+                                                   warmup_fraction=0.25)
+      kw["eval_mask"] = priority
+    elif method == "uacs_entropy":
+      selector = uacs.entropy_selector(3, eps=value)
+    elif method == "fedsrc":
+      kw["participation"] = fedsrc.fedsrc_rule(fedsrc.FedSRCConfig(target=value, beta=value / 2,
+                                                                   decision_stat="loss"))
+    sims.append(fs.Simulator(model, data, lambda lr: optax.sgd(lr), local,
+                             fs.uniform_availability(10, 6, period=3), selector,
+                             fs.fedavg(), 3, seed, lr_schedule=fs.constant_lr(lr), capacity=cap,
+                             **kw))
+  return sims
+
+
+METHODS = {"fedavg": (0.05, 0.1, 0.0), "filfl_dgf": (0, 0, 0), "fedalign": (0.0, 0.2, 5.0),
+           "uacs_entropy": (0.0, 0.5, 1.0), "fedsrc": (0.3, 0.7, 1.0)}
+COUNTS = ("num_available", "num_filtered", "num_selected", "num_trained", "num_aggregated",
+          "filter_round", "gradients_computed")
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("runs_chunk", [1, 3])
+def test_batched_runs_equal_the_same_runs_one_by_one(method, runs_chunk):
+  """Runs that differ in seed, data, learning rate, FedProx mu, eps_0, eps or FedSRC's target
+  and beta: one batched program (vmapped, or looped in chunks of 1) gives each run's selections,
+  counts and costs exactly and its losses and accuracies within 1e-5 relative."""
+  datasets = _datasets()
+  one_by_one = [fs.run(sim, 4, progress=None) for sim in _sims(method, datasets, METHODS[method])]
+  batch = fs.RunBatch(_sims(method, datasets, METHODS[method]), runs_chunk=runs_chunk)
+  batched = fs.run_batch(batch, 4, progress=None)
+  for want_run, got_run in zip(one_by_one, batched):
+    for want, got in zip(want_run, got_run):
+      for key in ("selected", "trained_clients", "aggregated_clients", "filtered_in", *COUNTS):
+        assert want.get(key) == got.get(key), (method, want["round"], key)
+      for key in ("cost", "cumulative_cost"):
+        assert want[key] == pytest.approx(got[key], rel=1e-6), (method, want["round"], key)
+      for key in ("local_train_loss", "test_loss", "test_accuracy", "train_loss"):
+        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), (method, key)
+
+
+def test_a_second_seed_compiles_no_new_round():
+  a, b = _datasets()[:2]
+  cap = fs.Capacity.of([a, b])
+  make = lambda data, seed: fs.Simulator(
+      fs.build_model("mlp", data.feature_shape, 4, hidden=(8,)), data, lambda lr: optax.sgd(lr),
+      fs.LocalHParams(batch_size=4), fs.uniform_availability(10, 6), fs.random_selector(3),
+      fs.fedavg(), 3, seed, lr_schedule=fs.step_decay_lr(0.1 * (seed + 1), 0.5, 2), capacity=cap)
+  fs.run(make(a, 0), 2, progress=None)
+  with CompileLog() as log:
+    records = fs.run(make(b, 1), 2, progress=None)
+  assert log.count("step") == 0 and log.count("evaluate") == 0 and log.count("init") == 0, (
+      log.by_name)
+  assert records[0]["lr"] == pytest.approx(0.2)
+
+
+def test_persistent_cache_is_hit_from_a_second_process(tmp_path):
+  script = textwrap.dedent("""
+      import sys, optax
+      sys.path.insert(0, %r)
+      from fedjax_sel.compilation import CompileLog, use_persistent_cache
+      print("cache", use_persistent_cache())
+      import fedjax_sel as fs
+      data = fs.build_dataset(fs.DatasetSpec("digits", num_clients=12), seed=0)
+      with CompileLog() as log:
+        sim = fs.Simulator(fs.build_model("mlp", data.feature_shape, 10), data,
+                           lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=16),
+                           fs.uniform_availability(12, 6), fs.random_selector(3), fs.fedavg(), 3, 0)
+        sim.step(sim.init())
+      print("hits", log.cache_hits, "round compiles", log.count("step"))
+  """) % REPO
+  env = dict(os.environ, FEDJAX_SEL_CACHE_DIR=str(tmp_path / "cache"))
+  outs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         check=True, timeout=600).stdout for _ in range(2)]
+  assert f"cache {tmp_path / 'cache'}" in outs[0]
+  hits = [int(out.split("hits ")[1].split()[0]) for out in outs]
+  assert hits[0] == 0 and hits[1] >= 1, outs
+  assert os.listdir(tmp_path / "cache")
+
+
+def test_a_diverging_run_stops_alone(tmp_path):
+  """The largest learning rate of a batch diverges: its record of that round is written and
+  nothing after; the others run to the end; the error names it."""
+  datasets = _datasets()
+  sims = _sims("fedavg", datasets, (0.05, 0.1, 0.0))
+  sims[2] = fs.Simulator(sims[2].model, datasets[2], sims[2].optimizer,
+                         fs.LocalHParams(batch_size=4), sims[2].availability, fs.random_selector(3), fs.fedavg(), 3, 2,
+                         lr_schedule=fs.constant_lr(1e9), capacity=sims[0].capacity)
+  dirs = [str(tmp_path / f"run{i}") for i in range(3)]
+  with pytest.raises(NonFiniteError, match="run 2: round") as err:
+    fs.run_batch(fs.RunBatch(sims), 5, dirs, progress=None)
+  records = err.value.records
+  assert [len(r) for r in records[:2]] == [5, 5]
+  assert 1 <= len(records[2]) < 5
+  written = (tmp_path / "run2" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+  assert len(written) == len(records[2])
+  assert np.isfinite(records[0][-1]["test_loss"]) and np.isfinite(records[1][-1]["test_loss"])
+
+
+def _strip(records):
+  return [{k: v for k, v in r.items() if k != "wall_s"} for r in records]
+
+
+def test_batched_job_resumes_from_one_round_after_a_torn_save(tmp_path):
+  """A kill between two runs' checkpoint writes leaves run 0 at round 4 and run 1 at round 2 (its
+  previous checkpoint kept), with a torn metrics line: resuming continues both from round 2 and
+  ends where an uninterrupted batch ends."""
+  datasets = _datasets()[:2]
+  make = lambda: fs.RunBatch(_sims("uacs_entropy", datasets, (0.0, 0.5)))
+  whole = fs.run_batch(make(), 6, [str(tmp_path / "whole" / f"r{i}") for i in range(2)],
+                       progress=None)
+  dirs = [str(tmp_path / "cut" / f"r{i}") for i in range(2)]
+  fs.run_batch(make(), 4, dirs, checkpoint_every=2, progress=None)
+  ckpt = os.path.join(dirs[1], "checkpoint.msgpack")
+  shutil.move(ckpt + ".prev", ckpt)  # Run 1's round-4 save never happened.
+  with open(os.path.join(dirs[1], "metrics.jsonl"), "a", encoding="utf-8") as f:
+    f.write('{"round": 4, "torn')
+  resumed = fs.run_batch(make(), 6, dirs, resume=True, progress=None)
+  assert [_strip(r) for r in resumed] == [_strip(r) for r in whole]
+  for d, want in zip(dirs, whole):
+    lines = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"), encoding="utf-8")]
+    assert _strip(lines) == _strip(want)
+
+
+def test_runs_that_do_not_share_a_program_are_refused_naming_what_differs():
+  datasets = _datasets()[:2]
+  sims = _sims("fedavg", datasets, (0.1, 0.1))
+  other = fs.Simulator(sims[1].model, datasets[1], sims[1].optimizer, sims[1].local,
+                       sims[1].availability, fs.random_selector(2), fs.fedavg(), 2, 1,
+                       capacity=sims[0].capacity)
+  with pytest.raises(ValueError, match="run 1 does not share run 0's program: .*selector"):
+    fs.RunBatch([sims[0], other])
+  uneven = _sims("fedavg", [datasets[0]], (0.1,)) + _sims("fedavg", [datasets[1]], (0.1,))
+  with pytest.raises(ValueError, match="Capacity"):
+    fs.RunBatch(uneven)
+
+
+def test_a_batched_filtering_round_costs_what_its_runs_cost_one_by_one():
+  """FilFL's filtering branch (every available client trains) runs once per batch round, not for
+  every run every round: the batched round's XLA FLOP count is at most the runs' one by one."""
+  from fedjax_sel import programs  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.compiled_cost import flops  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.runs import _batched_step  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  sims = _sims("filfl_dgf", _datasets(), (0, 0, 0))
+  batch = fs.RunBatch(sims, runs_chunk=3)
+  one = jax.jit(programs.step, static_argnums=0).lower(
+      sims[0].keyed, sims[0].init(), sims[0].arrays, sims[0].run_values).compile()
+  batched = jax.jit(_batched_step, static_argnums=0).lower(
+      batch.keyed, batch.init(), batch.arrays, batch.run_values).compile()
+  assert flops(batched) <= 1.05 * 3 * flops(one), (flops(batched), flops(one))
