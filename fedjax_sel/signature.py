@@ -1,8 +1,9 @@
 """Structural signatures of the pure functions a round is built from.
 
 A compiled round may be reused by another run only when every function it traced would trace the
-same way. `signature(obj)` describes a function by its code and, recursively, by the values its
-closure captured, its defaults and bound arguments; containers (tuples, dicts, NamedTuples such as a
+same way. `signature(obj)` describes a function by its code (not where it was written) and,
+recursively, by the values its closure captured, the globals it reads, its defaults and bound
+arguments; modules by name; containers (tuples, dicts, NamedTuples such as a
 `Selector`) by their members; arrays by shape, dtype and a digest of their bytes; hashable values
 (numbers, strings, flax modules) by themselves; anything else by identity (never reused). Two parts
 built by the same factory with the same static settings therefore share a signature, and a captured
@@ -45,8 +46,12 @@ def signature(obj: Any, _seen: frozenset = frozenset()) -> Any:
   if isinstance(obj, types.FunctionType):
     cells = tuple(signature(c.cell_contents, seen) if _filled(c) else ("empty",)
                   for c in obj.__closure__ or ())
-    return ("function", obj.__code__, cells, signature(obj.__defaults__, seen),
+    names = sorted(n for n in _global_names(obj.__code__) if n in obj.__globals__)
+    used = tuple((n, signature(obj.__globals__[n], seen)) for n in names)
+    return ("function", _code(obj.__code__), cells, used, signature(obj.__defaults__, seen),
             signature(obj.__kwdefaults__, seen))
+  if isinstance(obj, types.CodeType):
+    return _code(obj)
   if isinstance(obj, types.MethodType):
     return ("method", signature(obj.__func__, seen), signature(obj.__self__, seen))
   if isinstance(obj, functools.partial):
@@ -70,6 +75,24 @@ def signature(obj: Any, _seen: frozenset = frozenset()) -> Any:
     return ("value", type(obj).__qualname__, obj)  # e.g. flax modules: frozen dataclasses.
   except TypeError:
     return ("object", id(obj))
+
+
+def _code(code: types.CodeType) -> tuple:
+  """What a code object computes, without where it was written (file, lines): the same lambda
+  written in two places has one signature."""
+  consts = tuple(_code(c) if isinstance(c, types.CodeType) else (type(c).__name__, c)
+                 for c in code.co_consts)
+  return ("code", code.co_code, consts, code.co_names, code.co_varnames, code.co_freevars,
+          code.co_cellvars, code.co_argcount, code.co_kwonlyargcount, code.co_flags)
+
+
+def _global_names(code: types.CodeType) -> set:
+  """Names a code object (and the functions defined inside it) may read from its globals."""
+  names = set(code.co_names)
+  for c in code.co_consts:
+    if isinstance(c, types.CodeType):
+      names |= _global_names(c)
+  return names
 
 
 def _filled(cell) -> bool:

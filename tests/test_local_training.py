@@ -1,5 +1,7 @@
 """Vectorized local training against a plain per-client loop."""
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -14,6 +16,21 @@ from fedjax_sel.models import build_model
 from tests.conftest import batch_norm_mlp, ragged_dataset
 
 
+@functools.lru_cache(maxsize=None)
+def _reference_grad(model, prox_mu):
+  """The jitted gradient of one client batch's objective (compiled once per model, not once per
+  client)."""
+  def objective(w, global_weights, xb, yb, state):
+    if state is None:
+      logits, new_state = model.apply(w, xb), None
+    else:
+      logits, new_state = model.train_apply({**state, "params": w}, xb, jnp.ones(len(yb)))
+    mean = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, yb))
+    sq = sum(jnp.sum((a - b) ** 2) for a, b in zip(jax.tree.leaves(w), jax.tree.leaves(global_weights)))
+    return mean + 0.5 * prox_mu * sq, (mean, new_state)
+  return jax.jit(jax.grad(objective, has_aux=True))
+
+
 def reference_client(model, tx, hp, global_params, x, y, key, max_count):
   """One client, one Python step at a time, on its own numpy arrays (no masks, no vmap). A
   stateful model's batch statistics come from a training-mode pass over exactly the batch."""
@@ -23,22 +40,12 @@ def reference_client(model, tx, hp, global_params, x, y, key, max_count):
   opt_state = tx.init(weights)
   count = len(y)
   total_loss, total_n = 0.0, 0
-
-  def objective(w, xb, yb, state):
-    if state is None:
-      logits, new_state = model.apply(w, xb), None
-    else:
-      logits, new_state = model.train_apply({**state, "params": w}, xb, jnp.ones(len(yb)))
-    mean = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, yb))
-    sq = sum(jnp.sum((a - b) ** 2) for a, b in zip(jax.tree.leaves(w), jax.tree.leaves(global_weights)))
-    return mean + 0.5 * hp.prox_mu * sq, (mean, new_state)
-
-  grad = jax.jit(jax.grad(objective, has_aux=True))
+  grad = _reference_grad(model, hp.prox_mu)
   orders = np.asarray(_epoch_orders(key, count, hp.num_epochs, max_count))
   for e in range(hp.num_epochs):
     for start in range(0, count, hp.batch_size):
       idx = orders[e][start:min(start + hp.batch_size, count)]
-      g, (mean, state) = grad(weights, x[idx], y[idx], state)
+      g, (mean, state) = grad(weights, global_weights, x[idx], y[idx], state)
       updates, opt_state = tx.update(g, opt_state, weights)
       weights = optax.apply_updates(weights, updates)
       total_loss += float(mean) * len(idx)

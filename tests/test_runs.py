@@ -72,23 +72,25 @@ COUNTS = ("num_available", "num_filtered", "num_selected", "num_trained", "num_a
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-@pytest.mark.parametrize("runs_chunk", [1, 3])
-def test_batched_runs_equal_the_same_runs_one_by_one(method, runs_chunk):
+def test_batched_runs_equal_the_same_runs_one_by_one(method):
   """Runs that differ in seed, data, learning rate, FedProx mu, eps_0, eps or FedSRC's target
-  and beta: one batched program (vmapped, or looped in chunks of 1) gives each run's selections,
-  counts and costs exactly and its losses and accuracies within 1e-5 relative."""
+  and beta: one batched program, vmapped over the 3 runs (and for FedAvg and FilFL also looping
+  over them one at a time) gives each run's selections, counts and costs exactly and its losses
+  and accuracies within 1e-5 relative of the same runs one by one."""
   datasets = _datasets()
   one_by_one = [fs.run(sim, 4, progress=None) for sim in _sims(method, datasets, METHODS[method])]
-  batch = fs.RunBatch(_sims(method, datasets, METHODS[method]), runs_chunk=runs_chunk)
-  batched = fs.run_batch(batch, 4, progress=None)
-  for want_run, got_run in zip(one_by_one, batched):
-    for want, got in zip(want_run, got_run):
-      for key in ("selected", "trained_clients", "aggregated_clients", "filtered_in", *COUNTS):
-        assert want.get(key) == got.get(key), (method, want["round"], key)
-      for key in ("cost", "cumulative_cost"):
-        assert want[key] == pytest.approx(got[key], rel=1e-6), (method, want["round"], key)
-      for key in ("local_train_loss", "test_loss", "test_accuracy", "train_loss"):
-        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), (method, key)
+  for runs_chunk in (3, 1) if method in ("fedavg", "filfl_dgf") else (3,):
+    batch = fs.RunBatch(_sims(method, datasets, METHODS[method]), runs_chunk=runs_chunk)
+    batched = fs.run_batch(batch, 4, progress=None)
+    for want_run, got_run in zip(one_by_one, batched):
+      for want, got in zip(want_run, got_run):
+        where = (method, runs_chunk, want["round"])
+        for key in ("selected", "trained_clients", "aggregated_clients", "filtered_in", *COUNTS):
+          assert want.get(key) == got.get(key), (*where, key)
+        for key in ("cost", "cumulative_cost"):
+          assert want[key] == pytest.approx(got[key], rel=1e-6), (*where, key)
+        for key in ("local_train_loss", "test_loss", "test_accuracy", "train_loss"):
+          assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), (*where, key)
 
 
 def test_a_second_seed_compiles_no_new_round():
