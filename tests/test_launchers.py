@@ -31,22 +31,6 @@ def test_run_writes_metrics_progress_and_summary(tmp_path):
   assert (out / "curves.png").exists() and (out / "summary.md").exists()
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--dataset=imagenet"], "--dataset"),
-    (["--clients_per_round=30", "--num_available=25"], "--clients_per_round"),
-    (["--lr=-0.1"], "--lr"),
-    (["--partition=k_classes", "--classes_per_client=12"], "classes_per_client"),
-    (["--partition=uni_class", "--num_clients=1700", "--num_available=30"], "--num_clients"),
-    (["--dataset=fashion_mnist", "--data_dir=/nonexistent"], "--data_dir"),
-])
-def test_bad_flags_fail_before_compute(args, needle):
-  proc = launch("experiments.run", *args, check=False)
-  assert proc.returncode != 0
-  out = proc.stdout + proc.stderr
-  assert needle in out
-  assert "[   1/" not in out  # No round ran.
-
-
 def test_filfl_launcher_writes_filter_outputs(tmp_path):
   out = tmp_path / "filfl"
   proc = launch("experiments.filfl", "--rounds=3", "--seeds=0", "--num_clients=20",
@@ -65,18 +49,6 @@ def test_filfl_launcher_writes_filter_outputs(tmp_path):
   assert (out / "approx_ratio.png").exists()
   summary = (out / "summary.md").read_text(encoding="utf-8")
   assert "| FilFL-DGF seed 0 | 1 |" in summary and "R(greedy)/R(OPT) min / mean" in summary
-
-
-@pytest.mark.parametrize("args,needle", [
-    (["--filters=foo"], "--filters"),
-    (["--opt"], "--num_available"),
-    (["--public_fraction=0"], "--public_fraction"),
-    (["--selector=poc", "--poc_d=2"], "--poc_d"),
-])
-def test_filfl_bad_flags_fail_before_compute(args, needle):
-  proc = launch("experiments.filfl", *args, check=False)
-  assert proc.returncode != 0 and needle in proc.stdout + proc.stderr
-  assert "[   1/" not in proc.stdout
 
 
 def records(path):
@@ -101,22 +73,6 @@ def test_fedalign_launcher_writes_priority_metrics(tmp_path):
   assert (out / "fedalign.png").exists() and (out / "summary.md").exists()
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--eps0=-0.1"], "--eps0"),
-    (["--eps0=nan"], "--eps0"),
-    (["--warmup_fraction=1.0"], "--warmup_fraction"),
-    (["--num_priority=0"], "--num_priority"),
-    (["--num_priority=30"], "--num_priority"),
-    (["--priority_ids=3,99"], "--priority_ids"),
-    (["--eps_schedule=cosine"], "eps_schedule"),
-    (["--methods=fedalign,best"], "--methods"),
-])
-def test_fedalign_bad_flags_fail_before_compute(args, needle):
-  proc = launch("experiments.fedalign", *args, check=False)
-  assert proc.returncode != 0 and needle in proc.stdout + proc.stderr
-  assert "[   1/" not in proc.stdout
-
-
 @pytest.mark.slow  # Covered by faster tests in the default suite; `pytest -m slow`.
 def test_uacs_launcher_writes_selection_metrics(tmp_path):
   out = tmp_path / "uacs"
@@ -129,20 +85,6 @@ def test_uacs_launcher_writes_selection_metrics(tmp_path):
   assert all(len(r["selected"]) == 3 and 0 <= r["boundary_selected"] <= 3 for r in recs)
   assert recs[0]["cost"]["client_grad_samples"] > 0
   assert (out / "uacs.png").exists()
-
-
-@pytest.mark.parametrize("args,needle", [
-    (["--explore_prob=1.5"], "--explore_prob"),
-    (["--clients_per_round=0"], "clients_per_round"),
-    (["--clients_per_round=200"], "--clients_per_round"),
-    (["--scenarios=4"], "--scenarios"),
-    (["--num_boundary=150"], "--num_boundary"),
-    (["--samples_per_client=0"], "--samples_per_client"),
-])
-def test_uacs_bad_flags_fail_before_compute(args, needle):
-  proc = launch("experiments.uacs", *args, check=False)
-  assert proc.returncode != 0 and needle in proc.stdout + proc.stderr
-  assert "[   1/" not in proc.stdout
 
 
 def test_fedsrc_launcher_writes_savings_and_exclusions(tmp_path):
@@ -161,16 +103,67 @@ def test_fedsrc_launcher_writes_savings_and_exclusions(tmp_path):
   assert (out / "fedsrc.png").exists()
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--bad_fraction=1.5"], "--bad_fraction"),
-    (["--fedsrc_beta=0.95"], "--fedsrc_beta"),
-    (["--krum_f=0.45"], "--krum_f"),
-    (["--methods=fedavg,bulyan"], "--methods"),
-    (["--participation_target=0"], "--participation_target"),
-    (["--reinclude_prob=2"], "--reinclude_prob"),
-    (["--val_fraction=0"], "--val_fraction"),
-])
-def test_fedsrc_bad_flags_fail_before_compute(args, needle):
-  proc = launch("experiments.fedsrc", *args, check=False)
-  assert proc.returncode != 0 and needle in proc.stdout + proc.stderr
-  assert "[   1/" not in proc.stdout
+BAD_FLAGS = [  # (launcher, flags, what the message must name)
+    ("run", ["--dataset=imagenet"], "--dataset"),
+    ("run", ["--clients_per_round=30", "--num_available=25"], "--clients_per_round"),
+    ("run", ["--lr=-0.1"], "--lr"),
+    ("run", ["--partition=k_classes", "--classes_per_client=12"], "classes_per_client"),
+    ("run", ["--partition=uni_class", "--num_clients=1700", "--num_available=30"], "--num_clients"),
+    ("run", ["--dataset=fashion_mnist", "--data_dir=/nonexistent"], "--data_dir"),
+    ("filfl", ["--filters=foo"], "--filters"),
+    ("filfl", ["--opt"], "--num_available"),
+    ("filfl", ["--public_fraction=0"], "--public_fraction"),
+    ("filfl", ["--selector=poc", "--poc_d=2"], "--poc_d"),
+    ("fedalign", ["--eps0=-0.1"], "--eps0"),
+    ("fedalign", ["--eps0=nan"], "--eps0"),
+    ("fedalign", ["--warmup_fraction=1.0"], "--warmup_fraction"),
+    ("fedalign", ["--num_priority=0"], "--num_priority"),
+    ("fedalign", ["--num_priority=30"], "--num_priority"),
+    ("fedalign", ["--priority_ids=3,99"], "--priority_ids"),
+    ("fedalign", ["--eps_schedule=cosine"], "eps_schedule"),
+    ("fedalign", ["--methods=fedalign,best"], "--methods"),
+    ("uacs", ["--explore_prob=1.5"], "--explore_prob"),
+    ("uacs", ["--clients_per_round=0"], "clients_per_round"),
+    ("uacs", ["--clients_per_round=200"], "--clients_per_round"),
+    ("uacs", ["--scenarios=4"], "--scenarios"),
+    ("uacs", ["--num_boundary=150"], "--num_boundary"),
+    ("uacs", ["--samples_per_client=0"], "--samples_per_client"),
+    ("fedsrc", ["--bad_fraction=1.5"], "--bad_fraction"),
+    ("fedsrc", ["--fedsrc_beta=0.95"], "--fedsrc_beta"),
+    ("fedsrc", ["--krum_f=0.45"], "--krum_f"),
+    ("fedsrc", ["--methods=fedavg,bulyan"], "--methods"),
+    ("fedsrc", ["--participation_target=0"], "--participation_target"),
+    ("fedsrc", ["--reinclude_prob=2"], "--reinclude_prob"),
+    ("fedsrc", ["--val_fraction=0"], "--val_fraction"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_flag_results(tmp_path_factory):
+  """Every bad-flag case, one process per launcher (`tests/bad_input_harness.py`)."""
+  root = tmp_path_factory.mktemp("bad_flags")
+  results = {}
+  for launcher in sorted({c[0] for c in BAD_FLAGS}):
+    cases = [[*args, f"--out_dir={root}/out_{i}"] for i, (name, args, _) in enumerate(BAD_FLAGS)
+             if name == launcher]
+    path = root / f"{launcher}.json"
+    path.write_text(json.dumps(cases), encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "tests.bad_input_harness",
+                           f"experiments.{launcher}", str(path)], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == len(cases), proc.stdout + proc.stderr
+    results[launcher] = lines
+  return results
+
+
+@pytest.mark.parametrize("index", range(len(BAD_FLAGS)),
+                         ids=[f"{c[0]}:{' '.join(c[1])}" for c in BAD_FLAGS])
+def test_bad_flags_fail_before_compute(bad_flag_results, index):
+  """The launcher stops with a usage error naming the flag, and no round runs."""
+  launcher, _, needle = BAD_FLAGS[index]
+  position = [i for i, c in enumerate(BAD_FLAGS) if c[0] == launcher].index(index)
+  result = bad_flag_results[launcher][position]
+  assert result["kind"] in ("UsageError", "FlagsError"), result
+  assert needle in result["message"], result
+  assert not result["ran"], result
