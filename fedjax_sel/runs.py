@@ -10,7 +10,10 @@ vmaps of models with real work per client are slower than a loop (see the README
 notes), so `auto_runs_chunk` vmaps every run only for tiny models there; on accelerators it vmaps
 them all.
 
-Schedule decisions are taken for the batch as a whole: the round index is one unbatched value (the
+With several devices in one process and every run vmapped, the runs shard over the devices (a
+`runs` mesh axis; each run's clients stay on its device); otherwise (one device, chunks of runs
+looped, or a multi-host run) the batch is replicated and each run's clients shard as a single
+run's do. Schedule decisions are taken for the batch as a whole: the round index is one unbatched value (the
 runs advance together), and FilFL's filtering round is or-ed over the runs (`round.py`), so
 `lax.cond` runs one branch instead of both. Runs with the host store advance one by one (their
 rows are sent per run): build them as separate `Simulator`s.
@@ -151,24 +154,30 @@ class RunBatch:
     chunk = max(c for c in range(1, min(chunk, len(sims)) + 1) if len(sims) % c == 0)
     self.runs_chunk = chunk
     config = configs[0]._replace(runs_axis=AXIS)
+    self._placement = sims[0].replicated
+    devices = jax.device_count()
+    if devices > 1 and jax.process_count() == 1 and chunk == len(sims) and len(sims) % devices == 0:
+      # The runs shard over the devices (a "runs" mesh axis); each run's clients stay on one.
+      mesh = jax.make_mesh((devices,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
+      self._placement = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(AXIS))
+      config = config._replace(client_sharding=None)
     self.config = BatchConfig(config, chunk)
-    self.keyed = Keyed((first, chunk), self.config)
-    self._replicated = sims[0].replicated
-    self.arrays = _stack([s.arrays for s in sims], self._replicated)
-    self.run_values = _stack([s.run_values for s in sims], self._replicated)
+    self.keyed = Keyed((round_lib.program_key(config), chunk), self.config)
+    self.arrays = _stack([s.arrays for s in sims], self._placement)
+    self.run_values = _stack([s.run_values for s in sims], self._placement)
 
   def init(self) -> EngineState:
     """The runs' states before round 0, stacked `[R, ...]`."""
-    return _stack([s.init() for s in self.sims], self._replicated)
+    return _stack([s.init() for s in self.sims], self._placement)
 
   def step(self, states: EngineState) -> tuple[EngineState, dict]:
     """One round of every run (one compiled call); metrics stacked `[R, ...]`."""
     rounds = np.asarray(states.round)
     if rounds.min() != rounds.max():
       raise ValueError(f"the runs of a batch advance together; got rounds {rounds.tolist()}")
-    return program(_batched_step, self._replicated)(self.keyed, states, self.arrays,
-                                                    self.run_values)
+    return program(_batched_step, self._placement)(self.keyed, states, self.arrays,
+                                                   self.run_values)
 
   def evaluate(self, params) -> dict:
     """Every run's global-model metrics (`Simulator.evaluate`), stacked `[R]`."""
-    return program(_batched_evaluate, self._replicated)(self.keyed, params, self.arrays)
+    return program(_batched_evaluate, self._placement)(self.keyed, params, self.arrays)

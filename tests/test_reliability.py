@@ -414,8 +414,9 @@ def test_killed_multi_run_job_resumes_to_the_same_outputs(tmp_path):
   """SIGKILL a 4-run FilFL job (two batches of two seeds) midway through its second batch;
   resuming it with a changed --lr is refused naming the flag; resuming it with --plot gives the
   summary, CSV and every run's metrics of an uninterrupted job (wall times aside)."""
-  whole = run_filfl(tmp_path / "whole")  # Side by side with the job to kill.
-  job = run_filfl(tmp_path / "cut")
+  whole = run_filfl(tmp_path / "whole")
+  assert whole.wait(600) == 0, whole.stdout.read()
+  job = run_filfl(tmp_path / "cut")  # Loads what the whole job compiled (persistent cache).
   third = tmp_path / "cut" / "dgf" / "seed0" / "metrics.jsonl"
   deadline = time.time() + 600
   while not (third.exists() and third.read_text(encoding="utf-8").count("\n") >= 2):
@@ -423,7 +424,6 @@ def test_killed_multi_run_job_resumes_to_the_same_outputs(tmp_path):
     time.sleep(0.05)
   job.send_signal(signal.SIGKILL)
   job.wait()
-  assert whole.wait(600) == 0, whole.stdout.read()
   changed = run_filfl(tmp_path / "cut", "--resume", "--lr=0.05")  # Refused, naming the flag.
   assert changed.wait(600) != 0 and "lr: 0.1 -> 0.05" in changed.stdout.read()
   resumed = run_filfl(tmp_path / "cut", "--resume", "--plot")

@@ -203,3 +203,33 @@ def test_a_batched_filtering_round_costs_what_its_runs_cost_one_by_one():
   batched = jax.jit(_batched_step, static_argnums=0).lower(
       batch.keyed, batch.init(), batch.arrays, batch.run_values).compile()
   assert flops(batched) <= 1.05 * 3 * flops(one), (flops(batched), flops(one))
+
+
+@pytest.mark.slow  # Two processes; `pytest -m slow`.
+def test_runs_sharded_over_four_devices_equal_one_device(tmp_path):
+  """With 4 host devices the 4 runs of a batch shard over a `runs` mesh axis; every run's
+  selections equal, and its losses match, the single-device batch."""
+  script = textwrap.dedent("""
+      import json, sys
+      sys.path.insert(0, %r)
+      import jax, fedjax_sel as fs
+      from tests.test_runs import _datasets, _sims
+      datasets = _datasets() + _datasets()[:1]
+      batch = fs.RunBatch(_sims("uacs_entropy", datasets, (0.0, 0.3, 0.6, 1.0)), runs_chunk=4)
+      recs = fs.run_batch(batch, 3, progress=None)
+      sharding = str(batch.arrays.train.x.sharding)
+      print(json.dumps({"devices": jax.device_count(), "sharding": sharding,
+                        "runs": [[(r["selected"], r["test_loss"]) for r in run] for run in recs]}))
+  """) % REPO
+  outs = []
+  for count in (4, 1):
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={count}")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+  assert outs[0]["devices"] == 4 and "runs" in outs[0]["sharding"]
+  for run4, run1 in zip(outs[0]["runs"], outs[1]["runs"]):
+    for (sel4, loss4), (sel1, loss1) in zip(run4, run1):
+      assert sel4 == sel1
+      assert loss4 == pytest.approx(loss1, rel=1e-5)
