@@ -28,7 +28,7 @@ import jax
 from jax import monitoring
 
 ENV_DIR = "FEDJAX_SEL_CACHE_DIR"
-MIN_COMPILE_SECS = 0.2
+MIN_COMPILE_SECS = 0.0
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _HIT_EVENT = "/jax/compilation_cache/cache_hits"
 

@@ -17,7 +17,8 @@ def planned_bytes(compiled) -> int:
 
 
 def flops(compiled) -> float:
-  """Floating-point operations of one call (0 when the backend gives no count)."""
+  """Floating-point operations of one call (0 when the backend gives no count); `compiled` may
+  also be a lowered computation (XLA's count before optimization, with no compile)."""
   analysis = compiled.cost_analysis()
   analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
   return float((analysis or {}).get("flops", 0.0))

@@ -35,8 +35,9 @@ from fedjax_sel.availability import Availability
 from fedjax_sel.components import (SPLIT_STATS, STAT_NAMES, Aggregator, ClientState, Filter,
                                    Participation, Selector, everyone)
 from fedjax_sel.data.federated import FederatedDataset
-from fedjax_sel.local_training import (LocalHParams, OptimizerFactory, StepCost,
-                                       auto_chunk_size, default_memory_budget, step_cost)
+from fedjax_sel.local_training import (CPU_TINY_STEP_FLOPS, LocalHParams, OptimizerFactory,
+                                       StepCost, auto_chunk_size, default_memory_budget,
+                                       step_cost)
 from fedjax_sel.models.bundle import Model
 from fedjax_sel.placement import Capacity, DevicePlacement, HostPlacement, fits_on_device
 from fedjax_sel.round import (Costs, DataArrays, EngineState, RoundConfig, RunValues,
@@ -140,7 +141,8 @@ def client_step_cost(model: Model, optimizer: OptimizerFactory, local: LocalHPar
 def _step_cost(key: Keyed) -> StepCost:
   model, optimizer, local, feature_shape = key.value
   params = jax.eval_shape(model.init, jax.random.PRNGKey(0))
-  return step_cost(model, optimizer, local, params, feature_shape)
+  tiny = CPU_TINY_STEP_FLOPS if jax.devices()[0].platform == "cpu" else 0.0
+  return step_cost(model, optimizer, local, params, feature_shape, bytes_from_flops=tiny)
 
 
 class Simulator:

@@ -231,9 +231,11 @@ def default_memory_budget() -> int:
 
 
 def step_cost(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, params: Params,
-              feature_shape: tuple[int, ...]) -> StepCost:
+              feature_shape: tuple[int, ...], bytes_from_flops: float = 0.0) -> StepCost:
   """Memory one more vmapped client costs (the step compiled for 2 clients minus for 1) and the
-  FLOPs of one client's step."""
+  FLOPs of one client's step (XLA's count on the lowered step: nothing compiles for it). With
+  `bytes_from_flops`, a step of fewer FLOPs is not compiled to measure its memory (bytes 0): on
+  CPU, where such a tiny step runs one client per chunk anyway (`auto_chunk_size`)."""
   tx = optimizer(jnp.float32(0.1))
 
   def client_step(p, o, x, y):
@@ -243,16 +245,20 @@ def step_cost(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, param
     u, o = tx.update(jax.grad(loss)(w), o, w)
     return with_trainable(model, p, optax.apply_updates(w, u)), o
 
-  def compiled(c):
+  def lowered(c):
     spec = lambda a: jax.ShapeDtypeStruct((c, *a.shape), a.dtype)
     ps = jax.tree.map(spec, params)
     os_ = jax.tree.map(spec, jax.eval_shape(tx.init, trainable(model, params)))
     x = jax.ShapeDtypeStruct((c, hp.batch_size, *feature_shape), jnp.float32)
     y = jax.ShapeDtypeStruct((c, hp.batch_size), jnp.int32)
-    return jax.jit(jax.vmap(client_step)).lower(ps, os_, x, y).compile()
+    return jax.jit(jax.vmap(client_step)).lower(ps, os_, x, y)
 
-  one = compiled(1)
-  return StepCost(max(planned_bytes(compiled(2)) - planned_bytes(one), 1), flops(one))
+  one = lowered(1)
+  step_flops = flops(one)
+  if step_flops < bytes_from_flops:
+    return StepCost(0, step_flops)
+  return StepCost(max(planned_bytes(lowered(2).compile()) - planned_bytes(one.compile()), 1),
+                  step_flops)
 
 
 def auto_chunk_size(cost: StepCost, budget_bytes: int, num_slots: int,
