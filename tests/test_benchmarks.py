@@ -24,6 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
                                         "device_data_mb"}, "machine", marks=pytest.mark.slow),
     pytest.param("population_scaling --sweep=k", {"selector", "store", "K", "round_ms"}, "machine",
                  marks=pytest.mark.slow),
+    pytest.param("time_to_result", {"table"}, "tables", marks=pytest.mark.slow),
 ])
 def test_benchmark_quick_mode(tmp_path, script, keys, extra):
   script, *args = script.split()
