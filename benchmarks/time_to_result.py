@@ -36,11 +36,11 @@ flags.DEFINE_integer("rounds", 10, "Rounds of the runs-axis measurement.")
 flags.DEFINE_list("tables", ["jobs", "seeds", "runs_axis"], "Tables to measure.")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-JOBS = {  # name: (launcher, flags, methods x seeds of the job)
+JOBS = {  # name: (launcher, flags, runs of the default job: methods x groups x seeds)
     "filfl (main job)": ("experiments.filfl", [], 9),
-    "fedalign": ("experiments.fedalign", [], None),
-    "uacs": ("experiments.uacs", [], None),
-    "fedsrc": ("experiments.fedsrc", [], None),
+    "fedalign": ("experiments.fedalign", [], 9),
+    "uacs": ("experiments.uacs", [], 60),
+    "fedsrc": ("experiments.fedsrc", [], 42),
     "run (FedAvg)": ("experiments.run", [], 1),
 }
 QUICK_JOBS = {"filfl (main job)": ("experiments.filfl", ["--rounds=2"], 9),

@@ -44,7 +44,6 @@ import numpy as np
 
 from fedjax_sel import round as round_lib
 from fedjax_sel.engine import client_step_cost
-from fedjax_sel.local_training import CPU_TINY_STEP_FLOPS
 from fedjax_sel.programs import program
 from fedjax_sel.round import EngineState, RoundConfig
 from fedjax_sel.signature import Keyed
@@ -73,8 +72,12 @@ def unstack(tree: Any, i: int) -> Any:
 
 def _over_runs(fn, chunk: int, *trees):
   """`fn` over the leading runs axis of `trees`: vmapped (axis "runs") in chunks of `chunk` runs,
-  the chunks looped by `lax.map`."""
+  the chunks looped by `lax.map`; with `chunk` 1, a plain loop over the runs (no vmap at all)."""
   r = jax.tree.leaves(trees)[0].shape[0]
+  if chunk == 1:
+    if r == 1:
+      return jax.tree.map(lambda a: a[None], fn(*jax.tree.map(lambda a: a[0], trees)))
+    return jax.lax.map(lambda xs: fn(*xs), trees)
   vmapped = jax.vmap(fn, axis_name=AXIS)
   if chunk >= r:
     return vmapped(*trees)
@@ -95,14 +98,19 @@ def _batched_evaluate(cfg, params, arrays):
   return _over_runs(lambda p, a: round_lib.evaluate(config, p, a), chunk, params, arrays)
 
 
+# On CPU, runs are vmapped together only when a client step is below this many FLOPs (logistic
+# regression: dispatch-bound); the digits MLP (5 MFLOP) measured 1.14x at R = 4 but 0.92x at
+# R = 16 vmapped, and the LEAF CNN is compute-bound (README, "Compile once, run many").
+CPU_RUNS_VMAP_FLOPS = 1e6
+
+
 def auto_runs_chunk(sim, num_runs: int, platform: str | None = None) -> int:
   """Runs per vmapped chunk: all of them on accelerators and, on CPU, for models whose client step
-  is tiny (dispatch-bound: logistic regression); else 1 (a loop inside the compiled call), the
-  largest divisor of `num_runs` at most that."""
+  is below `CPU_RUNS_VMAP_FLOPS`; else 1 (a loop over the runs inside the compiled call)."""
   if (platform or jax.devices()[0].platform) != "cpu":
     return num_runs
   cost = client_step_cost(sim.model, sim.optimizer, sim.local, sim.data.feature_shape)
-  return num_runs if cost.flops < CPU_TINY_STEP_FLOPS else 1
+  return num_runs if cost.flops < CPU_RUNS_VMAP_FLOPS else 1
 
 
 def _differences(a: RoundConfig, b: RoundConfig) -> list[str]:
@@ -153,7 +161,7 @@ class RunBatch:
     chunk = runs_chunk or auto_runs_chunk(sims[0], len(sims))
     chunk = max(c for c in range(1, min(chunk, len(sims)) + 1) if len(sims) % c == 0)
     self.runs_chunk = chunk
-    config = configs[0]._replace(runs_axis=AXIS)
+    config = configs[0]._replace(runs_axis=AXIS if chunk > 1 else None)
     self._placement = sims[0].replicated
     devices = jax.device_count()
     if devices > 1 and jax.process_count() == 1 and chunk == len(sims) and len(sims) % devices == 0:
@@ -171,10 +179,9 @@ class RunBatch:
     return _stack([s.init() for s in self.sims], self._placement)
 
   def step(self, states: EngineState) -> tuple[EngineState, dict]:
-    """One round of every run (one compiled call); metrics stacked `[R, ...]`."""
-    rounds = np.asarray(states.round)
-    if rounds.min() != rounds.max():
-      raise ValueError(f"the runs of a batch advance together; got rounds {rounds.tolist()}")
+    """One round of every run (one compiled call); metrics stacked `[R, ...]`. `states` come from
+    `init`, `step` or a resume of every run at one round: the runs advance together (run 0's
+    round index is the batch's)."""
     return program(_batched_step, self._placement)(self.keyed, states, self.arrays,
                                                    self.run_values)
 
