@@ -33,6 +33,7 @@ import numpy as np
 
 from fedjax_sel import __version__, checkpoint
 from fedjax_sel.engine import EngineState, Simulator, to_host
+from fedjax_sel.runs import stack_runs
 
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_FILE = "checkpoint.msgpack"
@@ -107,6 +108,40 @@ def _write_records(path: str, records: list[dict]) -> None:
   os.replace(tmp, path)
 
 
+def _resume(ckpt_path: str, template, fingerprint: dict, metrics_path: str,
+            writer: bool) -> tuple[Any, list[dict]]:
+  """A checkpoint's state and its run's history read back from the metrics file (rewritten
+  without what came after the checkpoint), refused naming what differs or what is lost."""
+  state, stored = checkpoint.load(ckpt_path, template)
+  diff = checkpoint.differences(stored, fingerprint)
+  if diff:
+    raise checkpoint.CheckpointError(f"cannot resume {ckpt_path}: the run was started with other "
+                                     "settings (checkpoint -> now): " + "; ".join(diff))
+  done = int(np.asarray(state.round))
+  history = read_history(metrics_path, done)
+  if [r["round"] for r in history] != list(range(done)):
+    raise checkpoint.CheckpointError(
+        f"cannot resume: {metrics_path} holds rounds {[r['round'] for r in history][:5]}... "
+        f"but {ckpt_path} is at round {done}; the run's history is lost, start it afresh")
+  if writer:
+    _write_records(metrics_path, history)
+  return state, history
+
+
+def _host_loop(rounds, eval_every, checkpoint_every, progress, label):
+  """Checks the loop arguments; (writer process, its progress stream, `say`)."""
+  if not isinstance(rounds, int) or rounds < 1:
+    raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+  for name, value in (("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
+    if not isinstance(value, int) or value < 1:
+      raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+  writer = jax.process_index() == 0
+  progress = progress if writer else None
+  say = (lambda text: (progress.write(label + text), progress.flush())) if progress else (
+      lambda text: None)
+  return writer, progress, say
+
+
 def _start(state, out_dir, resume, overwrite, fingerprint, say,
            writer: bool) -> tuple[EngineState, list]:
   """The state to start from and the history before it (resume), or a clean run folder (made
@@ -120,20 +155,8 @@ def _start(state, out_dir, resume, overwrite, fingerprint, say,
   if resume and not os.path.exists(ckpt_path) and os.path.exists(checkpoint.previous(ckpt_path)):
     ckpt_path = checkpoint.previous(ckpt_path)  # Killed between two writes of a batch's save.
   if resume and os.path.exists(ckpt_path):
-    state, stored = checkpoint.load(ckpt_path, state)
-    diff = checkpoint.differences(stored, fingerprint)
-    if diff:
-      raise checkpoint.CheckpointError(f"cannot resume {ckpt_path}: the run was started with other "
-                                       "settings (checkpoint -> now): " + "; ".join(diff))
-    done = int(state.round)
-    history = read_history(metrics_path, done)
-    if [r["round"] for r in history] != list(range(done)):
-      raise checkpoint.CheckpointError(
-          f"cannot resume: {metrics_path} holds rounds {[r['round'] for r in history][:5]}... "
-          f"but {ckpt_path} is at round {done}; the run's history is lost, start it afresh")
-    if writer:
-      _write_records(metrics_path, history)
-    say(f"resuming {ckpt_path} after round {done}\n")
+    state, history = _resume(ckpt_path, state, fingerprint, metrics_path, writer)
+    say(f"resuming {ckpt_path} after round {len(history)}\n")
     return jax.tree.map(jax.numpy.asarray, state), history
   previous = [p for p in (metrics_path, ckpt_path, checkpoint.previous(ckpt_path))
               if os.path.exists(p)]
@@ -183,15 +206,7 @@ def run(sim: Simulator, rounds: int, out_dir: str | None = None, *, eval_every: 
   Raises:
     NonFiniteError: a round's global model or loss is not finite (its record is written first).
   """
-  if not isinstance(rounds, int) or rounds < 1:
-    raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
-  for name, value in (("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
-    if not isinstance(value, int) or value < 1:
-      raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-  writer = jax.process_index() == 0
-  progress = progress if writer else None
-  say = (lambda text: (progress.write(label + text), progress.flush())) if progress else (
-      lambda text: None)
+  writer, progress, say = _host_loop(rounds, eval_every, checkpoint_every, progress, label)
   state = sim.init()
   records, metrics_path, ckpt_path, fingerprint = [], None, None, None
   if out_dir is not None:
@@ -265,20 +280,12 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
     extras: per-run optional `(state, record) -> dict` merged into each of its records (`state`
       is that run's slice of the batch's state).
   """
-  if not isinstance(rounds, int) or rounds < 1:
-    raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
-  for name, value in (("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
-    if not isinstance(value, int) or value < 1:
-      raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+  writer, progress, say = _host_loop(rounds, eval_every, checkpoint_every, progress, label)
   r = batch.num_runs
   if out_dirs is not None and len(out_dirs) != r:
     raise ValueError(f"out_dirs must name one folder per run ({r}), got {len(out_dirs)}")
   if settings is not None and len(settings) != r:
     raise ValueError(f"settings must hold one dict per run ({r}), got {len(settings)}")
-  writer = jax.process_index() == 0
-  progress = progress if writer else None
-  say = (lambda text: (progress.write(label + text), progress.flush())) if progress else (
-      lambda text: None)
   states = batch.init()
   histories = [[] for _ in range(r)]
   paths, fingerprints = [None] * r, [None] * r
@@ -357,25 +364,12 @@ def _start_batch(batch, states, out_dirs, resume, overwrite, fingerprints, say, 
     done = max(common)
     loaded, histories = [], []
     for i, d in enumerate(out_dirs):
-      state, stored = checkpoint.load(found[i][done], template)
-      diff = checkpoint.differences(stored, fingerprints[i])
-      if diff:
-        raise checkpoint.CheckpointError(
-            f"cannot resume {found[i][done]}: the run was started with other settings "
-            "(checkpoint -> now): " + "; ".join(diff))
-      metrics_path = os.path.join(d, METRICS_FILE)
-      history = read_history(metrics_path, done)
-      if [rec["round"] for rec in history] != list(range(done)):
-        raise checkpoint.CheckpointError(
-            f"cannot resume: {metrics_path} holds rounds "
-            f"{[rec['round'] for rec in history][:5]}... but {found[i][done]} is at round {done}; "
-            "the run's history is lost, start it afresh")
-      if writer:
-        _write_records(metrics_path, history)
+      state, history = _resume(found[i][done], template, fingerprints[i],
+                               os.path.join(d, METRICS_FILE), writer)
       loaded.append(state)
       histories.append(history)
     say(f"resuming {r} runs after round {done} ({out_dirs[0]} ...)\n")
-    return jax.tree.map(jax.numpy.asarray, _stack_host(loaded)), histories
+    return stack_runs(loaded, batch.placement), histories
   if resume:
     say("no common checkpoint of the runs: starting them fresh\n")
   fresh = []
@@ -383,10 +377,6 @@ def _start_batch(batch, states, out_dirs, resume, overwrite, fingerprints, say, 
     _, history = _start(None, d, False, overwrite or resume, fp, say, writer)
     fresh.append(history)
   return states, fresh
-
-
-def _stack_host(states):
-  return jax.tree.map(lambda *xs: np.stack(xs), *states)
 
 
 def batch_progress_line(label: str, t: int, rounds: int, histories: list[list[dict]],

@@ -58,7 +58,7 @@ class BatchConfig(NamedTuple):
   runs_chunk: int
 
 
-def _stack(trees: Sequence[Any], sharding=None) -> Any:
+def stack_runs(trees: Sequence[Any], sharding=None) -> Any:
   """The trees stacked on a leading runs axis (on the host: no per-leaf compilation)."""
   stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *trees)
   return jax.device_put(stacked, sharding) if sharding is not None else jax.tree.map(
@@ -162,29 +162,29 @@ class RunBatch:
     chunk = max(c for c in range(1, min(chunk, len(sims)) + 1) if len(sims) % c == 0)
     self.runs_chunk = chunk
     config = configs[0]._replace(runs_axis=AXIS if chunk > 1 else None)
-    self._placement = sims[0].replicated
+    self.placement = sims[0].replicated
     devices = jax.device_count()
     if devices > 1 and jax.process_count() == 1 and chunk == len(sims) and len(sims) % devices == 0:
       # The runs shard over the devices (a "runs" mesh axis); each run's clients stay on one.
       mesh = jax.make_mesh((devices,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
-      self._placement = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(AXIS))
+      self.placement = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(AXIS))
       config = config._replace(client_sharding=None)
     self.config = BatchConfig(config, chunk)
     self.keyed = Keyed((round_lib.program_key(config), chunk), self.config)
-    self.arrays = _stack([s.arrays for s in sims], self._placement)
-    self.run_values = _stack([s.run_values for s in sims], self._placement)
+    self.arrays = stack_runs([s.arrays for s in sims], self.placement)
+    self.run_values = stack_runs([s.run_values for s in sims], self.placement)
 
   def init(self) -> EngineState:
     """The runs' states before round 0, stacked `[R, ...]`."""
-    return _stack([s.init() for s in self.sims], self._placement)
+    return stack_runs([s.init() for s in self.sims], self.placement)
 
   def step(self, states: EngineState) -> tuple[EngineState, dict]:
     """One round of every run (one compiled call); metrics stacked `[R, ...]`. `states` come from
     `init`, `step` or a resume of every run at one round: the runs advance together (run 0's
     round index is the batch's)."""
-    return program(_batched_step, self._placement)(self.keyed, states, self.arrays,
+    return program(_batched_step, self.placement)(self.keyed, states, self.arrays,
                                                    self.run_values)
 
   def evaluate(self, params) -> dict:
     """Every run's global-model metrics (`Simulator.evaluate`), stacked `[R]`."""
-    return program(_batched_evaluate, self._placement)(self.keyed, params, self.arrays)
+    return program(_batched_evaluate, self.placement)(self.keyed, params, self.arrays)

@@ -11,6 +11,7 @@ import importlib
 import io
 import json
 import os
+import subprocess
 import sys
 
 from absl import app, flags
@@ -22,6 +23,21 @@ def _wrote_metrics(out_dir) -> bool:
     if "metrics.jsonl" in files and os.path.getsize(os.path.join(root, "metrics.jsonl")):
       return "previous" not in root  # The fixture's previous run is not this case's.
   return False
+
+
+def run_cases(launcher: str, cases: list[list[str]], folder: str, cwd: str) -> list[dict]:
+  """Runs `cases` (argument lists) of `experiments.<launcher>` through this harness in one
+  process started in `cwd`; one result dict per case (the case list is written to `folder`)."""
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  path = os.path.join(folder, f"{launcher}_cases.json")
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(cases, f)
+  proc = subprocess.run([sys.executable, "-m", "tests.bad_input_harness",
+                         f"experiments.{launcher}", path], cwd=cwd, capture_output=True,
+                        text=True, timeout=600, env={**os.environ, "PYTHONPATH": repo})
+  lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+  assert len(lines) == len(cases), proc.stdout + proc.stderr
+  return lines
 
 
 def main():

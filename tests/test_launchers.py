@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from tests.bad_input_harness import run_cases
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -141,20 +143,11 @@ BAD_FLAGS = [  # (launcher, flags, what the message must name)
 @pytest.fixture(scope="module")
 def bad_flag_results(tmp_path_factory):
   """Every bad-flag case, one process per launcher (`tests/bad_input_harness.py`)."""
-  root = tmp_path_factory.mktemp("bad_flags")
-  results = {}
-  for launcher in sorted({c[0] for c in BAD_FLAGS}):
-    cases = [[*args, f"--out_dir={root}/out_{i}"] for i, (name, args, _) in enumerate(BAD_FLAGS)
-             if name == launcher]
-    path = root / f"{launcher}.json"
-    path.write_text(json.dumps(cases), encoding="utf-8")
-    proc = subprocess.run([sys.executable, "-m", "tests.bad_input_harness",
-                           f"experiments.{launcher}", str(path)], cwd=REPO, capture_output=True,
-                          text=True, timeout=600)
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(lines) == len(cases), proc.stdout + proc.stderr
-    results[launcher] = lines
-  return results
+  root = str(tmp_path_factory.mktemp("bad_flags"))
+  return {launcher: run_cases(launcher, [[*args, f"--out_dir={root}/out_{i}"]
+                                         for i, (name, args, _) in enumerate(BAD_FLAGS)
+                                         if name == launcher], root, REPO)
+          for launcher in sorted({c[0] for c in BAD_FLAGS})}
 
 
 @pytest.mark.parametrize("index", range(len(BAD_FLAGS)),

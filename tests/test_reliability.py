@@ -18,6 +18,7 @@ import pytest
 import fedjax_sel as fs
 from fedjax_sel import checkpoint, fedsrc
 from fedjax_sel.data import sources
+from tests.bad_input_harness import run_cases
 from tests.conftest import ragged_dataset
 from tests.test_launchers import REPO
 
@@ -171,14 +172,7 @@ def launcher_results(tmp_path_factory):
              ([f"--out_dir={root}/out_{i}"] if not any(a.startswith("--out_dir") for a in args)
               else [])
              for i, (name, args, _) in enumerate(LAUNCHER_CASES) if name == launcher]
-    path = os.path.join(root, f"{launcher}_cases.json")
-    with open(path, "w", encoding="utf-8") as f:
-      json.dump(cases, f)
-    proc = subprocess.run([sys.executable, "-m", "tests.bad_input_harness",
-                           f"experiments.{launcher}", path], cwd=root, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": REPO})
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(lines) == len(cases), proc.stdout + proc.stderr
+    lines = run_cases(launcher, cases, root, root)
     results[launcher] = lines
   return results
 
