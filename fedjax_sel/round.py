@@ -15,17 +15,17 @@ batch: a filtering round happens when any run needs one (`lax.pmax` over the axi
 predicate unbatched, so `lax.cond` runs one branch, not both), and a run that did not need it
 keeps its filtered set and is charged as on an ordinary round.
 
-Example:
-  >>> import jax, jax.numpy as jnp, optax
+Example (the `Simulator` of `engine.py`'s example: its compiled round is reused here):
+  >>> import optax
   >>> from fedjax_sel import Simulator, build_dataset, build_model, DatasetSpec, fedavg
   >>> from fedjax_sel import random_selector, uniform_availability, LocalHParams
-  >>> data = build_dataset(DatasetSpec("digits", num_clients=10), seed=0)
-  >>> sim = Simulator(build_model("logreg", data.feature_shape, 10), data,
-  ...                 lambda lr: optax.sgd(lr), LocalHParams(batch_size=16),
-  ...                 uniform_availability(10, 5), random_selector(3), fedavg(), 3, seed=0)
+  >>> data = build_dataset(DatasetSpec("digits", num_clients=20), seed=0)
+  >>> sim = Simulator(build_model("logreg", data.feature_shape, data.num_classes), data,
+  ...                 lambda lr: optax.sgd(lr), LocalHParams(batch_size=10),
+  ...                 uniform_availability(20, 10), random_selector(5), fedavg(), 5, seed=0)
   >>> state, metrics = round_step(sim.config, sim.init(), sim.arrays, sim.run_values)
   >>> int(metrics["num_trained"])
-  3
+  5
 """
 
 from __future__ import annotations
