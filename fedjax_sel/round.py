@@ -412,7 +412,7 @@ def round_step(config: RoundConfig, state: EngineState, arrays: DataArrays, run:
                stats=None) -> tuple[EngineState, dict]:
   """One round: `(state w_t, ...) -> (state w_{t+1}, metrics)`; `stats` when streamed by the
   host store."""
-  t, params = state.round, state.params
+  t = state.round
   n = arrays.counts.shape[1]
   lr = run.lr * config.lr_factor(t)
   inputs = round_inputs(config, state, arrays, run, stats)
