@@ -71,6 +71,7 @@ def run_one(config: dict) -> dict:
   import optax  # pylint: disable=import-outside-toplevel
 
   import fedjax_sel as fs  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.placement import data_bytes  # pylint: disable=import-outside-toplevel
   from fedjax_sel import uacs  # pylint: disable=import-outside-toplevel
   from fedjax_sel.data import store  # pylint: disable=import-outside-toplevel
 
@@ -95,16 +96,17 @@ def run_one(config: dict) -> dict:
     jax.block_until_ready(state)
     times.append(time.perf_counter() - t0)
   if sim.on_host:  # pylint: disable=protected-access
+    placement = sim.placement
     row_bytes = lambda p: int(np.prod(p.x.shape[1:])) * p.x.dtype.itemsize + 8
-    rows = {s: 2 * sim._capacity[s] for s in ("train", "val", "test")}
+    rows = {s: 2 * placement._capacity[s] for s in ("train", "val", "test")}
     if sim.host_rows == "chosen":
-      rows = {s: sim._capacity[s] + sim._stream_capacity[s] for s in rows}
+      rows = {s: placement._capacity[s] + placement._stream_capacity[s] for s in rows}
     device_bytes = sum(rows[s] * row_bytes(getattr(data, s)) for s in rows)
   else:
-    device_bytes = fs.engine.data_bytes(data)
+    device_bytes = data_bytes(data)
   return {**config, "n": available, "host_rows": sim.host_rows, "round_ms": 1e3 * float(np.median(times)),
           "setup_s": setup, "peak_rss_mb": peak_rss_mb(),
-          "device_data_mb": device_bytes / 2**20, "data_mb": fs.engine.data_bytes(data) / 2**20}
+          "device_data_mb": device_bytes / 2**20, "data_mb": data_bytes(data) / 2**20}
 
 
 def main(argv):
