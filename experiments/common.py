@@ -193,7 +193,8 @@ def sweep_values() -> list[float | None]:
 
 @contextlib.contextmanager
 def swept(value: float | None):
-  """Inside, the --sweep flag holds `value` (nothing changes for None)."""
+  """Inside, the --sweep flag holds `value` (nothing changes for None); a part that refuses the
+  value (a ValueError while the runs are built, before any compute) stops the launcher naming it."""
   if value is None:
     yield ""
     return
@@ -202,6 +203,8 @@ def swept(value: float | None):
   FLAGS[name].value = value
   try:
     yield f"{name}={value:g}"
+  except ValueError as e:
+    raise app.UsageError(f"--sweep={FLAGS.sweep}: --{name}={value:g} is refused: {e}") from e
   finally:
     FLAGS[name].value = old
 

@@ -33,6 +33,20 @@ def test_run_writes_metrics_progress_and_summary(tmp_path):
   assert (out / "curves.png").exists() and (out / "summary.md").exists()
 
 
+def test_sweep_runs_a_value_per_run_in_one_batch(tmp_path):
+  """--sweep=lr:... with two seeds: four runs, each in its own folder with its own learning rate,
+  labelled by value in the summary, advanced as one batch (one progress line per round)."""
+  out = tmp_path / "sweep"
+  proc = launch("experiments.run", "--rounds=2", "--num_clients=12", "--num_available=6",
+                "--clients_per_round=3", "--seeds=0,1", "--sweep=lr:0.05,0.2", f"--out_dir={out}")
+  assert "(4 runs) [   2/2]  runs 4/4" in proc.stdout
+  for lr in (0.05, 0.2):
+    for seed in (0, 1):
+      recs = records(out / f"lr={lr:g}" / f"seed{seed}" / "metrics.jsonl")
+      assert [r["lr"] for r in recs] == pytest.approx([lr, lr])
+      assert f"| FedAvg lr={lr:g} seed {seed} |" in proc.stdout
+
+
 def test_filfl_launcher_writes_filter_outputs(tmp_path):
   out = tmp_path / "filfl"
   proc = launch("experiments.filfl", "--rounds=3", "--seeds=0", "--num_clients=20",
@@ -106,6 +120,11 @@ def test_fedsrc_launcher_writes_savings_and_exclusions(tmp_path):
 
 
 BAD_FLAGS = [  # (launcher, flags, what the message must name)
+    ("run", ["--sweep=momentum:0.1,0.9"], "--sweep"),
+    ("run", ["--sweep=lr:0.1,-1"], "--sweep"),
+    ("uacs", ["--sweep=explore_prob:0.5,1.5"], "--sweep"),
+    ("fedalign", ["--sweep=eps0:-1,2"], "--sweep"),
+    ("fedsrc", ["--sweep=participation_target:0.5,2"], "--sweep"),
     ("run", ["--dataset=imagenet"], "--dataset"),
     ("run", ["--clients_per_round=30", "--num_available=25"], "--clients_per_round"),
     ("run", ["--lr=-0.1"], "--lr"),
