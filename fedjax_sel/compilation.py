@@ -3,9 +3,10 @@
 `use_persistent_cache()` points JAX's persistent compilation cache at the user's cache folder, so a
 second process running the same program loads it instead of compiling it: `$FEDJAX_SEL_CACHE_DIR`
 when set (`off` disables the cache), else `$XDG_CACHE_HOME/fedjax_sel/jax` or
-`~/.cache/fedjax_sel/jax`. The launchers, benchmarks and tests call it first thing. Programs that
-compile in under `MIN_COMPILE_SECS` are left out (reading them back costs about as much), and JAX
-never caches programs with host callbacks, so the round has none.
+`~/.cache/fedjax_sel/jax`. The launchers, benchmarks and tests call it first thing. Every program is
+kept (`MIN_COMPILE_SECS` = 0: JAX's default of 1 s would leave out a small model's evaluation and
+initializer, which a second process then compiles again), and JAX never caches programs with
+host callbacks, so the round has none.
 
 `CompileLog` counts the XLA compilations (and persistent cache hits) per function name from JAX's
 monitoring events, for benchmarks and for tests that a second run reuses a compiled round.
