@@ -5,16 +5,17 @@ parts, K, n and capacities; they may differ in seed, learning rate, FedProx mu, 
 the values parts keep in their state, such as the entropy selector's eps, FedALIGN's eps_0 or
 FedSRC's target and beta) and stacks their states, data and run values on a leading `[R]` axis.
 Its `step` runs one round of every run: the round is `vmap`ped over chunks of `runs_chunk` runs
-(axis name "runs"), and the chunks are looped inside the compiled call (`lax.map`). On CPU, wide
-vmaps of models with real work per client are slower than a loop (see the README's performance
-notes), so `auto_runs_chunk` vmaps every run only for tiny models there; on accelerators it vmaps
-them all.
+(axis name "runs"), and the chunks are looped inside the compiled call (`lax.map`); chunks of one
+run loop without any vmap. On CPU, wide vmaps of models with real work per client are slower than
+a loop (see the README's "Compile once, run many"), so `auto_runs_chunk` vmaps the runs only for
+tiny models there; on accelerators it vmaps them all.
 
 With several devices in one process and every run vmapped, the runs shard over the devices (a
-`runs` mesh axis; each run's clients stay on its device); otherwise (one device, chunks of runs
-looped, or a multi-host run) the batch is replicated and each run's clients shard as a single
-run's do. Schedule decisions are taken for the batch as a whole: the round index is one unbatched value (the
-runs advance together), and FilFL's filtering round is or-ed over the runs (`round.py`), so
+`runs` mesh axis; each run's clients stay on its device); otherwise (one device, runs looped, or
+a multi-host run) the batch is replicated and each run's clients shard as a single run's do.
+
+Schedule decisions are taken for the batch as a whole: the round index is one unbatched value
+(the runs advance together), and FilFL's filtering round is or-ed over the runs (`round.py`), so
 `lax.cond` runs one branch instead of both. Runs with the host store advance one by one (their
 rows are sent per run): build them as separate `Simulator`s.
 
