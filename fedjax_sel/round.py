@@ -1,6 +1,6 @@
 """One round as a pure function of (static config, state, data, run values): the engine's core.
 
-A round (see the README's "The round") runs these stages, each a function below:
+A round runs these stages, each a function below (the part types are in `components.py`):
 availability -> client stats -> filter -> select -> participate -> train -> aggregate -> client
 state -> costs -> metrics. `round_step(config, state, data, run)` composes them. Everything that
 can differ between runs of one job is an argument: the run's seed, learning rate and FedProx mu
@@ -47,7 +47,7 @@ from fedjax_sel.signature import signature
 
 
 class Costs(NamedTuple):
-  """Cumulative cost counters (see the README's "Costs").
+  """Cumulative cost counters (the README's "Outputs" lists them in the metrics).
 
   Attributes:
     client_eval_samples: samples evaluated by clients (forward passes for selection / rules).
