@@ -191,20 +191,25 @@ def sweep_values() -> list[float | None]:
   return parsed
 
 
+def sweep_tag(value: float | None) -> str:
+  """"NAME=V" of a --sweep value ("" for None): the folder and label suffix of its runs."""
+  return "" if value is None else f"{FLAGS.sweep.partition(':')[0]}={value:g}"
+
+
 @contextlib.contextmanager
 def swept(value: float | None):
   """Inside, the --sweep flag holds `value` (nothing changes for None); a part that refuses the
   value (a ValueError while the runs are built, before any compute) stops the launcher naming it."""
   if value is None:
-    yield ""
+    yield
     return
   name = FLAGS.sweep.partition(":")[0]
   old = FLAGS[name].value
   FLAGS[name].value = value
   try:
-    yield f"{name}={value:g}"
+    yield
   except ValueError as e:
-    raise app.UsageError(f"--sweep={FLAGS.sweep}: --{name}={value:g} is refused: {e}") from e
+    raise app.UsageError(f"--sweep={FLAGS.sweep}: --{sweep_tag(value)} is refused: {e}") from e
   finally:
     FLAGS[name].value = old
 
@@ -223,10 +228,8 @@ class Run(NamedTuple):
 
 def swept_suffix() -> str:
   """" NAME=V" of the value `swept` holds now ("" without --sweep): the label suffix of its runs."""
-  if FLAGS.sweep is None:
-    return ""
-  name = FLAGS.sweep.partition(":")[0]
-  return f" {name}={FLAGS[name].value:g}"
+  value = None if FLAGS.sweep is None else FLAGS[FLAGS.sweep.partition(":")[0]].value
+  return f" {sweep_tag(value)}" if value is not None else ""
 
 
 def make_run(sim: fs.Simulator, path: tuple[str, ...], label: str, extra=None) -> Run:
@@ -241,10 +244,8 @@ def make_run(sim: fs.Simulator, path: tuple[str, ...], label: str, extra=None) -
 def by_sweep(records: list, num_seeds: int) -> list[tuple[str, list]]:
   """Splits a method's runs (built value by value, seed by seed) into (label suffix, runs of
   its seeds) per swept value."""
-  values = sweep_values()
-  name = FLAGS.sweep.partition(":")[0] if FLAGS.sweep else ""
-  return [(f" {name}={v:g}" if v is not None else "", records[i * num_seeds:(i + 1) * num_seeds])
-          for i, v in enumerate(values)]
+  return [(f" {sweep_tag(v)}" if v is not None else "", records[i * num_seeds:(i + 1) * num_seeds])
+          for i, v in enumerate(sweep_values())]
 
 
 def run_all(runs: list[Run]) -> list[list[dict]]:

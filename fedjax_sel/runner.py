@@ -33,7 +33,7 @@ import numpy as np
 
 from fedjax_sel import __version__, checkpoint
 from fedjax_sel.engine import EngineState, Simulator, to_host
-from fedjax_sel.runs import stack_runs
+from fedjax_sel.runs import stack_runs, unstack
 
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_FILE = "checkpoint.msgpack"
@@ -314,11 +314,11 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
       for i in range(r):
         if i in stopped:
           continue
-        record = _jsonable(jax.tree.map(lambda a, i=i: a[i], metrics))
+        record = _jsonable(unstack(metrics, i))
         if evals is not None:
-          record.update(_jsonable(jax.tree.map(lambda a, i=i: a[i], evals)))
+          record.update(_jsonable(unstack(evals, i)))
         if extras is not None and extras[i] is not None:
-          record.update(extras[i](jax.tree.map(lambda a, i=i: a[i], states), record))
+          record.update(extras[i](unstack(states, i), record))
         record["wall_s"] = wall
         histories[i].append(record)
         if sinks[i]:
@@ -335,7 +335,7 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
       if (t + 1) % checkpoint_every == 0 or t == rounds - 1:
         for i, p in enumerate(paths):
           if p and i not in stopped:
-            checkpoint.save(p[1], jax.tree.map(lambda a, i=i: a[i], states), fingerprints[i],
+            checkpoint.save(p[1], unstack(states, i), fingerprints[i],
                             keep_previous=True)
       if len(stopped) == r:
         break
