@@ -2,7 +2,7 @@
 
 Why: `vmap` over clients turns `lax.conv` with a per-client kernel into a grouped convolution whose
 gradient is ~6x slower on XLA:CPU, and `lax.conv` inside a `lax.scan` is ~7x slower again
-(../shared/PERF_NOTES.md). The patches formulation is only slices and a dot, which vmaps into a
+(measured in the README's Performance section). The patches formulation is only slices and a dot, which vmaps into a
 batched matmul on every backend. `impl="lax"` keeps the native convolution (better on GPU).
 
 Example:
