@@ -152,6 +152,12 @@ def check_flags():
       aggs.check_krum(FLAGS.clients_per_round, krum_f())
     except ValueError as e:
       raise app.UsageError(f"--krum_f / --clients_per_round: {e}") from e
+  if "multi_krum" in used:
+    most = FLAGS.clients_per_round - aggs.byzantine_count(FLAGS.clients_per_round, krum_f())
+    if FLAGS.multi_krum_m > most:
+      raise app.UsageError(f"--multi_krum_m={FLAGS.multi_krum_m} cannot apply: Multi-Krum "
+                           f"averages at most n - f = {most} of the K={FLAGS.clients_per_round} "
+                           f"models; accepted 0 (= n - f) to {most}")
 
 
 AGGREGATOR_FLAGS = {"trimmed_mean": "--trim_beta / --trim_rounding", "krum": "--krum_f",

@@ -59,7 +59,8 @@ def fedavg(weighting: str = "examples") -> Aggregator:
                          global_params), state
 
   return Aggregator(init=lambda params: (), apply=apply,
-                    linear_weights=lambda mask, n: normalized(weights(mask, n)))
+                    linear_weights=lambda mask, n: normalized(weights(mask, n)),
+                    spec={"name": "fedavg", "weighting": weighting})
 
 
 # --- Robust aggregators (SPEC section 4) ------------------------------------------------------
@@ -110,7 +111,8 @@ def coordinate_median() -> Aggregator:
     >>> new.tolist()
     [3.0]
   """
-  return Aggregator(init=lambda params: (), apply=_keep_if_empty(_masked_median_leaf))
+  return Aggregator(init=lambda params: (), apply=_keep_if_empty(_masked_median_leaf),
+                    spec={"name": "median"})
 
 
 def trim_count(n: jax.Array, beta: float, rounding: str = "floor") -> jax.Array:
@@ -142,7 +144,8 @@ def trimmed_mean(beta: float = 0.3, rounding: str = "floor") -> Aggregator:
     keep = (rank >= t) & (rank < n - t)
     return jnp.sum(jnp.where(keep, s, 0.0), axis=0) / jnp.maximum(n - 2 * t, 1)
 
-  return Aggregator(init=lambda params: (), apply=_keep_if_empty(leaf))
+  return Aggregator(init=lambda params: (), apply=_keep_if_empty(leaf),
+                    spec={"name": "trimmed_mean", "beta": float(beta), "rounding": rounding})
 
 
 def flatten_stack(client_params) -> jax.Array:
@@ -218,7 +221,9 @@ def krum(f: float | int = 0.3, multi: int | None = None, normalize: bool = False
     weights = (rank < m) & inputs.mask
     return weighted_mean(client_params, weights.astype(jnp.float32), global_params), state
 
-  return Aggregator(init=lambda params: (), apply=apply)
+  return Aggregator(init=lambda params: (), apply=apply,
+                    spec={"name": "krum" if multi is None else "multi_krum", "f": f,
+                          "multi": multi, "normalize": normalize})
 
 
 def median_spread(values: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -252,7 +257,8 @@ def fedasl(alpha: float = 1.0, beta: float = 0.2) -> Aggregator:
     w = fedasl_weights(inputs.train_loss, inputs.mask, alpha, beta)
     return weighted_mean(client_params, w, global_params), state
 
-  return Aggregator(init=lambda params: (), apply=apply)
+  return Aggregator(init=lambda params: (), apply=apply,
+                    spec={"name": "fedasl", "alpha": float(alpha), "beta": float(beta)})
 
 
 AGGREGATORS = ("fedavg", "median", "trimmed_mean", "krum", "multi_krum", "fedasl")

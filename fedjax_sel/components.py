@@ -3,7 +3,14 @@
 A round (SPEC section 0) is availability -> filter -> selector -> participation rule -> local training
 -> aggregator -> state updates. Every part is a NamedTuple of pure, jit-able functions with explicit
 state and keys, static shapes and boolean masks over the N clients, so any filter composes with any
-selector, participation rule and aggregator.
+selector, participation rule and aggregator. Each factory records its name and settings in the
+part's `spec` (`describe`), which a resumed run's fingerprint compares.
+
+The engine enforces the parts' contracts: every mask a part returns is `[N]` bool (checked when the
+round is traced, naming the part); a filter's set lies inside the available clients, a selector's
+choice inside the filtered-in set with at most K clients, a rule's trained and aggregated clients
+inside the selected (counted inside the compiled round, `round.CONTRACTS`; a round that breaks one
+stops the run, naming the part and the round).
 
 Parts read a `RoundInputs`: the round index, the global model, the available mask, client-state
 arrays (`stats`, computed by the engine for the names the parts declare in `needs`) and the
@@ -21,6 +28,7 @@ declaring `grad`: the engine then computes nothing for the others (DivFL refresh
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -133,6 +141,7 @@ class Selector(NamedTuple):
   observe: Callable[[Any, RoundInputs, RoundOutcome], Any] = _keep_state
   reads_local_models: bool = False
   report: Callable[[Any], dict] = lambda state: {}
+  spec: dict | None = None
 
 
 class Filter(NamedTuple):
@@ -152,6 +161,7 @@ class Filter(NamedTuple):
   trains_available: bool = False
   needs: tuple[str, ...] = ()
   uses_public: bool = False
+  spec: dict | None = None
 
 
 class Participation(NamedTuple):
@@ -169,6 +179,7 @@ class Participation(NamedTuple):
   observe: Callable[[Any, RoundInputs, RoundOutcome], Any] = _keep_state
   reads_local_models: bool = False
   report: Callable[[Any], dict] = lambda state: {}
+  spec: dict | None = None
 
 
 class AggregateInputs(NamedTuple):
@@ -191,9 +202,41 @@ class Aggregator(NamedTuple):
   init: Callable[[Any], Any]
   apply: Callable[..., tuple[Any, Any]]
   linear_weights: Callable[[jax.Array, jax.Array], jax.Array] | None = None
+  spec: dict | None = None
 
 
 def everyone() -> Participation:
   """Every selected client trains and is aggregated (the default rule)."""
   return Participation(init=_no_state, apply=lambda state, key, inputs, chosen: (chosen, chosen,
-                                                                                  state))
+                                                                                  state),
+                       spec={"name": "everyone"})
+
+
+def describe(part) -> dict:
+  """A part's name and settings, as its factory recorded them in `spec` (what a resumed run's
+  fingerprint compares); a part built without one is described by the name of its function, with
+  a warning that its settings are not covered.
+
+  Example:
+    >>> from fedjax_sel.selectors import power_of_choice
+    >>> describe(power_of_choice(3, d=6))
+    {'name': 'power_of_choice', 'k': 3, 'd': 6, 'variant': 'pow'}
+  """
+  if part is None:
+    return {"name": "none"}
+  if part.spec is not None:
+    return dict(part.spec)
+  main = part.select if isinstance(part, Selector) else part.apply
+  name = getattr(main, "__qualname__", type(main).__name__)
+  warnings.warn(f"a {type(part).__name__} without a spec ({name}): a resumed run checks its name "
+                "only, not its settings; pass spec={'name': ..., **settings} to cover them",
+                stacklevel=2)
+  return {"name": name, "settings": "not recorded"}
+
+
+def part_name(part) -> str:
+  """A part's name for messages (its spec's name, else its function's)."""
+  if part.spec is not None:
+    return str(part.spec.get("name", "?"))
+  main = part.select if isinstance(part, Selector) else part.apply
+  return getattr(main, "__qualname__", type(main).__name__)

@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -34,14 +35,16 @@ from fedjax_sel import programs
 from fedjax_sel.availability import Availability
 from fedjax_sel.components import (SPLIT_STATS, STAT_NAMES, Aggregator, ClientState, Filter,
                                    Participation, Selector, everyone)
+from fedjax_sel.data import integrity
 from fedjax_sel.data.federated import FederatedDataset
 from fedjax_sel.local_training import (CPU_TINY_STEP_FLOPS, LocalHParams, OptimizerFactory,
                                        StepCost, auto_chunk_size, default_memory_budget,
                                        step_cost)
 from fedjax_sel.models.bundle import Model
 from fedjax_sel.placement import Capacity, DevicePlacement, HostPlacement, fits_on_device
-from fedjax_sel.round import (Costs, DataArrays, EngineState, RoundConfig, RunValues,
-                              program_key)
+from fedjax_sel.components import part_name
+from fedjax_sel.round import (CONTRACTS, ContractError, Costs, DataArrays, EngineState,
+                              RoundConfig, RunValues, program_key)
 from fedjax_sel.signature import Keyed, signature
 
 __all__ = ["Costs", "DataArrays", "EngineState", "LrSchedule", "Simulator", "constant_lr",
@@ -113,6 +116,42 @@ def _check_arguments(data, optimizer, local, availability, seed, eval_mask, lr_s
   if eval_mask is not None and np.shape(eval_mask) != (n,):
     raise ValueError(f"eval_mask must have one entry per client ({n}), got shape "
                      f"{np.shape(eval_mask)}")
+  if eval_mask is not None and not np.any(np.asarray(eval_mask, bool)):
+    raise ValueError("eval_mask selects no client: its clean_* metrics would read 0 every round; "
+                     "pass None to skip them")
+  if lr_schedule is not None:
+    base = lr_schedule.base if isinstance(lr_schedule, LrSchedule) else 1.0
+    first = float(np.asarray(lr_schedule(0)))
+    if not (math.isfinite(base) and base >= 0 and math.isfinite(first) and first >= 0):
+      raise ValueError(f"lr_schedule must give a finite learning rate >= 0, got base {base} and "
+                       f"{first} at round 0 (a negative rate runs gradient ascent)")
+
+
+def _check_model(model: Model, data: FederatedDataset, init_params) -> None:
+  """The model takes the data's inputs and predicts its classes; `init_params` fit the model."""
+  if model.num_classes != data.num_classes:
+    raise ValueError(f"model {model.name!r} predicts {model.num_classes} classes, the dataset has "
+                     f"{data.num_classes}")
+  params = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+  inputs = jax.ShapeDtypeStruct((2, *data.feature_shape), np.asarray(data.train.x[:0]).dtype)
+  try:
+    logits = jax.eval_shape(model.apply, params, inputs)
+  except Exception as e:  # pylint: disable=broad-except  # Any shape error of a user's model.
+    raise ValueError(f"model {model.name!r} cannot take the dataset's inputs of shape "
+                     f"{data.feature_shape} ({type(e).__name__}: {e})") from e
+  if tuple(logits.shape) != (2, data.num_classes):
+    raise ValueError(f"model {model.name!r} maps a batch of 2 inputs to logits of shape "
+                     f"{tuple(logits.shape)}, expected (2, {data.num_classes})")
+  if init_params is not None:
+    want, got = jax.tree.structure(params), jax.tree.structure(init_params)
+    if want != got:
+      raise ValueError(f"init_params has another structure than model {model.name!r}'s "
+                       f"parameters ({got} != {want})")
+    for path, w, g in zip(jax.tree_util.tree_flatten_with_path(params)[0],
+                          jax.tree.leaves(params), jax.tree.leaves(init_params)):
+      if tuple(np.shape(g)) != tuple(w.shape):
+        raise ValueError(f"init_params{jax.tree_util.keystr(path[0])} has shape "
+                         f"{tuple(np.shape(g))}, model {model.name!r} expects {tuple(w.shape)}")
 
 
 def _check_split_stats(data, needs) -> None:
@@ -204,6 +243,10 @@ class Simulator:
       if value not in accepted:
         raise ValueError(f"{name} must be one of {accepted}, got {value!r}")
     _check_arguments(data, optimizer, local, availability, seed, eval_mask, lr_schedule)
+    _check_model(model, data, init_params)
+    on_host = store == "host" or (store == "auto" and not fits_on_device(data))
+    # Device data are checked whole; the host placement checks rows as it reads them.
+    integrity.check_dataset(data, "data", rows=not on_host)
     if not 1 <= clients_per_round <= availability.num_available:
       raise ValueError(f"clients_per_round (K) must be in 1..{availability.num_available} "
                        f"(clients available per round), got {clients_per_round}")
@@ -249,7 +292,7 @@ class Simulator:
     self.stream = (aggregator.linear_weights is not None and not selector.reads_local_models
                    and not exclude and not participation.reads_local_models
                    and (filter is None or not filter.trains_available))
-    self.on_host = store == "host" or (store == "auto" and not fits_on_device(data))
+    self.on_host = on_host
     self.capacity = capacity or Capacity.of([data])
     self.config = RoundConfig(
         model=model, optimizer=optimizer,
@@ -301,17 +344,38 @@ class Simulator:
   def step(self, state: EngineState) -> tuple[EngineState, dict]:
     """Runs one round (one compiled call; in host mode, after this round's rows reach the
     device)."""
-    return self.placement.step(self._global(state))
+    state, metrics = self.placement.step(self._global(state))
+    check_contracts(self.config, metrics)
+    return state, metrics
 
   def steps(self, state: EngineState, num_rounds: int) -> tuple[EngineState, dict]:
     """Runs `num_rounds` rounds in one compiled call (a `lax.scan` over rounds); the metrics come
     back stacked with a leading `[num_rounds]` axis. Use it when nothing needs the host between
     rounds: for small models it removes the per-round dispatch."""
-    return self.placement.steps(self._global(state), num_rounds)
+    state, metrics = self.placement.steps(self._global(state), num_rounds)
+    check_contracts(self.config, metrics)
+    return state, metrics
 
   def evaluate(self, params) -> dict:
     """Global model metrics: pooled test and train loss/accuracy, and on the public set."""
     return self.placement.evaluate(params)
+
+
+def check_contracts(config: RoundConfig, metrics: dict, runs_axis: bool = False) -> None:
+  """Raises `ContractError` naming the part, what it broke, the round (and the run, with
+  `runs_axis`) when a round's contract counts (`round.CONTRACTS`) are not all zero. `metrics` may
+  hold one round, a `steps` stack of rounds or a batch of runs."""
+  rounds = np.asarray(metrics["round"])
+  for key, counts in metrics["contract"].items():
+    counts = np.asarray(counts)
+    if not counts.any():
+      continue
+    at = tuple(np.argwhere(counts)[0])
+    role, what = CONTRACTS[key]
+    run = f", run {at[0]}" if runs_axis else ""
+    raise ContractError(f"round {int(rounds[at])}{run}: the {role} "
+                        f"{part_name(getattr(config, role))!r} {what} ({int(counts[at])} "
+                        "clients); the run stops here, before anything of this round is kept")
 
 
 def to_host(tree) -> Any:

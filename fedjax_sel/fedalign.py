@@ -177,7 +177,11 @@ def fedalign_rule(priority, rounds: int, eps0: float = 0.2, schedule: str | Sche
   def report(state):
     return {k: v for k, v in state.items() if k not in ("eps0", "priority")}
 
-  return Participation(init=init, apply=apply, needs=(stat,), report=report)
+  spec = {"name": "fedalign", "priority": np.flatnonzero(priority).tolist(), "rounds": rounds,
+          "eps0": float(eps0), "warmup_fraction": float(warmup_fraction), "metric": metric,
+          "split": split, "schedule": schedule if isinstance(schedule, str) else getattr(
+              schedule, "__qualname__", "callable")}
+  return Participation(init=init, apply=apply, needs=(stat,), report=report, spec=spec)
 
 
 def priority_only(priority) -> Participation:
@@ -186,7 +190,9 @@ def priority_only(priority) -> Participation:
   priority = np.asarray(priority, bool)
   return Participation(init=lambda n: {"priority": jnp.asarray(priority)},
                        apply=lambda state, key, inputs, chosen: (chosen & state["priority"],
-                                                                 chosen & state["priority"], state))
+                                                                 chosen & state["priority"], state),
+                       spec={"name": "priority_only",
+                             "priority": np.flatnonzero(priority).tolist()})
 
 
 PRIORITY_CHOICES = ("random", "ids", "classes")

@@ -233,7 +233,7 @@ def fedsrc_rule(cfg: FedSRCConfig = FedSRCConfig()) -> Participation:
                                   "rate")}
 
   return Participation(init=init, apply=apply, needs=(cfg.decision_stat,), observe=observe,
-                       report=report)
+                       report=report, spec={"name": "fedsrc", **cfg._asdict()})
 
 
 # --- Accounting (host side, from the per-round records) ---------------------------------------

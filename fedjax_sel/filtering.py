@@ -301,4 +301,5 @@ def filfl_filter(public_loss: Callable[[Params, jax.Array, jax.Array], jax.Array
     return filtered, state, info
 
   return Filter(init=lambda n: (), apply=apply, period=config.period, trains_available=True,
-                uses_public=True)
+                uses_public=True, spec={"name": "filfl", **config._asdict(),
+                                        "public_loss": getattr(public_loss, "__qualname__", "?")})

@@ -10,7 +10,8 @@ Two placements share one small interface (`arrays`, `step(state)`, `evaluate(par
 
 Example:
   >>> import numpy as np
-  >>> from fedjax_sel.data.federated import ClientPool
+  >>> from fedjax_sel.data import integrity
+from fedjax_sel.data.federated import ClientPool
   >>> pool = ClientPool.from_client_arrays([np.ones((3, 2)), np.zeros((1, 2))],
   ...                                      [np.array([0, 1, 0]), np.array([1])])
   >>> padded_pool(pool, 6).x.shape, padded_pool(pool, 6).counts.tolist()
@@ -28,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel import programs
+from fedjax_sel.data import integrity
 from fedjax_sel.data.federated import ClientPool, FederatedDataset, device_pool
 from fedjax_sel.data.store import capacity, client_chunks, compact
 from fedjax_sel.round import DataArrays, EngineState
@@ -166,6 +168,9 @@ class HostPlacement:
     capacities = capacities or self._capacity
     data = self.sim.data
     pools = [compact(getattr(data, s), ids, capacities[s]) for s in SPLITS]
+    for split, pool in zip(SPLITS, pools):  # Refused before anything trains on them.
+      integrity.check_rows(pool, f"data.{split} (rows read from the host store)",
+                           data.num_classes)
     return to_device(host_arrays(data, self.sim.eval_mask, pools), self.sim.replicated)
 
   def _round_arrays(self, t: int) -> DataArrays:
@@ -224,8 +229,10 @@ class HostPlacement:
       pool = getattr(sim.data, split)
       sums = np.zeros((3, n))
       for ids in client_chunks(n, self._stream_clients):
-        m = metrics_fn(sim.keyed, params,
-                       device_pool(compact(pool, ids, self._stream_capacity[split])))
+        rows = compact(pool, ids, self._stream_capacity[split])
+        integrity.check_rows(rows, f"data.{split} (rows read from the host store)",
+                             sim.data.num_classes)
+        m = metrics_fn(sim.keyed, params, device_pool(rows))
         sums += np.stack([np.asarray(m.loss) * np.asarray(m.count),
                           np.asarray(m.accuracy) * np.asarray(m.count), np.asarray(m.count)])
       masks = {"": np.ones(n, bool)}

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from fedjax_sel import keys as keylib
 from fedjax_sel.availability import Availability
 from fedjax_sel.components import (SPLIT_STATS, AggregateInputs, Aggregator, ClientState, Filter,
-                                   Participation, RoundInputs, RoundOutcome, Selector)
+                                   Participation, RoundInputs, RoundOutcome, Selector, part_name)
 from fedjax_sel.data.federated import ClientPool, rows_with_replacement
 from fedjax_sel.evaluation import client_gradients, client_metrics
 from fedjax_sel.local_training import LocalHParams, LocalResult, OptimizerFactory, local_train
@@ -165,8 +165,38 @@ def program_key(config: RoundConfig) -> Any:
   out: they run outside the round."""
   parts = {name: getattr(config, name) for name in ("selector", "aggregator", "filter",
                                                     "participation")}
-  stripped = {name: p if p is None else p._replace(init=None) for name, p in parts.items()}
+  # A part's spec describes it for fingerprints; it may hold run values (eps) the state carries.
+  stripped = {name: p if p is None else p._replace(init=None, spec=None)
+              for name, p in parts.items()}
   return signature(config._replace(model=config.model._replace(init=None), **stripped))
+
+
+# The parts' contracts counted inside the round: metric key -> (part, what breaks it). A round with
+# a non-zero count stops the run (`engine.check_contracts`), naming the part and the round.
+CONTRACTS = {
+    "filter_outside_available": ("filter", "kept clients that are not available"),
+    "selector_outside_filtered": ("selector", "chose clients outside the available, filtered-in "
+                                              "set it was given"),
+    "selector_over_k": ("selector", "chose more than K clients"),
+    "rule_outside_selected": ("participation", "trained or aggregated clients that were not "
+                                               "selected"),
+}
+
+
+class ContractError(ValueError):
+  """A part returned a mask that breaks its contract (`components.py`)."""
+
+
+def check_mask(config: RoundConfig, role: str, what: str, mask, n: int) -> None:
+  """At trace time: a part's `what` mask is `[N]` bool, else `ContractError` naming the part."""
+  shape, dtype = tuple(jnp.shape(mask)), jnp.result_type(mask)
+  if shape != (n,) or dtype != jnp.bool_:
+    raise ContractError(f"the {role} {part_name(getattr(config, role))!r} returned {what} of "
+                        f"shape {shape} and dtype {dtype}; a part's masks are [N] = ({n},) bool")
+
+
+def _count(mask) -> jax.Array:
+  return jnp.sum(mask).astype(jnp.int32)
 
 
 def _any_run(config: RoundConfig, flag: jax.Array) -> jax.Array:
@@ -246,13 +276,21 @@ def train_slots(config: RoundConfig, params, arrays: DataArrays, run: RunValues,
 
 def select_and_participate(config: RoundConfig, state: EngineState, inputs: RoundInputs, fmask,
                            seed):
-  """(chosen, selector state, train mask, aggregate mask, rule state) of the round."""
+  """(chosen, selector state, train mask, aggregate mask, rule state, contract counts) of the
+  round."""
   t = inputs.round
+  n = fmask.shape[0]
   chosen, sel_state = config.selector.select(
       state.selector_state, keylib.round_key(seed, t, keylib.SELECT), inputs, fmask)
+  check_mask(config, "selector", "its choice", chosen, n)
   train_m, agg_m, part_state = config.participation.apply(
       state.participation_state, keylib.round_key(seed, t, keylib.PARTICIPATE), inputs, chosen)
-  return chosen, sel_state, train_m & chosen, agg_m & train_m & chosen, part_state
+  check_mask(config, "participation", "its train mask", train_m, n)
+  check_mask(config, "participation", "its aggregate mask", agg_m, n)
+  broken = {"selector_outside_filtered": _count(chosen & ~fmask),
+            "selector_over_k": jnp.maximum(_count(chosen) - config.k, 0),
+            "rule_outside_selected": _count((train_m | agg_m) & ~chosen)}
+  return chosen, sel_state, train_m & chosen, agg_m & train_m & chosen, part_state, broken
 
 
 class _Picked(NamedTuple):
@@ -272,6 +310,7 @@ class _Picked(NamedTuple):
   train_samples: jax.Array
   uploads: jax.Array
   downloads: jax.Array
+  broken: dict
 
 
 def filter_round_flag(config: RoundConfig, state: EngineState, avail) -> jax.Array:
@@ -288,9 +327,10 @@ def _pick(config: RoundConfig, state: EngineState, arrays: DataArrays, run: RunV
   n_avail = config.availability.num_available
   filt = config.filter
 
-  def select_and_train(fmask, fstate, info, local, trained_all):
-    chosen, sel_state, train_m, agg_m, part_state = select_and_participate(
+  def select_and_train(fmask, fstate, info, local, trained_all, filter_outside):
+    chosen, sel_state, train_m, agg_m, part_state, broken = select_and_participate(
         config, state, inputs, fmask, run.seed)
+    broken["filter_outside_available"] = filter_outside
     if local is None:
       slots, valid, res = train_slots(config, params, arrays, run, train_m, config.k, t, lr,
                                       agg_m if config.stream else None)
@@ -310,10 +350,11 @@ def _pick(config: RoundConfig, state: EngineState, arrays: DataArrays, run: RunV
     return _Picked(fmask, fstate, info, chosen, sel_state, train_m, agg_m, part_state, slots,
                    valid, res, train_samples.astype(jnp.float32),
                    trained_models.astype(jnp.float32),
-                   jnp.maximum(trained_models, jnp.sum(chosen)).astype(jnp.float32))
+                   jnp.maximum(trained_models, jnp.sum(chosen)).astype(jnp.float32), broken)
 
+  none = jnp.zeros((), jnp.int32)
   if filt is None:
-    return select_and_train(avail, state.filter_state, {}, None, True), jnp.asarray(False)
+    return select_and_train(avail, state.filter_state, {}, None, True, none), jnp.asarray(False)
 
   own = filter_round_flag(config, state, avail)
   fkey = keylib.round_key(run.seed, t, keylib.FILTER)
@@ -327,14 +368,16 @@ def _pick(config: RoundConfig, state: EngineState, arrays: DataArrays, run: RunV
         finite, clean = _without_nonfinite(local[2], params)
         local = (local[0], local[1] & finite, clean)
     fmask, fstate, info = filt.apply(state.filter_state, fkey, inputs, avail, local)
+    check_mask(config, "filter", "its filtered-in set", fmask, avail.shape[0])
+    outside = jnp.where(own, _count(fmask & ~avail), 0)
     fmask = jnp.where(own, fmask & avail, reused)
     fstate = jax.tree.map(lambda a, b: jnp.where(own, a, b), fstate, state.filter_state)
     info = jax.tree.map(lambda a: jnp.where(own, a, jnp.zeros_like(a)), info)
-    return select_and_train(fmask, fstate, info, local, own)
+    return select_and_train(fmask, fstate, info, local, own, outside)
 
   info_shape = jax.eval_shape(filter_branch, None).info
   info_zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), info_shape)
-  reuse = lambda _: select_and_train(reused, state.filter_state, info_zeros, None, False)
+  reuse = lambda _: select_and_train(reused, state.filter_state, info_zeros, None, False, none)
   return jax.lax.cond(_any_run(config, own), filter_branch, reuse, None), own
 
 
@@ -467,6 +510,7 @@ def round_step(config: RoundConfig, state: EngineState, arrays: DataArrays, run:
       "rule": config.participation.report(part_state),
       "selector": sel_report,
       "gradients_computed": gradients_computed,
+      "contract": picked.broken,
   }
   if config.filter is not None:
     metrics["filtered_in"] = picked.fmask

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel import round as round_lib
-from fedjax_sel.engine import client_step_cost
+from fedjax_sel.engine import check_contracts, client_step_cost
 from fedjax_sel.programs import program
 from fedjax_sel.round import EngineState, RoundConfig
 from fedjax_sel.signature import Keyed
@@ -183,8 +183,10 @@ class RunBatch:
     """One round of every run (one compiled call); metrics stacked `[R, ...]`. `states` come from
     `init`, `step` or a resume of every run at one round: the runs advance together (run 0's
     round index is the batch's)."""
-    return program(_batched_step, self.placement)(self.keyed, states, self.arrays,
-                                                   self.run_values)
+    states, metrics = program(_batched_step, self.placement)(self.keyed, states, self.arrays,
+                                                              self.run_values)
+    check_contracts(self.sims[0].config, metrics, runs_axis=True)
+    return states, metrics
 
   def evaluate(self, params) -> dict:
     """Every run's global-model metrics (`Simulator.evaluate`), stacked `[R]`."""

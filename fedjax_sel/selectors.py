@@ -40,7 +40,7 @@ def random_selector(k: int) -> Selector:
     del inputs
     return top_k_mask(jax.random.uniform(key, mask.shape), mask, k), state
 
-  return Selector(init=lambda n, params: (), select=select)
+  return Selector(init=lambda n, params: (), select=select, spec={"name": "random", "k": k})
 
 
 POC_VARIANTS = ("pow", "cpow", "rpow")
@@ -82,7 +82,8 @@ def power_of_choice(k: int, d: int | None = None, variant: str = "pow") -> Selec
   # Only the d candidates evaluate the model (the engine charges the loss to them alone).
   return Selector(init=lambda n, params: {"candidates": jnp.zeros((n,), bool)}, select=select,
                   needs=(stat,) if stat else (),
-                  report=lambda state: {"evaluated": state["candidates"]})
+                  report=lambda state: {"evaluated": state["candidates"]},
+                  spec={"name": "power_of_choice", "k": k, "d": d, "variant": variant})
 
 
 def facility_location_greedy(proxies: jax.Array, ground: jax.Array, k: int) -> jax.Array:
@@ -181,12 +182,14 @@ def divfl(k: int, proxy: str = "gradient") -> Selector:
   return Selector(init=init, select=select, observe=observe,
                   reads_local_models=proxy == "update",
                   report=lambda state: {key: state[key] for key in ("gradients_computed",
-                                                                    "gradient_samples")})
+                                                                    "gradient_samples")},
+                  spec={"name": "divfl", "k": k, "proxy": proxy})
 
 
 def all_selector() -> Selector:
   """Every client of the mask (full participation)."""
-  return Selector(init=lambda n, params: (), select=lambda state, key, inputs, mask: (mask, state))
+  return Selector(init=lambda n, params: (), select=lambda state, key, inputs, mask: (mask, state),
+                  spec={"name": "all"})
 
 
 def group_random_selector(groups, sizes: tuple[int, ...]) -> Selector:
@@ -214,4 +217,6 @@ def group_random_selector(groups, sizes: tuple[int, ...]) -> Selector:
         chosen |= top_k_mask(u, mask & (state["groups"] == g), size)
     return chosen, state
 
-  return Selector(init=lambda n, params: {"groups": jnp.asarray(groups)}, select=select)
+  return Selector(init=lambda n, params: {"groups": jnp.asarray(groups)}, select=select,
+                  spec={"name": "group_random", "sizes": [int(s) for s in sizes],
+                        "groups": groups.tolist()})

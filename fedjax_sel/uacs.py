@@ -57,7 +57,8 @@ def entropy_selector(m: int, eps: float = 0.1) -> Selector:
     return jnp.where(explored, at_random, greedy), {"eps": state["eps"], "explored": explored}
 
   return Selector(init=lambda n, params: {"eps": jnp.float32(eps), "explored": jnp.asarray(False)},
-                  select=select, needs=("entropy",))
+                  select=select, needs=("entropy",),
+                  spec={"name": "entropy", "m": m, "eps": float(eps)})
 
 
 def grad_norm_selector(m: int) -> Selector:
@@ -68,4 +69,5 @@ def grad_norm_selector(m: int) -> Selector:
     del key
     return top_k_mask(inputs.stats["grad_norm"], mask, m), state
 
-  return Selector(init=lambda n, params: (), select=select, needs=("grad_norm",))
+  return Selector(init=lambda n, params: (), select=select, needs=("grad_norm",),
+                  spec={"name": "grad_norm", "m": m})

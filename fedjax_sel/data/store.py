@@ -9,8 +9,11 @@ their order, m_k), so a run is the same as on the device.
 
 On disk a store is a folder of `.npy` files read with `np.load(mmap_mode="r")` (numpy memmap: the
 operating system pages in just the rows a round gathers; the format is numpy's own, needs no new
-dependency and is readable by any tool) and a `store.json` naming the dataset, its shapes and a
-digest, checked when the store is opened.
+dependency and is readable by any tool) and a `store.json` naming the dataset and each array's
+shape and dtype. Opening a store checks that every array agrees with `store.json` and that the
+data add up (`integrity.py`): the index arrays, each row's owner, the labels and the label
+histogram. The features, the bulk of a store, are checked as rows are first read (the host
+placement checks each round's rows before it trains on them).
 
 Example:
   >>> import numpy as np
@@ -28,6 +31,7 @@ import os
 
 import numpy as np
 
+from fedjax_sel.data import integrity
 from fedjax_sel.data.federated import ClientPool, FederatedDataset
 
 STORE_FILE = "store.json"
@@ -102,12 +106,26 @@ def open_store(folder: str, expect_name: str | None = None) -> FederatedDataset:
     FileNotFoundError: no `store.json` in `folder`.
     ValueError: naming the path, when an array file is missing, truncated or not the shape and
       dtype `store.json` records, or the store holds another dataset than `expect_name`.
+    integrity.DataError: naming the file, the client and the value, when the index arrays, row
+      owners, labels or label histogram do not add up.
   """
   meta_path = os.path.join(folder, STORE_FILE)
   if not os.path.exists(meta_path):
     raise FileNotFoundError(f"{folder}: no {STORE_FILE}, not a fedjax_sel client store")
-  with open(meta_path, encoding="utf-8") as f:
-    meta = json.load(f)
+  try:
+    with open(meta_path, encoding="utf-8") as f:
+      meta = json.load(f)
+    meta["arrays"] = {str(k): (list(v[0]), str(v[1])) for k, v in meta["arrays"].items()}
+    num_clients, num_classes = int(meta["num_clients"]), int(meta["num_classes"])
+    feature_shape = [int(d) for d in meta["feature_shape"]]
+    str(meta["name"])
+  except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError) as e:
+    raise ValueError(f"{meta_path}: not a readable store description ({type(e).__name__}: {e})"
+                     ) from e
+  missing = sorted(({f"{s}_{f}.npy" for s in SPLITS for f in POOL_FIELDS}
+                    | {"public_x.npy", "public_y.npy", "label_hist.npy"}) - set(meta["arrays"]))
+  if missing:
+    raise ValueError(f"{meta_path} lists no {', '.join(missing)}: not a complete client store")
   if expect_name is not None and not meta["name"].startswith(expect_name):
     raise ValueError(f"{folder} holds dataset {meta['name']!r}, not {expect_name!r}")
   arrays = {}
@@ -122,9 +140,29 @@ def open_store(folder: str, expect_name: str | None = None) -> FederatedDataset:
                        f"{dtype}{shape}: the store is from another dataset or was overwritten")
     arrays[name[:-4]] = arr
   pools = {split: ClientPool(*(arrays[f"{split}_{f}"] for f in POOL_FIELDS)) for split in SPLITS}
-  return FederatedDataset(pools["train"], pools["val"], pools["test"], arrays["public_x"],
-                          arrays["public_y"], meta["num_classes"],
-                          np.asarray(arrays["label_hist"]), meta["name"])
+  for split, pool in pools.items():
+    if list(pool.x.shape[1:]) != feature_shape:
+      raise ValueError(f"{os.path.join(folder, split + '_x.npy')} holds features of shape "
+                       f"{list(pool.x.shape[1:])}, {meta_path} records {feature_shape}")
+    where = os.path.join(folder, f"{split}_*.npy")
+    integrity.check_index(pool, where, num_clients)
+    integrity.check_owners(pool, where)
+    integrity.check_rows(pool, where, num_classes, features=False)
+  data = FederatedDataset(pools["train"], pools["val"], pools["test"], arrays["public_x"],
+                          arrays["public_y"], num_classes, np.asarray(arrays["label_hist"]),
+                          meta["name"])
+  integrity.check_dataset(data, folder, rows=False)
+  hist = np.zeros((num_clients, num_classes), np.int64)
+  train = pools["train"]
+  for lo in range(0, train.y.shape[0], integrity.SCAN_ROWS):
+    np.add.at(hist, (np.asarray(train.client_id[lo:lo + integrity.SCAN_ROWS]),
+                     np.asarray(train.y[lo:lo + integrity.SCAN_ROWS])), 1)
+  if np.any(hist != data.label_hist):
+    k = int(np.flatnonzero(np.any(hist != data.label_hist, axis=1))[0])
+    raise integrity.DataError(f"{os.path.join(folder, 'label_hist.npy')}: client {k} counts "
+                              f"{data.label_hist[k].tolist()}, its training labels "
+                              f"{hist[k].tolist()}")
+  return data
 
 
 def synth_store(folder: str, num_clients: int, *, alpha: float = 1.0, beta: float = 1.0,
