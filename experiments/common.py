@@ -7,6 +7,7 @@ flag and the accepted values.
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 import socket
@@ -19,7 +20,8 @@ import optax
 from absl import app, flags
 
 import fedjax_sel as fs
-from fedjax_sel.checkpoint import CheckpointError
+from fedjax_sel import folder_lock
+from fedjax_sel.checkpoint import CheckpointError, WriteError
 from fedjax_sel.data import sources
 from fedjax_sel.data.partition import PARTITIONS
 from fedjax_sel.models.conv import CONV_IMPLS
@@ -266,8 +268,29 @@ def run_all(runs: list[Run]) -> list[list[dict]]:
                         resume=FLAGS.resume, overwrite=FLAGS.overwrite, label=label,
                         settings=[r.settings or settings() for r in runs],
                         extras=[r.extra for r in runs])
-  except (NonFiniteError, CheckpointError, FileExistsError) as e:
-    sys.exit(f"error: {label.strip()}: {e}")
+  except (NonFiniteError, CheckpointError, FileExistsError, WriteError) as e:
+    sys.exit(f"error: {label.strip()}: {failure(e)}")
+
+
+def failure(error: Exception) -> str:
+  """An error's message for the command line: a refused resume names the flags that changed."""
+  changed = getattr(error, "changed", ())
+  if not changed:
+    return str(error)
+  flag = lambda key: f"--{key}" if key in FLAGS else FINGERPRINT_FLAGS.get(key, key)
+  return ("--resume refused: the run was started with other settings (checkpoint -> now): "
+          + "; ".join(f"{flag(k)}: {a!r} -> {b!r}" for k, a, b in changed)
+          + ". Rerun with the flags it was started with, or start afresh with --overwrite")
+
+
+# Fingerprint entries that are not flags, by the flags that set them.
+FINGERPRINT_FLAGS = {"seed": "--seeds", "lr_base": "--lr", "prox_mu_value": "--prox_mu",
+                     "data": "the data (--dataset and its flags)",
+                     "param_shapes": "the model's shapes (--model and its flags)",
+                     "library": "the fedjax_sel version", "parts": "the method's parts",
+                     "local": "local training (--batch_size, --local_epochs)",
+                     "lr_schedule": "the learning-rate schedule (--lr, --lr_decay)",
+                     "availability": "availability (--num_available, --avail_period)"}
 
 
 def check_out_dir() -> None:
@@ -290,17 +313,23 @@ def check_out_dir() -> None:
 
 
 def check_common() -> None:
-  """The checks every launcher makes before loading data."""
+  """The checks every launcher makes before loading data, then --out_dir locked for this job."""
   check_finite()
   seeds()
   sweep_values()
   check_counts()
   check_out_dir()
+  if writer():
+    try:
+      folder_lock.hold(FLAGS.out_dir)
+    except folder_lock.FolderInUse as e:
+      raise app.UsageError(f"--out_dir: {e}") from e
 
 
 def cli(main):
   """`main` for `app.run`: a UsageError prints its message and where to find help (absl would
-  print the help of every flag first), exit status 1."""
+  print the help of every flag first), exit status 1; a file that cannot be written (a full disk)
+  prints one line naming it, exit status 1."""
   def wrapped(argv):
     from fedjax_sel.compilation import use_persistent_cache  # pylint: disable=import-outside-toplevel
     use_persistent_cache()  # $FEDJAX_SEL_CACHE_DIR moves it; =off disables it.
@@ -309,6 +338,11 @@ def cli(main):
     except app.UsageError as e:
       sys.stderr.write(f"error: {e}\nRun with --help for the flags.\n")
       sys.exit(1)
+    except OSError as e:
+      if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+        raise
+      where = f"cannot write {e.filename}: " if e.filename else ""
+      sys.exit(f"error: {where}{e.strerror or e}")
   return wrapped
 
 
@@ -536,5 +570,5 @@ def run_sim(sim: fs.Simulator, *path: str, label: str, extra=None,
                   eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
                   resume=FLAGS.resume, overwrite=FLAGS.overwrite, label=label, extra=extra,
                   settings=run_settings or settings())
-  except (NonFiniteError, CheckpointError, FileExistsError) as e:
-    sys.exit(f"error: {label.strip()}: {e}")
+  except (NonFiniteError, CheckpointError, FileExistsError, WriteError) as e:
+    sys.exit(f"error: {label.strip()}: {failure(e)}")

@@ -36,7 +36,30 @@ MAGIC = b"fedjax_sel checkpoint v1\n"
 
 
 class CheckpointError(ValueError):
-  """A checkpoint that is foreign, truncated, corrupted, of another structure or another run."""
+  """A checkpoint that is foreign, truncated, corrupted, of another structure or another run.
+
+  Attributes:
+    changed: for a run started with other settings, the `(key, stored, current)` of each
+      fingerprint entry that differs (empty otherwise).
+  """
+
+  def __init__(self, message: str, changed: tuple = ()):
+    super().__init__(message)
+    self.changed = tuple(changed)
+
+
+class WriteError(OSError):
+  """A file of a run could not be written (a full disk, a quota, a folder removed): the message
+  names the file; temporary files are removed and what was written before is kept."""
+
+  def __str__(self) -> str:
+    return str(self.strerror)
+
+
+def write_error(path: str, error: OSError, kept: str) -> WriteError:
+  """A `WriteError` naming `path`, the system's reason and what is `kept`."""
+  reason = error.strerror or str(error)
+  return WriteError(error.errno, f"cannot write {path}: {reason}; {kept}")
 
 
 def previous(path: str) -> str:
@@ -53,10 +76,16 @@ def save(path: str, state: Any, fingerprint: dict, keep_previous: bool = False) 
       {"fingerprint": fingerprint, "leaves": {str(i): leaf for i, leaf in enumerate(leaves)}})
   digest = hashlib.sha256(payload).hexdigest().encode()
   tmp = path + ".tmp"
-  with open(tmp, "wb") as f:
-    f.write(MAGIC + digest + b"\n" + payload)
-    f.flush()
-    os.fsync(f.fileno())
+  try:
+    with open(tmp, "wb") as f:
+      f.write(MAGIC + digest + b"\n" + payload)
+      f.flush()
+      os.fsync(f.fileno())
+  except OSError as e:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise write_error(path, e, "the previous checkpoint and the finished rounds' metrics are "
+                               "kept: free space and resume") from e
   if keep_previous and os.path.exists(path):
     os.replace(path, previous(path))
   os.replace(tmp, path)
@@ -67,16 +96,50 @@ def save(path: str, state: Any, fingerprint: dict, keep_previous: bool = False) 
     os.close(folder)
 
 
-def load(path: str, template: Any) -> tuple[Any, dict]:
+def load(path: str, template: Any, fingerprint: dict | None = None) -> tuple[Any, dict]:
   """Reads a checkpoint written by `save` into the structure of `template`.
+
+  Args:
+    path: the file.
+    template: a state of the structure to read into.
+    fingerprint: when given, the run's current fingerprint: a checkpoint of another run is refused
+      naming the settings that differ, before its structure is compared (a changed setting such
+      as the number of clients also changes the state's shapes; the setting is the better news).
 
   Returns:
     (state as numpy arrays in `template`'s tree structure, the fingerprint dict).
 
   Raises:
     CheckpointError: naming `path`, when the file is not a fedjax_sel checkpoint, is truncated or
-      corrupted (checksum), or holds leaves of other shapes or dtypes than `template`'s.
+      corrupted (checksum), was written with other settings than `fingerprint`, or holds leaves
+      of other shapes or dtypes than `template`'s.
   """
+  stored, found = _read(path)
+  if fingerprint is not None:
+    changed = [(k, found.get(k, "(absent)"), fingerprint.get(k, "(absent)"))
+               for k in sorted(set(found) | set(fingerprint))
+               if _normal(found.get(k)) != _normal(fingerprint.get(k))]
+    if changed:
+      raise CheckpointError(f"cannot resume {path}: the run was started with other settings "
+                            "(checkpoint -> now): " + "; ".join(f"{k}: {a!r} -> {b!r}"
+                                                                for k, a, b in changed), changed)
+  want, treedef = jax.tree.flatten(template)
+  if len(stored) != len(want):
+    raise CheckpointError(f"{path} holds a state of {len(stored)} arrays, this run's has "
+                          f"{len(want)}: it was written by another configuration")
+  leaves = []
+  for i, w in enumerate(want):
+    got = np.asarray(stored[str(i)])
+    if got.shape != np.shape(w) or got.dtype != np.asarray(w).dtype:
+      raise CheckpointError(f"{path}: array {i} is {got.dtype}{list(got.shape)}, this run "
+                            f"expects {np.asarray(w).dtype}{list(np.shape(w))}: it was written "
+                            "by another configuration")
+    leaves.append(got)
+  return jax.tree.unflatten(treedef, leaves), found
+
+
+def _read(path: str) -> tuple[dict, dict]:
+  """A checkpoint's leaves (by index) and fingerprint, its magic and checksum checked."""
   with open(path, "rb") as f:
     blob = f.read()
   if not blob.startswith(MAGIC):
@@ -92,26 +155,7 @@ def load(path: str, template: Any) -> tuple[Any, dict]:
     fingerprint = dict(content["fingerprint"])
   except Exception as e:  # A payload with the right checksum but another layout.
     raise CheckpointError(f"{path} does not hold a fedjax_sel state ({e})") from e
-  want, treedef = jax.tree.flatten(template)
-  if len(stored) != len(want):
-    raise CheckpointError(f"{path} holds a state of {len(stored)} arrays, this run's has "
-                          f"{len(want)}: it was written by another configuration")
-  leaves = []
-  for i, w in enumerate(want):
-    got = np.asarray(stored[str(i)])
-    if got.shape != np.shape(w) or got.dtype != np.asarray(w).dtype:
-      raise CheckpointError(f"{path}: array {i} is {got.dtype}{list(got.shape)}, this run "
-                            f"expects {np.asarray(w).dtype}{list(np.shape(w))}: it was written "
-                            "by another configuration")
-    leaves.append(got)
-  return jax.tree.unflatten(treedef, leaves), fingerprint
-
-
-def differences(stored: dict, current: dict) -> list[str]:
-  """`key: stored -> current` for every setting that differs between two fingerprints."""
-  keys = sorted(set(stored) | set(current))
-  return [f"{k}: {stored.get(k, '(absent)')!r} -> {current.get(k, '(absent)')!r}" for k in keys
-          if _normal(stored.get(k)) != _normal(current.get(k))]
+  return stored, fingerprint
 
 
 def _normal(value):

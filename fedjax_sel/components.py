@@ -28,6 +28,7 @@ declaring `grad`: the engine then computes nothing for the others (DivFL refresh
 
 from __future__ import annotations
 
+import json
 import warnings
 from typing import Any, Callable, NamedTuple
 
@@ -224,8 +225,8 @@ def describe(part) -> dict:
   """
   if part is None:
     return {"name": "none"}
-  if part.spec is not None:
-    return dict(part.spec)
+  if part.spec is not None:  # As JSON holds it (tuples as lists), for checkpoints and files.
+    return json.loads(json.dumps(part.spec, default=str))
   main = part.select if isinstance(part, Selector) else part.apply
   name = getattr(main, "__qualname__", type(main).__name__)
   warnings.warn(f"a {type(part).__name__} without a spec ({name}): a resumed run checks its name "

@@ -20,18 +20,23 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from typing import Any, Callable, TextIO
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sel import __version__, checkpoint
+from fedjax_sel import __version__, checkpoint, folder_lock
+from fedjax_sel.components import describe
 from fedjax_sel.engine import EngineState, Simulator, to_host
 from fedjax_sel.runs import stack_runs, unstack
 
@@ -67,16 +72,39 @@ def dataset_digest(data) -> str:
   return h.hexdigest()[:16]
 
 
+# Rounds whose learning rates and availability a fingerprint covers (a run may be resumed to run
+# longer, so the fingerprint cannot depend on the number of rounds).
+LR_HORIZON = 10_000
+AVAILABILITY_HORIZON = 64
+
+
+def _digest(a) -> str:
+  return hashlib.sha256(np.ascontiguousarray(np.asarray(a)).tobytes()).hexdigest()[:16]
+
+
 def run_fingerprint(sim: Simulator, settings: dict | None = None) -> dict:
   """What determines a run: the library version, seed, learning rate, FedProx mu, K, N, model and
-  its parameter shapes, the data's digest, and the caller's `settings` (e.g. the launcher's
-  flags)."""
+  its parameter shapes, the data's digest, every part's spec (`components.describe`: name and
+  settings), the local-training settings, the learning rates of rounds 0..`LR_HORIZON`-1 and the
+  availability of rounds 0..`AVAILABILITY_HORIZON`-1 (digests), and the caller's `settings` (e.g.
+  the launcher's flags)."""
   shapes = [list(np.shape(a)) for a in jax.tree.leaves(jax.eval_shape(sim.init).params)]
+  rounds = jnp.arange(LR_HORIZON, dtype=jnp.int32)
+  lrs = sim.run_values.lr * jax.vmap(sim.config.lr_factor)(rounds) * jnp.ones_like(rounds,
+                                                                                   jnp.float32)
+  avail = jax.vmap(lambda t: sim.availability.sample(sim.run_values.seed, t))(
+      rounds[:AVAILABILITY_HORIZON])
+  local = sim.local
+  parts = {role: describe(getattr(sim, role))
+           for role in ("selector", "filter", "participation", "aggregator")}
   return {"library": __version__, "seed": sim.seed, "lr_base": float(sim.run_values.lr),
           "prox_mu_value": float(sim.run_values.prox_mu), "clients_per_round": sim.k,
           "num_clients": sim.num_clients, "model": sim.model.name,
           "param_shapes": hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:16],
-          "data": dataset_digest(sim.data), **(settings or {})}
+          "data": dataset_digest(sim.data), "parts": parts,
+          "local": {"batch_size": local.batch_size, "num_epochs": local.num_epochs,
+                    "num_steps": local.num_steps},
+          "lr_schedule": _digest(lrs), "availability": _digest(avail), **(settings or {})}
 
 
 def read_history(path: str, rounds: int) -> list[dict]:
@@ -101,22 +129,51 @@ def read_history(path: str, rounds: int) -> list[dict]:
 
 def _write_records(path: str, records: list[dict]) -> None:
   tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.writelines(json.dumps(r) + "\n" for r in records)
-    f.flush()
-    os.fsync(f.fileno())
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.writelines(json.dumps(r) + "\n" for r in records)
+      f.flush()
+      os.fsync(f.fileno())
+  except OSError as e:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise checkpoint.write_error(path, e, "the file is unchanged") from e
   os.replace(tmp, path)
+
+
+def _append(sink, path: str, record: dict) -> None:
+  """Writes one round's record and flushes it (a torn line, from a full disk or a kill, is dropped
+  when the run resumes)."""
+  try:
+    sink.write(json.dumps(record) + "\n")
+    sink.flush()
+  except OSError as e:
+    raise checkpoint.write_error(path, e, f"the rounds before round {record['round']} are kept: "
+                                          "free space and resume") from e
+
+
+def _close(sink) -> None:
+  """Closes a metrics file; a write that failed already raised its own error."""
+  with contextlib.suppress(OSError):
+    sink.close()
+
+
+def _check_space(out_dir: str, state) -> None:
+  """Refuses a folder whose disk cannot hold a checkpoint while replacing the last one (a new
+  file beside the current and the previous generation) and some metrics, before any round."""
+  need = 3 * sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(state)) + (1 << 18)
+  free = shutil.disk_usage(out_dir).free
+  if free < need:
+    raise checkpoint.WriteError(errno.ENOSPC, f"cannot run in {out_dir}: its disk has "
+                                f"{free / 2**20:.1f} MiB free, a run's checkpoints need about "
+                                f"{need / 2**20:.1f} MiB; free space or choose another folder")
 
 
 def _resume(ckpt_path: str, template, fingerprint: dict, metrics_path: str,
             writer: bool) -> tuple[Any, list[dict]]:
   """A checkpoint's state and its run's history read back from the metrics file (rewritten
   without what came after the checkpoint), refused naming what differs or what is lost."""
-  state, stored = checkpoint.load(ckpt_path, template)
-  diff = checkpoint.differences(stored, fingerprint)
-  if diff:
-    raise checkpoint.CheckpointError(f"cannot resume {ckpt_path}: the run was started with other "
-                                     "settings (checkpoint -> now): " + "; ".join(diff))
+  state, _ = checkpoint.load(ckpt_path, template, fingerprint)
   done = int(np.asarray(state.round))
   history = read_history(metrics_path, done)
   if [r["round"] for r in history] != list(range(done)):
@@ -207,51 +264,53 @@ def run(sim: Simulator, rounds: int, out_dir: str | None = None, *, eval_every: 
     NonFiniteError: a round's global model or loss is not finite (its record is written first).
   """
   writer, progress, say = _host_loop(rounds, eval_every, checkpoint_every, progress, label)
-  state = sim.init()
-  records, metrics_path, ckpt_path, fingerprint = [], None, None, None
-  if out_dir is not None:
-    fingerprint = run_fingerprint(sim, settings)
-    state, records = _start(state, out_dir, resume, overwrite, fingerprint, say, writer)
-    if writer:
-      metrics_path = os.path.join(out_dir, METRICS_FILE)
-      ckpt_path = os.path.join(out_dir, CHECKPOINT_FILE)
-  first = int(state.round)
-  if first >= rounds:
-    say(f"finished earlier ({first} rounds): nothing to compute\n")
-    return records[:rounds]
-  start = time.perf_counter() - (records[-1]["wall_s"] if records else 0.0)
-  sink = open(metrics_path, "a", encoding="utf-8") if metrics_path else None
-  try:
-    for t in range(first, rounds):
-      state, metrics = sim.step(state)
-      record = _jsonable(to_host(metrics))
-      if (t + 1) % eval_every == 0 or t == rounds - 1:
-        record.update(_jsonable(to_host(sim.evaluate(state.params))))
-      if extra is not None:
-        record.update(extra(state, record))
-      record["wall_s"] = round(time.perf_counter() - start, 3)
-      records.append(record)
+  with folder_lock.locked([out_dir] if out_dir is not None and writer else ()):
+    state = sim.init()
+    records, metrics_path, ckpt_path, fingerprint = [], None, None, None
+    if out_dir is not None:
+      fingerprint = run_fingerprint(sim, settings)
+      state, records = _start(state, out_dir, resume, overwrite, fingerprint, say, writer)
+      if writer:
+        _check_space(out_dir, state)
+        metrics_path = os.path.join(out_dir, METRICS_FILE)
+        ckpt_path = os.path.join(out_dir, CHECKPOINT_FILE)
+    first = int(state.round)
+    if first >= rounds:
+      say(f"finished earlier ({first} rounds): nothing to compute\n")
+      return records[:rounds]
+    start = time.perf_counter() - (records[-1]["wall_s"] if records else 0.0)
+    sink = open(metrics_path, "a", encoding="utf-8") if metrics_path else None
+    try:
+      for t in range(first, rounds):
+        state, metrics = sim.step(state)
+        record = _jsonable(to_host(metrics))
+        if (t + 1) % eval_every == 0 or t == rounds - 1:
+          record.update(_jsonable(to_host(sim.evaluate(state.params))))
+        if extra is not None:
+          record.update(extra(state, record))
+        record["wall_s"] = round(time.perf_counter() - start, 3)
+        records.append(record)
+        if sink:
+          _append(sink, metrics_path, record)
+        if progress is not None:
+          progress.write(progress_line(label, t, rounds, record) + "\n")
+          progress.flush()
+        _check_finite(record, t)
+        if ckpt_path and ((t + 1) % checkpoint_every == 0 or t == rounds - 1):
+          checkpoint.save(ckpt_path, state, fingerprint, keep_previous=True)
+    finally:
       if sink:
-        sink.write(json.dumps(record) + "\n")
-        sink.flush()
-      if progress is not None:
-        progress.write(progress_line(label, t, rounds, record) + "\n")
-        progress.flush()
-      _check_finite(record, t)
-      if ckpt_path and ((t + 1) % checkpoint_every == 0 or t == rounds - 1):
-        checkpoint.save(ckpt_path, state, fingerprint, keep_previous=True)
-  finally:
-    if sink:
-      sink.close()
-  return records
+        _close(sink)
+    return records
 
 
-def _checkpoint_rounds(path: str, template) -> dict[int, str]:
-  """{round: file} of the checkpoints kept at `path` (the latest and the one before it)."""
+def _checkpoint_rounds(path: str, template, fingerprint: dict) -> dict[int, str]:
+  """{round: file} of the checkpoints kept at `path` (the latest and the one before it), each
+  refused when its run's fingerprint differs."""
   found = {}
   for p in (path, checkpoint.previous(path)):
     if os.path.exists(p):
-      state, _ = checkpoint.load(p, template)
+      state, _ = checkpoint.load(p, template, fingerprint)
       found[int(np.asarray(state.round))] = p
   return found
 
@@ -281,73 +340,74 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
       is that run's slice of the batch's state).
   """
   writer, progress, say = _host_loop(rounds, eval_every, checkpoint_every, progress, label)
-  r = batch.num_runs
-  if out_dirs is not None and len(out_dirs) != r:
-    raise ValueError(f"out_dirs must name one folder per run ({r}), got {len(out_dirs)}")
-  if settings is not None and len(settings) != r:
-    raise ValueError(f"settings must hold one dict per run ({r}), got {len(settings)}")
-  states = batch.init()
-  histories = [[] for _ in range(r)]
-  paths, fingerprints = [None] * r, [None] * r
-  if out_dirs is not None:
-    fingerprints = [run_fingerprint(sim, (settings or [None] * r)[i])
-                    for i, sim in enumerate(batch.sims)]
-    states, histories = _start_batch(batch, states, out_dirs, resume, overwrite, fingerprints,
-                                     say, writer)
-    if writer:
-      paths = [(os.path.join(d, METRICS_FILE), os.path.join(d, CHECKPOINT_FILE))
-               for d in out_dirs]
-  first = int(np.asarray(states.round)[0])
-  if first >= rounds:
-    say(f"finished earlier ({first} rounds): nothing to compute\n")
-    return [h[:rounds] for h in histories]
-  start = time.perf_counter() - max((h[-1]["wall_s"] for h in histories if h), default=0.0)
-  sinks = [open(p[0], "a", encoding="utf-8") if p else None for p in paths]
-  stopped: dict[int, str] = {}
-  try:
-    for t in range(first, rounds):
-      states, metrics = batch.step(states)
-      metrics = to_host(metrics)
-      evaluated = (t + 1) % eval_every == 0 or t == rounds - 1
-      evals = to_host(batch.evaluate(states.params)) if evaluated else None
-      wall = round(time.perf_counter() - start, 3)
-      for i in range(r):
-        if i in stopped:
-          continue
-        record = _jsonable(unstack(metrics, i))
-        if evals is not None:
-          record.update(_jsonable(unstack(evals, i)))
-        if extras is not None and extras[i] is not None:
-          record.update(extras[i](unstack(states, i), record))
-        record["wall_s"] = wall
-        histories[i].append(record)
-        if sinks[i]:
-          sinks[i].write(json.dumps(record) + "\n")
-          sinks[i].flush()
-        try:
-          _check_finite(record, t)
-        except NonFiniteError as e:
-          stopped[i] = str(e)
-          say(f"run {i} stopped: {e}\n")
-      if progress is not None:
-        progress.write(batch_progress_line(label, t, rounds, histories, stopped) + "\n")
-        progress.flush()
-      if (t + 1) % checkpoint_every == 0 or t == rounds - 1:
-        for i, p in enumerate(paths):
-          if p and i not in stopped:
-            checkpoint.save(p[1], unstack(states, i), fingerprints[i],
-                            keep_previous=True)
-      if len(stopped) == r:
-        break
-  finally:
-    for sink in sinks:
-      if sink:
-        sink.close()
-  if stopped:
-    error = NonFiniteError("; ".join(f"run {i}: {m}" for i, m in sorted(stopped.items())))
-    error.records = histories
-    raise error
-  return histories
+  with folder_lock.locked(out_dirs if out_dirs is not None and writer else ()):
+    r = batch.num_runs
+    if out_dirs is not None and len(out_dirs) != r:
+      raise ValueError(f"out_dirs must name one folder per run ({r}), got {len(out_dirs)}")
+    if settings is not None and len(settings) != r:
+      raise ValueError(f"settings must hold one dict per run ({r}), got {len(settings)}")
+    states = batch.init()
+    histories = [[] for _ in range(r)]
+    paths, fingerprints = [None] * r, [None] * r
+    if out_dirs is not None:
+      fingerprints = [run_fingerprint(sim, (settings or [None] * r)[i])
+                      for i, sim in enumerate(batch.sims)]
+      states, histories = _start_batch(batch, states, out_dirs, resume, overwrite, fingerprints,
+                                       say, writer)
+      if writer:
+        _check_space(out_dirs[0], states)
+        paths = [(os.path.join(d, METRICS_FILE), os.path.join(d, CHECKPOINT_FILE))
+                 for d in out_dirs]
+    first = int(np.asarray(states.round)[0])
+    if first >= rounds:
+      say(f"finished earlier ({first} rounds): nothing to compute\n")
+      return [h[:rounds] for h in histories]
+    start = time.perf_counter() - max((h[-1]["wall_s"] for h in histories if h), default=0.0)
+    sinks = [open(p[0], "a", encoding="utf-8") if p else None for p in paths]
+    stopped: dict[int, str] = {}
+    try:
+      for t in range(first, rounds):
+        states, metrics = batch.step(states)
+        metrics = to_host(metrics)
+        evaluated = (t + 1) % eval_every == 0 or t == rounds - 1
+        evals = to_host(batch.evaluate(states.params)) if evaluated else None
+        wall = round(time.perf_counter() - start, 3)
+        for i in range(r):
+          if i in stopped:
+            continue
+          record = _jsonable(unstack(metrics, i))
+          if evals is not None:
+            record.update(_jsonable(unstack(evals, i)))
+          if extras is not None and extras[i] is not None:
+            record.update(extras[i](unstack(states, i), record))
+          record["wall_s"] = wall
+          histories[i].append(record)
+          if sinks[i]:
+            _append(sinks[i], paths[i][0], record)
+          try:
+            _check_finite(record, t)
+          except NonFiniteError as e:
+            stopped[i] = str(e)
+            say(f"run {i} stopped: {e}\n")
+        if progress is not None:
+          progress.write(batch_progress_line(label, t, rounds, histories, stopped) + "\n")
+          progress.flush()
+        if (t + 1) % checkpoint_every == 0 or t == rounds - 1:
+          for i, p in enumerate(paths):
+            if p and i not in stopped:
+              checkpoint.save(p[1], unstack(states, i), fingerprints[i],
+                              keep_previous=True)
+        if len(stopped) == r:
+          break
+    finally:
+      for sink in sinks:
+        if sink:
+          _close(sink)
+    if stopped:
+      error = NonFiniteError("; ".join(f"run {i}: {m}" for i, m in sorted(stopped.items())))
+      error.records = histories
+      raise error
+    return histories
 
 
 def _start_batch(batch, states, out_dirs, resume, overwrite, fingerprints, say, writer):
@@ -356,9 +416,9 @@ def _start_batch(batch, states, out_dirs, resume, overwrite, fingerprints, say, 
   r = batch.num_runs
   template = jax.tree.map(lambda a: np.asarray(a[0]), states)
   found = []
-  for d in out_dirs:
+  for i, d in enumerate(out_dirs):
     ckpt = os.path.join(d, CHECKPOINT_FILE)
-    found.append(_checkpoint_rounds(ckpt, template) if resume else {})
+    found.append(_checkpoint_rounds(ckpt, template, fingerprints[i]) if resume else {})
   common = set.intersection(*(set(f) for f in found)) if all(found) else set()
   if resume and common:
     done = max(common)
