@@ -448,6 +448,7 @@ def load_data(seed: int, hint: str = "", **overrides) -> fs.FederatedDataset:
   try:
     data = fs.build_dataset(spec, seed)
   except FileNotFoundError as e:
+    hint = "" if hint[-40:] in str(e) else hint  # The loader's message may say it already.
     raise app.UsageError(f"{where}: {e}. {hint}".strip()) from e
   except ValueError as e:
     raise app.UsageError(f"{where}: {e}") from e

@@ -120,7 +120,8 @@ def priority_mask(n: int, label_hist, seed: int) -> np.ndarray:
     if FLAGS.priority_classes:
       return fedalign.choose_priority(n, classes=[int(v) for v in FLAGS.priority_classes],
                                       label_hist=label_hist)
-    return fedalign.choose_priority(n, count=FLAGS.num_priority, seed=seed + 7)
+    return fedalign.choose_priority(n, count=FLAGS.num_priority, seed=seed + 7,
+                                    label_hist=label_hist)
   except ValueError as e:
     flag = ("--priority_ids" if FLAGS.priority_ids else "--priority_classes"
             if FLAGS.priority_classes else "--num_priority")

@@ -201,7 +201,10 @@ PRIORITY_CHOICES = ("random", "ids", "classes")
 def choose_priority(num_clients: int, *, count: int = 0, ids=(), classes=(), label_hist=None,
                     seed: int = 0) -> np.ndarray:
   """`[N]` priority mask: explicit `ids`, the clients holding any training example of the given
-  `classes`, or else `count` clients drawn by seed (one of the three).
+  `classes`, or else `count` clients drawn by seed (one of the three). A drawn set with
+  `label_hist` spreads over the clients' majority classes: no class holds a second priority client
+  before every class holds one (two priority clients on one class would make the priority
+  objective a narrower task than the `count` the user asked for).
 
   Example:
     >>> choose_priority(5, ids=[1, 3]).tolist()
@@ -224,6 +227,11 @@ def choose_priority(num_clients: int, *, count: int = 0, ids=(), classes=(), lab
   else:
     if not 1 <= count < num_clients:
       raise ValueError(f"num_priority must be in 1..{num_clients - 1}, got {count}")
-    mask[np.random.default_rng(seed).permutation(num_clients)[:count]] = True
+    perm = np.random.default_rng(seed).permutation(num_clients)
+    if label_hist is not None:  # Draw order, then the clients' rank within their majority class.
+      majority = np.asarray(label_hist).argmax(axis=1)[perm]
+      rank = np.array([np.sum(majority[:i] == majority[i]) for i in range(num_clients)])
+      perm = perm[np.lexsort((np.arange(num_clients), rank))]
+    mask[perm[:count]] = True
   check_priority(mask)
   return mask

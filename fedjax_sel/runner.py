@@ -233,7 +233,9 @@ def _check_finite(record: dict, t: int) -> None:
   if not record.get("model_finite", True):
     causes.insert(0, "the aggregated global model has non-finite weights")
   if causes:
-    raise NonFiniteError(f"round {t}: " + "; ".join(causes) + " (diverged: lower the learning "
+    raise NonFiniteError(f"round {t}: " + "; ".join(causes) + " (the clients' data passed "
+                         "their checks when the run started: finite features, integer labels "
+                         "within the model's classes; so training diverged: lower the learning "
                          "rate, or exclude non-finite client updates with nonfinite='exclude', "
                          "--nonfinite=exclude)")
 

@@ -3,7 +3,7 @@
 Kinds:
   shuffle: every label replaced by a uniformly random class (over all C classes).
   flip: every label set to one class drawn per client among those other than its most frequent
-    label (one wrong class).
+    training label (one wrong class per client, the same in its training and validation splits).
   noise: features x + N(0, 0.7^2), clipped back to the pool's feature range.
 
 The training and validation splits of the bad clients are corrupted; test splits stay clean so that
@@ -23,16 +23,15 @@ KINDS = ("shuffle", "flip", "noise")
 GOOD = "good"
 
 
-def _corrupt_pool(pool: ClientPool, bad_kind: dict[int, str], num_classes: int, noise_std: float,
-                  lo: float, hi: float, rng: np.random.Generator) -> ClientPool:
+def _corrupt_pool(pool: ClientPool, bad_kind: dict[int, str], wrong: dict[int, int],
+                  num_classes: int, noise_std: float, lo: float, hi: float,
+                  rng: np.random.Generator) -> ClientPool:
   def fn(k, x, y):
     kind = bad_kind.get(k)
     if kind == "shuffle":
       y = rng.integers(0, num_classes, len(y)).astype(np.int32)
-    elif kind == "flip":  # One class other than the client's most frequent one.
-      wrong = (np.bincount(y, minlength=num_classes).argmax() + rng.integers(1, num_classes)
-               ) % num_classes
-      y = np.full(len(y), wrong, np.int32)
+    elif kind == "flip":
+      y = np.full(len(y), wrong[k], np.int32)
     elif kind == "noise":
       x = np.clip(x + rng.normal(0.0, noise_std, x.shape), lo, hi).astype(np.float32)
     return x, y
@@ -56,8 +55,12 @@ def corrupt_clients(data: FederatedDataset, fraction: float, kinds: tuple[str, .
   kind_of = _assign_kinds(n, fraction, kinds, rng)
   bad_kind = {int(k): str(kind_of[k]) for k in np.flatnonzero(kind_of != GOOD)}
   lo, hi = float(data.train.x.min()), float(data.train.x.max())
-  train = _corrupt_pool(data.train, bad_kind, data.num_classes, noise_std, lo, hi, rng)
-  val = _corrupt_pool(data.val, bad_kind, data.num_classes, noise_std, lo, hi, rng)
+  # A flipped client's one wrong class: other than its most frequent training label.
+  c = data.num_classes
+  wrong = {k: int((np.asarray(data.label_hist[k]).argmax() + rng.integers(1, c)) % c)
+           for k, kind in bad_kind.items() if kind == "flip"}
+  train = _corrupt_pool(data.train, bad_kind, wrong, c, noise_std, lo, hi, rng)
+  val = _corrupt_pool(data.val, bad_kind, wrong, c, noise_std, lo, hi, rng)
   return data._replace(train=train, val=val,
                        label_hist=label_histogram(train, data.num_classes)), kind_of != GOOD
 

@@ -129,6 +129,11 @@ def leaf_paths(patterns: list[str]) -> list[str]:
     if not found:
       raise FileNotFoundError(f"LEAF files {pattern!r}: no such file")
     paths.extend(found)
+  real = [os.path.realpath(p) for p in paths]
+  twice = sorted({p for p, r in zip(paths, real) if real.count(r) > 1})
+  if twice:
+    raise ValueError(f"LEAF files given twice (every user would be loaded twice): "
+                     f"{', '.join(twice)}")
   return paths
 
 
@@ -142,9 +147,14 @@ def load_leaf_json(paths: list[str]) -> tuple[list[str], list[np.ndarray], list[
     (user ids, per-user x arrays, per-user y arrays), users in file order.
   """
   users, xs, ys = [], [], []
+  source = {}  # user -> the file that holds it
   for path in paths:
     blob = _leaf_blob(path)
     for uid, n in zip(blob["users"], blob["num_samples"]):
+      if uid in source:
+        where = "twice in its 'users'" if source[uid] == path else f"also in {source[uid]}"
+        raise ValueError(f"{path}: user {uid!r} is listed {where}; each user must appear once")
+      source[uid] = path
       ud = blob["user_data"].get(uid)
       if not isinstance(ud, dict) or not {"x", "y"} <= set(ud):
         raise ValueError(f"{path}: user {uid!r} is listed in 'users' but has no 'x' and 'y' in "
@@ -153,15 +163,26 @@ def load_leaf_json(paths: list[str]) -> tuple[list[str], list[np.ndarray], list[
         raise ValueError(f"{path}: user {uid} declares {n} samples but holds {len(ud['x'])} x "
                          f"and {len(ud['y'])} y")
       if ud["x"] and isinstance(ud["x"][0], str):
+        if any(not isinstance(s, str) or len(s) != len(ud["x"][0]) for s in ud["x"]):
+          raise ValueError(f"{path}: user {uid}: Shakespeare inputs must be strings of one length")
+        if any(not isinstance(c, str) or len(c) != 1 for c in ud["y"]):
+          raise ValueError(f"{path}: user {uid}: Shakespeare labels must be single characters")
         x = np.stack([encode_chars(s) for s in ud["x"]]) if n else np.zeros((0, 80), np.int32)
         y = np.array([encode_chars(c)[0] for c in ud["y"]], dtype=np.int32)
       else:
         try:
           x = np.asarray(ud["x"], dtype=np.float32).reshape(n, 28, 28, 1)
-          y = np.asarray(ud["y"], dtype=np.int32)
+          labels = np.asarray(ud["y"], dtype=np.float64).reshape(n)
         except (ValueError, TypeError) as e:
           raise ValueError(f"{path}: user {uid}: FEMNIST rows must be 784 numbers with integer "
                            f"labels ({e})") from e
+        if np.any(labels != np.round(labels)):
+          bad = labels[labels != np.round(labels)][0]
+          raise ValueError(f"{path}: user {uid} has a fractional label ({bad}); labels are "
+                           "integer classes")
+        if not np.all(np.isfinite(x)):
+          raise ValueError(f"{path}: user {uid} has non-finite pixel values")
+        y = labels.astype(np.int32)
         if n and (y.min() < 0 or y.max() >= FEMNIST_CLASSES):
           raise ValueError(f"{path}: user {uid} has labels outside 0..{FEMNIST_CLASSES - 1} "
                            f"({y.min()}..{y.max()})")
@@ -196,7 +217,8 @@ def load_tfds(name: str, split: str = "train", data_dir: str | None = None) -> C
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
   try:
     source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
-  except (NotImplementedError, AssertionError, FileNotFoundError, ValueError) as e:
+    len(source)  # An unprepared dataset can open and fail here, on its empty splits.
+  except (NotImplementedError, AssertionError, FileNotFoundError, ValueError, KeyError) as e:
     where = data_dir or "the default TFDS data dir (~/tensorflow_datasets)"
     raise FileNotFoundError(f"TFDS dataset {name!r} is not prepared in {where}: "
                             + PREPARE["tfds"].format(name=name) + f" ({e})") from e
