@@ -230,7 +230,7 @@ def describe(part) -> dict:
   main = part.select if isinstance(part, Selector) else part.apply
   name = getattr(main, "__qualname__", type(main).__name__)
   warnings.warn(f"a {type(part).__name__} without a spec ({name}): a resumed run checks its name "
-                "only, not its settings; pass spec={'name': ..., **settings} to cover them",
+                "only, its settings are not covered; pass spec={'name': ..., **settings} to cover them",
                 stacklevel=2)
   return {"name": name, "settings": "not recorded"}
 

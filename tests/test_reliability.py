@@ -75,6 +75,10 @@ def build_bad_files(root):
   with open(path, "r+b") as f:
     f.truncate(os.path.getsize(path) - 16)
   store.write_store(os.path.join(root, "store_ok"), ragged_dataset([5, 6, 7]))
+  store.write_store(os.path.join(root, "store_offsets"), ragged_dataset([5, 6, 7]))
+  offsets = np.load(os.path.join(root, "store_offsets", "train_offsets.npy"))
+  offsets[1] += 1  # Same shape and dtype: only the values are wrong.
+  np.save(os.path.join(root, "store_offsets", "train_offsets.npy"), offsets)
   with open(os.path.join(root, "a_file"), "w", encoding="utf-8") as f:
     f.write("not a folder")
   os.makedirs(os.path.join(root, "previous", "seed0"))
@@ -141,6 +145,10 @@ LAUNCHER_CASES = [
     ("run", ["--store_dir={tmp}/empty_tfds"], "store.json"),
     ("run", ["--store_dir={tmp}/store_ok", "--num_clients=7"], "holds 3 clients"),
     ("run", ["--store=disk"], "--store"),
+    ("run", ["--store_dir={tmp}/store_offsets"], "client 1: offsets[1]"),
+    ("run", ["--dataset=leaf", "--leaf_files={tmp}/leaf/few_users.json,{tmp}/leaf/few_users.json"],
+     "given twice"),
+    ("fedsrc", ["--methods=multi_krum", "--multi_krum_m=9"], "--multi_krum_m=9 cannot apply"),
     ("filfl", ["--filters=foo"], "--filters"),
     ("filfl", ["--gammas=nan"], "--gammas"),
     ("filfl", ["--gammas=2"], "--gammas"),
@@ -437,3 +445,443 @@ def test_killed_multi_run_job_resumes_to_the_same_outputs(tmp_path):
   assert (tmp_path / "cut" / "filtered_bad.csv").read_text(encoding="utf-8") == (
       tmp_path / "whole" / "filtered_bad.csv").read_text(encoding="utf-8")
   assert (tmp_path / "cut" / "filfl.png").exists()
+
+
+# --- Reliability II: data that do not add up, part contracts, API, LEAF, locks, full disks -----
+
+def _store(root, name, edit=None, meta=None):
+  """A store of a small dataset under `root/name`, with `edit(arrays)` applied to its arrays (same
+  shapes and dtypes) and `meta(dict)` to its store.json."""
+  from fedjax_sel.data import store  # pylint: disable=import-outside-toplevel
+  folder = os.path.join(root, name)
+  store.write_store(folder, ragged_dataset([9, 7, 11, 5]))
+  if edit is not None:
+    arrays = {f[:-4]: np.load(os.path.join(folder, f)) for f in os.listdir(folder)
+              if f.endswith(".npy")}
+    edit(arrays)
+    for key, value in arrays.items():
+      np.save(os.path.join(folder, key + ".npy"), value)
+  if meta is not None:
+    path = os.path.join(folder, "store.json")
+    with open(path, encoding="utf-8") as f:
+      blob = json.load(f)
+    meta(blob)
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(blob, f)
+  return folder
+
+
+def _set(key, index, value):
+  def edit(arrays):
+    arrays[key][index] = value
+  return edit
+
+
+def _shift_counts(arrays):  # Counts and offsets edited together: only the row owners disagree.
+  arrays["train_counts"][0] += 1
+  arrays["train_counts"][1] -= 1
+  arrays["train_offsets"][1] += 1
+
+
+STORE_CASES = [  # (name, edit, meta, error, needle)
+    ("offset edited", _set("train_offsets", 2, 3), None, "DataError", r"client 2: offsets\[2\]"),
+    ("count edited", _set("train_counts", 1, 2), None, "DataError", r"client 2: offsets\[2\]"),
+    ("negative count", _set("test_counts", 0, -1), None, "DataError", "counts.0. = -1"),
+    ("counts and offsets edited together", _shift_counts, None, "DataError", "client_id"),
+    ("client_id edited", _set("train_client_id", 3, 2), None, "DataError", "row 3"),
+    ("label beyond the classes", _set("train_y", 4, 9), None, "DataError", "label 9"),
+    ("negative label", _set("val_y", 0, -1) if False else _set("test_y", 1, -1), None,
+     "DataError", "label -1"),
+    ("label swapped within the classes", _set("train_y", 0, 3), None, "DataError",
+     "label_hist.npy: client 0"),
+    ("label_hist edited", _set("label_hist", (1, 0), 40), None, "DataError", "label_hist"),
+    ("store.json num_classes", None, lambda m: m.update(num_classes=2), "DataError",
+     "outside the 2 classes"),
+    ("store.json num_clients", None, lambda m: m.update(num_clients=5), "DataError",
+     "holds 4 clients"),
+    ("store.json feature_shape", None, lambda m: m.update(feature_shape=[7]), "ValueError",
+     "records \\[7\\]"),
+    ("store.json misses an array", None, lambda m: m["arrays"].pop("train_y.npy"), "ValueError",
+     "lists no train_y.npy"),
+    ("store.json unreadable", None, lambda m: m.update(arrays=3), "ValueError",
+     "not a readable store description"),
+]
+
+
+@pytest.mark.parametrize("name,edit,meta,error,needle", STORE_CASES, ids=[c[0] for c in STORE_CASES])
+def test_store_that_does_not_add_up_is_refused_at_open(tmp_path, name, edit, meta, error, needle):
+  from fedjax_sel.data import store  # pylint: disable=import-outside-toplevel
+  folder = _store(str(tmp_path), "s", edit, meta)
+  with pytest.raises(ValueError, match=needle) as info:
+    store.open_store(folder)
+  assert type(info.value).__name__ == error, (name, info.value)
+  assert folder in str(info.value)
+
+
+def test_store_with_a_nan_feature_is_refused_before_its_rows_train(tmp_path):
+  """Features, the bulk of a store, are checked as rows are read: the host placement refuses the
+  round before training, naming the split and the client; nothing of a round was written."""
+  from fedjax_sel.data import store  # pylint: disable=import-outside-toplevel
+  folder = _store(str(tmp_path), "s", _set("train_x", (12, 2), np.nan))
+  data = store.open_store(folder)  # Opens: the integer arrays add up.
+  model = fs.build_model("logreg", data.feature_shape, data.num_classes)
+  for where in ("host", "device"):
+    def build(where=where):
+      return fs.Simulator(model, data, lambda rate: optax.sgd(rate), fs.LocalHParams(batch_size=4),
+                          fs.uniform_availability(4, 4), fs.selectors.all_selector(),
+                          fs.fedavg(), 4, 0, store=where)
+    out = tmp_path / where
+    with pytest.raises(fs.data.integrity.DataError, match="client 2: row 12 has a non-finite"):
+      fs.run(build(), 2, str(out), progress=None)
+    assert not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text()
+
+
+def _edited(**changes):
+  """The make_sim dataset with its training pool's fields replaced (the API's own pools)."""
+  data = ragged_dataset([20, 12, 9, 15, 30, 11])
+  train = data.train
+  fields = {k: np.array(getattr(train, k)) for k in train._fields}
+  for key, (index, value) in changes.items():
+    fields[key][index] = value
+  return data._replace(train=train._replace(**fields))
+
+
+def _sim_of(data, **kw):
+  return lambda: make_sim(data, **kw)
+
+
+def _model(**kw):
+  data = ragged_dataset([20, 12, 9, 15, 30, 11])
+  model = fs.build_model(kw.pop("name", "logreg"), kw.pop("shape", data.feature_shape),
+                         kw.pop("classes", data.num_classes))
+  return lambda: fs.Simulator(model, data, lambda rate: optax.sgd(rate),
+                              fs.LocalHParams(batch_size=4), fs.uniform_availability(6, 4),
+                              fs.random_selector(2), fs.fedavg(), 2, 0, **kw)
+
+
+def _wrong_init_params():
+  data = ragged_dataset([20, 12, 9, 15, 30, 11])
+  model = fs.build_model("logreg", data.feature_shape, data.num_classes)
+  params = jax.tree.map(lambda a: jnp.zeros((a.shape[0] + 1, *a.shape[1:])),
+                        model.init(jax.random.PRNGKey(0)))
+  return _model(init_params=params)
+
+
+API_II_CASES = [  # (name, call, error, needle): the library checks what the launchers check.
+    ("pool offset edited", _sim_of(_edited(offsets=(3, 40))), ValueError,
+     r"data.train: client 3: offsets\[3\] = 40"),
+    ("pool count edited", _sim_of(_edited(counts=(0, 21))), ValueError,
+     r"data.train: client 1: offsets\[1\]"),
+    ("pool label -1", _sim_of(_edited(y=(5, -1))), ValueError, "data.train: client 0: row 5 has "
+     "label -1"),
+    ("pool label beyond the classes", _sim_of(_edited(y=(30, 4))), ValueError, "label 4, outside"),
+    ("pool NaN feature", _sim_of(_edited(x=((25, 0), np.nan))), ValueError, "non-finite feature"),
+    ("pool infinite feature", _sim_of(_edited(x=((2, 3), np.inf))), ValueError, "non-finite"),
+    ("pool client_id edited", _sim_of(_edited(client_id=(0, 1))), ValueError, "client_id"),
+    ("negative learning rate", _sim_of(None, lr=-0.1), ValueError, "gradient ascent"),
+    ("NaN learning rate", _sim_of(None, lr=float("nan")), ValueError, "lr_schedule"),
+    ("schedule negative at round 0", _model(lr_schedule=lambda t: -0.1 + 0.0 * t), ValueError,
+     "lr_schedule"),
+    ("eval_mask selects nobody", _model(eval_mask=np.zeros(6, bool)), ValueError,
+     "eval_mask selects no client"),
+    ("model of other classes", _model(classes=7), ValueError, "predicts 7 classes, the dataset has 4"),
+    ("model of another input shape", _model(name="mlp", shape=(3,)), ValueError,
+     "cannot take the dataset's inputs"),
+    ("init_params of other shapes", _wrong_init_params(), ValueError, "init_params"),
+]
+
+
+@pytest.mark.parametrize("name,call,error,needle", API_II_CASES, ids=[c[0] for c in API_II_CASES])
+def test_library_refuses_what_the_launchers_refuse(name, call, error, needle):
+  del name
+  with pytest.raises(error, match=needle):
+    call()
+
+
+def _selector(fn, spec=None):
+  return fs.Selector(init=lambda n, p: (), select=lambda s, key, inputs, mask: (fn(mask), s),
+                     spec=spec or {"name": "broken"})
+
+
+def _rule(fn):
+  return fs.Participation(init=lambda n: (), apply=lambda s, key, inputs, chosen: (*fn(chosen), s),
+                          spec={"name": "broken_rule"})
+
+
+def _everyone_but_first(mask):
+  return jnp.ones_like(mask).at[0].set(False) | mask
+
+
+def _top(count):
+  return lambda mask: jnp.zeros_like(mask).at[jnp.nonzero(mask, size=count)[0]].set(True)
+
+
+CONTRACT_CASES = [  # (name, Simulator keyword arguments, error needle)
+    ("selector chooses more than K", {"selector": _selector(_top(3))}, "chose more than K"),
+    ("selector chooses unavailable clients", {"selector": _selector(lambda m: jnp.ones_like(m))},
+     "outside the available, filtered-in set"),
+    ("selector returns an int mask", {"selector": _selector(lambda m: m.astype(jnp.int32))},
+     "dtype int32"),
+    ("selector returns a short mask", {"selector": _selector(lambda m: m[:3])},
+     r"shape \(3,\)"),
+    ("rule trains an unselected client", {"participation": _rule(lambda c: (c | ~c, c))},
+     "trained or aggregated clients that were not selected"),
+    ("rule aggregates an unselected client", {"participation": _rule(lambda c: (c, ~c))},
+     "not selected"),
+    ("rule returns a float mask", {"participation": _rule(lambda c: (c.astype(float), c))},
+     "dtype float"),
+]
+
+
+@pytest.mark.parametrize("name,kw,needle", CONTRACT_CASES, ids=[c[0] for c in CONTRACT_CASES])
+def test_part_breaking_its_contract_stops_the_run_naming_it(tmp_path, name, kw, needle):
+  """The round refuses a broken mask: the run stops in round 0 naming the part, and no round's
+  record or checkpoint is written."""
+  del name
+  with pytest.raises(fs.round.ContractError, match=needle) as info:
+    fs.run(make_sim(**kw), 2, str(tmp_path), progress=None)
+  assert "broken" in str(info.value)
+  assert not (tmp_path / "checkpoint.msgpack").exists()
+  metrics = tmp_path / "metrics.jsonl"
+  assert not metrics.exists() or not metrics.read_text(encoding="utf-8")
+
+
+def test_filter_keeping_unavailable_clients_stops_the_run():
+  data = ragged_dataset([20, 12, 9, 15, 30, 11])
+  keep_all = fs.Filter(init=lambda n: (), apply=lambda s, key, inputs, mask, local: (
+      jnp.ones_like(mask), s, {}), spec={"name": "keeps_everyone"})
+  sim = make_sim(data, filter=keep_all)
+  with pytest.raises(fs.round.ContractError, match="round 0: the filter 'keeps_everyone' kept "
+                     "clients that are not available"):
+    sim.step(sim.init())
+
+
+def test_batched_runs_name_the_run_that_broke_a_contract():
+  data = ragged_dataset([20, 12, 9, 15, 30, 11])
+  bad = _selector(_top(3), {"name": "three"})
+  sims = [make_sim(data, seed=s, selector=bad) for s in (0, 1)]
+  batch = fs.RunBatch(sims)
+  with pytest.raises(fs.round.ContractError, match="round 0, run 0: the selector 'three'"):
+    batch.step(batch.init())
+
+
+RESUME_CASES = [  # (name, keyword arguments of the resumed run, needle of the refusal)
+    ("aggregator changed", {"aggregator": fs.aggregators.coordinate_median()},
+     "'name': 'fedavg'.* -> .*'name': 'median'"),
+    ("aggregator setting changed", {"aggregator": fs.fedavg("uniform")}, "weighting"),
+    ("selector changed", {"selector": fs.selectors.power_of_choice(2, 4)}, "power_of_choice"),
+    ("selector setting changed", {"selector": fs.random_selector(3)}, "'k': 2.* -> .*'k': 3"),
+    ("schedule changed", {"lr_schedule": fs.step_decay_lr(0.1, 0.5, 2)}, "lr_schedule"),
+    ("local steps changed", {"local": fs.LocalHParams(batch_size=4, num_steps=3)}, "local"),
+]
+
+
+def _resumable(**kw):
+  data = ragged_dataset([20, 12, 9, 15, 30, 11])
+  args = dict(model=fs.build_model("logreg", data.feature_shape, data.num_classes), data=data,
+              optimizer=lambda rate: optax.sgd(rate), local=fs.LocalHParams(batch_size=4),
+              availability=fs.uniform_availability(6, 4), selector=fs.random_selector(2),
+              aggregator=fs.fedavg(), clients_per_round=2, seed=0,
+              lr_schedule=fs.constant_lr(0.1))
+  args.update(kw)
+  if "selector" in kw and kw["selector"].spec.get("k") == 3:
+    args["clients_per_round"] = 3
+  return fs.Simulator(**args)
+
+
+@pytest.mark.parametrize("name,kw,needle", RESUME_CASES, ids=[c[0] for c in RESUME_CASES])
+def test_api_resume_with_a_changed_part_is_refused_naming_it(tmp_path, name, kw, needle):
+  del name
+  fs.run(_resumable(), 2, str(tmp_path), progress=None)
+  before = (tmp_path / "metrics.jsonl").read_text(encoding="utf-8")
+  with pytest.raises(checkpoint.CheckpointError, match=needle):
+    fs.run(_resumable(**kw), 4, str(tmp_path), resume=True, progress=None)
+  assert (tmp_path / "metrics.jsonl").read_text(encoding="utf-8") == before  # Nothing lost.
+  fs.run(_resumable(), 3, str(tmp_path), resume=True, progress=None)  # The same setup resumes.
+
+
+def test_a_users_part_without_a_spec_is_fingerprinted_by_name_with_a_warning(tmp_path):
+  mine = fs.Selector(init=lambda n, p: (), select=lambda s, key, inputs, mask: (
+      fs.top_k_mask(jnp.arange(mask.shape[0], dtype=jnp.float32), mask, 2), s))
+  with pytest.warns(UserWarning, match="settings are not covered"):
+    fs.run(make_sim(selector=mine), 1, str(tmp_path), progress=None)
+  with pytest.raises(checkpoint.CheckpointError, match="selector"):
+    fs.run(make_sim(), 2, str(tmp_path), resume=True, progress=None)
+
+
+def _leaf(root, name, blob):
+  path = os.path.join(root, name + ".json")
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(blob, f)
+  return path
+
+
+LEAF_CASES = [  # (name, files: [(file name, blob)], needle)
+    ("fractional label", [("frac", {**femnist_users(1), "user_data": {
+        "u0": {"x": [FEMNIST_ROW] * 2, "y": [1.5, 2]}}})], "fractional label"),
+    ("user listed twice", [("twice", {"users": ["u0", "u0"], "num_samples": [2, 2],
+                                      "user_data": femnist_users(1)["user_data"]})],
+     "listed twice"),
+    ("user in two files", [("a", femnist_users(2)), ("b", femnist_users(3))], "also in"),
+    ("NaN pixel", [("nan", {**femnist_users(1), "user_data": {
+        "u0": {"x": [[float("nan")] * 784] * 2, "y": [1, 2]}}})], "non-finite"),
+    ("Shakespeare label of two characters", [("text", {
+        "users": ["s"], "num_samples": [1], "user_data": {"s": {"x": ["a" * 80], "y": ["ab"]}}})],
+     "single characters"),
+]
+
+
+@pytest.mark.parametrize("name,files,needle", LEAF_CASES, ids=[c[0] for c in LEAF_CASES])
+def test_leaf_inputs_are_read_strictly(tmp_path, name, files, needle):
+  del name
+  paths = [_leaf(str(tmp_path), file_name, blob) for file_name, blob in files]
+  with pytest.raises(ValueError, match=needle) as info:
+    sources.load_leaf_json(paths)
+  assert any(p in str(info.value) for p in paths)
+
+
+def test_the_same_leaf_file_given_twice_is_refused(tmp_path):
+  path = _leaf(str(tmp_path), "users", femnist_users(3))
+  with pytest.raises(ValueError, match="given twice"):
+    sources.leaf_paths([path, str(tmp_path / "*.json")])
+
+
+def _job(out, *extra):
+  return subprocess.Popen(
+      [sys.executable, "-m", "experiments.run", "--num_clients=10", "--num_available=5",
+       "--clients_per_round=2", "--seeds=0", f"--out_dir={out}", *extra], cwd=REPO,
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_a_second_job_on_one_out_dir_is_refused_while_the_first_runs(tmp_path):
+  first = _job(tmp_path, "--rounds=100000", "--eval_every=1000", "--checkpoint_every=1000")
+  metrics = tmp_path / "seed0" / "metrics.jsonl"
+  deadline = time.time() + 300
+  while not (metrics.exists() and metrics.read_text(encoding="utf-8").count("\n") >= 1):
+    assert time.time() < deadline and first.poll() is None, first.stdout.read()
+    time.sleep(0.05)
+  second = _job(tmp_path, "--rounds=2", "--overwrite")
+  out = second.stdout.read()
+  first.send_signal(signal.SIGKILL)
+  first.wait()
+  assert second.wait(300) == 1 and "is in use by another job" in out, out
+  assert f"process {first.pid}" in out
+  again = _job(tmp_path, "--rounds=2", "--overwrite")  # The kernel dropped the killed job's lock.
+  assert again.wait(300) == 0, again.stdout.read()
+
+
+def test_resume_after_a_flag_changed_names_the_flag(tmp_path):
+  assert _job(tmp_path, "--rounds=2").wait(300) == 0
+  for flag, value in (("--num_clients", "12"), ("--hidden", "16"), ("--model", "logreg")):
+    job = _job(tmp_path, "--rounds=3", "--resume", f"{flag}={value}")
+    out = job.stdout.read()
+    assert job.wait(300) == 1 and f"{flag}:" in out and "array" not in out, out
+
+
+def _enospc(*_):
+  import errno  # pylint: disable=import-outside-toplevel
+  raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_full_disk_on_a_checkpoint_names_it_and_keeps_finished_rounds(tmp_path, monkeypatch):
+  """An injected ENOSPC at the checkpoint's fsync: one error naming the file, no temporary file
+  left, and the rounds finished before it resume."""
+  real_fsync, calls = os.fsync, []
+
+  def fsync(fd):  # The first checkpoint (and its folder) is written; the second finds no space.
+    calls.append(fd)
+    return real_fsync(fd) if len(calls) <= 2 else _enospc()
+
+  monkeypatch.setattr(os, "fsync", fsync)
+  with pytest.raises(checkpoint.WriteError, match="cannot write .*checkpoint.msgpack: No space"):
+    fs.run(make_sim(), 4, str(tmp_path), checkpoint_every=2, progress=None)
+  monkeypatch.undo()
+  assert not list(tmp_path.glob("*.tmp"))
+  resumed = fs.run(make_sim(), 4, str(tmp_path), checkpoint_every=2, resume=True, progress=None)
+  assert [r["round"] for r in resumed] == [0, 1, 2, 3]
+
+
+def test_full_disk_on_the_metrics_names_them(tmp_path, monkeypatch):
+  class FullFile:
+    def __init__(self, *_, **__):
+      pass
+
+    def write(self, _):
+      _enospc()
+
+    def close(self):
+      _enospc()
+
+  real_open = open
+  monkeypatch.setattr("builtins.open", lambda path, mode="r", *a, **k: FullFile() if str(
+      path).endswith("metrics.jsonl") and "a" in mode else real_open(path, mode, *a, **k))
+  with pytest.raises(checkpoint.WriteError, match="metrics.jsonl: No space left .* rounds before "
+                     "round 0 are kept"):
+    fs.run(make_sim(), 2, str(tmp_path), progress=None)
+
+
+def test_full_tmpfs_ends_the_launcher_in_one_line(tmp_path):
+  """On a real 1.5 MB filesystem (a tmpfs; needs root to mount): the job runs until the disk is
+  full, then prints one line naming the file, leaves no temporary file, and keeps its rounds."""
+  small = tmp_path / "small"
+  small.mkdir()
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1500k", "tmpfs", str(small)],
+                    capture_output=True, check=False).returncode:
+    pytest.skip("cannot mount a tmpfs here (not root); the injected-ENOSPC tests cover the logic")
+  try:
+    job = _job(small / "job", "--rounds=5000", "--eval_every=100", "--checkpoint_every=50")
+    out = job.stdout.read()
+    assert job.wait(300) == 1, out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "No space left on device" in last, out
+    assert "Traceback" not in out
+    assert not list((small / "job").rglob("*.tmp"))
+    lines = (small / "job" / "seed0" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(lines) > 50
+  finally:
+    subprocess.run(["umount", str(small)], check=False)
+
+
+def test_a_folder_without_room_for_a_checkpoint_is_refused_before_any_round(tmp_path,
+                                                                            monkeypatch):
+  import collections  # pylint: disable=import-outside-toplevel
+  usage = collections.namedtuple("usage", "total used free")
+  monkeypatch.setattr(fs.runner.shutil, "disk_usage", lambda _: usage(1000, 1000, 1000))
+  with pytest.raises(checkpoint.WriteError, match="MiB free"):
+    fs.run(make_sim(), 2, str(tmp_path), progress=None)
+  assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_flipped_clients_keep_one_wrong_class_in_training_and_validation():
+  from fedjax_sel.data import corruption  # pylint: disable=import-outside-toplevel
+  xs = [np.zeros((30, 2), np.float32) for _ in range(12)]
+  ys = [np.full(30, k % 4) for k in range(12)]
+  data = fs.data.split_clients(xs, ys, num_classes=4, val_fraction=0.3, test_fraction=0.1, seed=0)
+  bad_data, bad = corruption.corrupt_clients(data, 1.0, ("flip",), seed=3)
+  for k in np.flatnonzero(bad):
+    train, val = set(bad_data.train.client(k)[1].tolist()), set(bad_data.val.client(k)[1].tolist())
+    assert len(train) == 1 and train == val and train != {k % 4}, k
+
+
+def test_dominant_partition_gives_every_client_its_dominant_class():
+  from fedjax_sel.data import partition  # pylint: disable=import-outside-toplevel
+  y = sources.load_digits().y
+  for n in (20, 50, 99):
+    for k, part in enumerate(partition.dominant(y, n, 10, 0.8, seed=0)):
+      hist = np.bincount(y[part], minlength=10)
+      assert len(part) == len(y) // n and hist[k % 10] >= 0.8 * len(part) - 1, (n, k)
+
+
+def test_drawn_priority_clients_hold_distinct_classes():
+  from fedjax_sel import fedalign  # pylint: disable=import-outside-toplevel
+  hist = np.zeros((30, 10), int)
+  hist[np.arange(30), np.arange(30) % 10] = 5
+  for seed in range(20):
+    mask = fedalign.choose_priority(30, count=10, seed=seed, label_hist=hist)
+    assert sorted((np.arange(30) % 10)[mask].tolist()) == list(range(10)), seed
+
+
+def test_there_are_at_least_forty_new_reliability_cases():
+  new = (len(STORE_CASES) + len(API_II_CASES) + len(CONTRACT_CASES) + len(RESUME_CASES)
+         + len(LEAF_CASES) + 3 + 2 + 1 + 1 + 1 + 4)  # Launcher cases added, tests below.
+  assert new >= 40

@@ -119,7 +119,8 @@ def open_store(folder: str, expect_name: str | None = None) -> FederatedDataset:
     num_clients, num_classes = int(meta["num_clients"]), int(meta["num_classes"])
     feature_shape = [int(d) for d in meta["feature_shape"]]
     str(meta["name"])
-  except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError) as e:
+  except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError,
+          AttributeError) as e:
     raise ValueError(f"{meta_path}: not a readable store description ({type(e).__name__}: {e})"
                      ) from e
   missing = sorted(({f"{s}_{f}.npy" for s in SPLITS for f in POOL_FIELDS}
