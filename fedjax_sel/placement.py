@@ -10,8 +10,7 @@ Two placements share one small interface (`arrays`, `step(state)`, `evaluate(par
 
 Example:
   >>> import numpy as np
-  >>> from fedjax_sel.data import integrity
-from fedjax_sel.data.federated import ClientPool
+  >>> from fedjax_sel.data.federated import ClientPool
   >>> pool = ClientPool.from_client_arrays([np.ones((3, 2)), np.zeros((1, 2))],
   ...                                      [np.array([0, 1, 0]), np.array([1])])
   >>> padded_pool(pool, 6).x.shape, padded_pool(pool, 6).counts.tolist()
