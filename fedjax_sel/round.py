@@ -322,63 +322,88 @@ def filter_round_flag(config: RoundConfig, state: EngineState, avail) -> jax.Arr
 def _pick(config: RoundConfig, state: EngineState, arrays: DataArrays, run: RunValues,
           inputs: RoundInputs, lr) -> tuple[_Picked, jax.Array]:
   """Filter (on filtering rounds), select, participate and train; returns the picks and this
-  run's filter-round flag."""
+  run's filter-round flag.
+
+  Local training is traced once per round program, outside the filter's `lax.cond`: the filter
+  branch holds only the filter and the selection after it. With a filter that trains every
+  available client (FilFL), the round trains n slots: on a filtering round every available
+  client, else the clients selected from the kept filtered-in set (the other slots take no step).
+  """
   t, params, avail = state.round, state.params, inputs.available
   n_avail = config.availability.num_available
   filt = config.filter
-
-  def select_and_train(fmask, fstate, info, local, trained_all, filter_outside):
-    chosen, sel_state, train_m, agg_m, part_state, broken = select_and_participate(
-        config, state, inputs, fmask, run.seed)
-    broken["filter_outside_available"] = filter_outside
-    if local is None:
-      slots, valid, res = train_slots(config, params, arrays, run, train_m, config.k, t, lr,
-                                      agg_m if config.stream else None)
-      trained_models = jnp.sum(valid)
-      train_samples = jnp.sum(res.samples)
-    else:  # Aggregate the already-trained models of the selected clients (no retraining).
-      slots_n, valid_n, res_n = local
-      slots, valid = _nonzero_slots(train_m, config.k)
-      n = avail.shape[0]
-      where = jnp.zeros((n,), jnp.int32).at[slots_n].set(jnp.arange(n_avail))
-      res = jax.tree.map(lambda a: a[where[slots]], res_n)
-      res = res._replace(train_loss=jnp.where(valid, res.train_loss, 0.0),
-                         samples=jnp.where(valid, res.samples, 0.0))
-      # A run of a batch that did not need this filtering round pays for its K clients only.
-      trained_models = jnp.where(trained_all, jnp.sum(valid_n), jnp.sum(valid))
-      train_samples = jnp.where(trained_all, jnp.sum(res_n.samples), jnp.sum(res.samples))
-    return _Picked(fmask, fstate, info, chosen, sel_state, train_m, agg_m, part_state, slots,
-                   valid, res, train_samples.astype(jnp.float32),
-                   trained_models.astype(jnp.float32),
-                   jnp.maximum(trained_models, jnp.sum(chosen)).astype(jnp.float32), broken)
-
   none = jnp.zeros((), jnp.int32)
   if filt is None:
-    return select_and_train(avail, state.filter_state, {}, None, True, none), jnp.asarray(False)
+    selection = select_and_participate(config, state, inputs, avail, run.seed)
+    return _train_picked(config, state, arrays, run, lr, avail, state.filter_state, {}, none,
+                         selection, None, jnp.asarray(False)), jnp.asarray(False)
 
   own = filter_round_flag(config, state, avail)
+  filtering = _any_run(config, own)
   fkey = keylib.round_key(run.seed, t, keylib.FILTER)
   reused = state.filtered & avail
+  reuse_selection = lambda: select_and_participate(config, state, inputs, reused, run.seed)
+  local = None
+  if filt.trains_available:
+    # The selection from the kept set decides who trains on other rounds (not computed on
+    # filtering rounds, whose selection follows the filter).
+    kept = jax.lax.cond(filtering, lambda: _zeros(jax.eval_shape(reuse_selection)),
+                        reuse_selection)
+    local = train_slots(config, params, arrays, run, jnp.where(filtering, avail, kept[2]),
+                        n_avail, t, lr)
+    if config.exclude_nonfinite:
+      finite, clean = _without_nonfinite(local[2], params)
+      local = (local[0], local[1] & finite, clean)
+    reuse_selection = lambda: kept
 
-  def filter_branch(_):
-    local = None
-    if filt.trains_available:
-      local = train_slots(config, params, arrays, run, avail, n_avail, t, lr)
-      if config.exclude_nonfinite:
-        finite, clean = _without_nonfinite(local[2], params)
-        local = (local[0], local[1] & finite, clean)
+  def filter_branch():
     fmask, fstate, info = filt.apply(state.filter_state, fkey, inputs, avail, local)
     check_mask(config, "filter", "its filtered-in set", fmask, avail.shape[0])
     outside = jnp.where(own, _count(fmask & ~avail), 0)
     fmask = jnp.where(own, fmask & avail, reused)
     fstate = jax.tree.map(lambda a, b: jnp.where(own, a, b), fstate, state.filter_state)
     info = jax.tree.map(lambda a: jnp.where(own, a, jnp.zeros_like(a)), info)
-    return select_and_train(fmask, fstate, info, local, own, outside)
+    return (fmask, fstate, info, outside,
+            select_and_participate(config, state, inputs, fmask, run.seed))
 
-  info_shape = jax.eval_shape(filter_branch, None).info
-  info_zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), info_shape)
-  reuse = lambda _: select_and_train(reused, state.filter_state, info_zeros, None, False, none)
-  return jax.lax.cond(_any_run(config, own), filter_branch, reuse, None), own
+  info_zeros = _zeros(jax.eval_shape(filter_branch)[2])
+  reuse = lambda: (reused, state.filter_state, info_zeros, none, reuse_selection())
+  fmask, fstate, info, outside, selection = jax.lax.cond(filtering, filter_branch, reuse)
+  return _train_picked(config, state, arrays, run, lr, fmask, fstate, info, outside, selection,
+                       local, own), own
+
+
+def _train_picked(config: RoundConfig, state: EngineState, arrays: DataArrays, run: RunValues,
+                  lr, fmask, fstate, info, outside, selection, local, trained_all) -> _Picked:
+  """The round's picks with the selected clients' local results: trained now in K slots, or with
+  `local` (every available client trained for the filter) gathered from those."""
+  chosen, sel_state, train_m, agg_m, part_state, broken = selection
+  broken = {**broken, "filter_outside_available": outside}
+  if local is None:
+    slots, valid, res = train_slots(config, state.params, arrays, run, train_m, config.k,
+                                    state.round, lr, agg_m if config.stream else None)
+    trained_models = jnp.sum(valid)
+    train_samples = jnp.sum(res.samples)
+  else:  # Aggregate the already-trained models of the selected clients (no retraining).
+    slots_n, valid_n, res_n = local
+    slots, valid = _nonzero_slots(train_m, config.k)
+    n = fmask.shape[0]
+    # Each trained client's slot (slots past the trained ones repeat client 0: left out).
+    where = jnp.zeros((n,), jnp.int32).at[jnp.where(valid_n, slots_n, n)].set(
+        jnp.arange(slots_n.shape[0]), mode="drop")
+    res = jax.tree.map(lambda a: a[where[slots]], res_n)
+    res = res._replace(train_loss=jnp.where(valid, res.train_loss, 0.0),
+                       samples=jnp.where(valid, res.samples, 0.0))
+    # A run of a batch that did not need this filtering round pays for its K clients only.
+    trained_models = jnp.where(trained_all, jnp.sum(valid_n), jnp.sum(valid))
+    train_samples = jnp.where(trained_all, jnp.sum(res_n.samples), jnp.sum(res.samples))
+  return _Picked(fmask, fstate, info, chosen, sel_state, train_m, agg_m, part_state, slots, valid,
+                 res, train_samples.astype(jnp.float32), trained_models.astype(jnp.float32),
+                 jnp.maximum(trained_models, jnp.sum(chosen)).astype(jnp.float32), broken)
+
+
+def _zeros(shapes):
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
 def aggregate(config: RoundConfig, state: EngineState, picked: _Picked, arrays: DataArrays):

@@ -229,6 +229,34 @@ def test_filfl_round_matches_hand_composition(batch_norm):
   assert float(metrics["cost"]["uploads"]) == 6
 
 
+def test_filfl_round_without_filtering_trains_the_selected_clients():
+  """Round 1 of a filter that trains every available client (period 2) is not a filtering round:
+  the selected clients (0, 3 and 5 of the 10 available: client 0's slot must not be confused with
+  the 7 untrained slots) train from w_1 and their uniform mean is w_2, as a plain loop computes
+  it."""
+  data = _data_with_public()
+  n = data.num_clients
+  keep_all = fs.Filter(init=lambda num: (), apply=lambda s, key, inputs, mask, local: (mask, s, {}),
+                       period=2, trains_available=True, spec={"name": "keep_all"})
+  model = fs.build_model("logreg", data.feature_shape, data.num_classes)
+  chosen = jnp.zeros(n, bool).at[jnp.array([0, 3, 5])].set(True)
+  fixed = fs.Selector(init=lambda num, p: (), select=lambda s, key, inputs, mask: (
+      chosen & mask, s), spec={"name": "fixed"})
+  sim = fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
+                     fs.uniform_availability(n, n, period=100), fixed, fs.fedavg("uniform"), 3,
+                     0, filter=keep_all, lr_schedule=fs.constant_lr(0.1))
+  first, m0 = sim.step(sim.init())
+  second, m1 = sim.step(first)
+  assert bool(m0["filter_round"]) and not bool(m1["filter_round"])
+  slots = jnp.array([0, 3, 5], jnp.int32)
+  keys = keylib.client_keys(keylib.round_key(0, 1, keylib.TRAIN), slots)
+  res = local_train(model, sim.optimizer, sim.local, first.params, fs.data.device_pool(data.train),
+                    slots, jnp.ones(3, bool), keys, jnp.float32(0.1), data.train.max_count)
+  expected = jax.tree.map(lambda a: jnp.mean(a, axis=0), res.params)
+  chex.assert_trees_all_close(second.params, expected, atol=1e-5)
+  assert float(m1["cost"]["train_samples"]) == float(jnp.sum(res.samples))
+
+
 def test_filfl_rounds_do_not_retrace_and_reuse_the_filtered_set():
   sim = _filfl_sim(_data_with_public(), period=2)
   state = sim.init()
