@@ -34,7 +34,7 @@ import optax
 from fedjax_sel import programs
 from fedjax_sel.availability import Availability
 from fedjax_sel.components import (SPLIT_STATS, STAT_NAMES, Aggregator, ClientState, Filter,
-                                   Participation, Selector, everyone)
+                                   Participation, Selector, everyone, part_name)
 from fedjax_sel.data import integrity
 from fedjax_sel.data.federated import FederatedDataset
 from fedjax_sel.local_training import (CPU_TINY_STEP_FLOPS, LocalHParams, OptimizerFactory,
@@ -42,7 +42,6 @@ from fedjax_sel.local_training import (CPU_TINY_STEP_FLOPS, LocalHParams, Optimi
                                        step_cost)
 from fedjax_sel.models.bundle import Model
 from fedjax_sel.placement import Capacity, DevicePlacement, HostPlacement, fits_on_device
-from fedjax_sel.components import part_name
 from fedjax_sel.round import (CONTRACTS, ContractError, Costs, DataArrays, EngineState,
                               RoundConfig, RunValues, program_key)
 from fedjax_sel.signature import Keyed, signature

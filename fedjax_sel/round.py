@@ -175,11 +175,11 @@ def program_key(config: RoundConfig) -> Any:
 # a non-zero count stops the run (`engine.check_contracts`), naming the part and the round.
 CONTRACTS = {
     "filter_outside_available": ("filter", "kept clients that are not available"),
-    "selector_outside_filtered": ("selector", "chose clients outside the available, filtered-in "
-                                              "set it was given"),
+    "selector_outside_filtered": ("selector", ("chose clients outside the available, "
+                                               "filtered-in set it was given")),
     "selector_over_k": ("selector", "chose more than K clients"),
-    "rule_outside_selected": ("participation", "trained or aggregated clients that were not "
-                                               "selected"),
+    "rule_outside_selected": ("participation", ("trained or aggregated clients that were not "
+                                                "selected")),
 }
 
 
