@@ -26,6 +26,7 @@ from fedjax_sel.data import sources
 from fedjax_sel.data.partition import PARTITIONS
 from fedjax_sel.models.conv import CONV_IMPLS
 from fedjax_sel.runner import NonFiniteError
+from fedjax_sel.server_optimizers import SERVER_OPTIMIZERS, make_server_optimizer
 
 FLAGS = flags.FLAGS
 
@@ -99,6 +100,19 @@ flags.DEFINE_integer("num_available", 25, "n, clients available per round (0: al
                      lower_bound=0)
 flags.DEFINE_integer("avail_period", 5, "Rounds between availability redraws.", lower_bound=1)
 flags.DEFINE_enum("weighting", "examples", ("uniform", "examples"), "FedAvg weights.")
+flags.DEFINE_enum("server_opt", "none", ("none", *SERVER_OPTIMIZERS),
+                  "Server optimizer stepping the global model with the pseudo-gradient (global "
+                  "minus aggregate): none (the aggregate is the new model), sgd, momentum "
+                  "(FedAvgM), adam, yogi, adagrad (FedAdam, FedYogi, FedAdagrad as Reddi et al. "
+                  "2021's Algorithm 2).")
+flags.DEFINE_float("server_lr", None, "Server learning rate (eta); default 1.0 for sgd and "
+                   "momentum, 0.01 for adam, yogi and adagrad (tune it per task).")
+flags.DEFINE_float("server_momentum", 0.9, "FedAvgM's server momentum (beta), in [0, 1].")
+flags.DEFINE_float("server_beta1", 0.9, "Adaptive server optimizers' first-moment decay (beta_1), "
+                   "in [0, 1].")
+flags.DEFINE_float("server_beta2", 0.99, "FedAdam / FedYogi second-moment decay (beta_2), in "
+                   "[0, 1].")
+flags.DEFINE_float("server_tau", 1e-3, "Adaptive server optimizers' adaptivity (tau), in (0, 1].")
 flags.DEFINE_list("seeds", ["0"], "Seeds; one run each.")
 flags.DEFINE_integer("eval_every", 1, "Evaluate the global model every this many rounds.",
                      lower_bound=1)
@@ -153,7 +167,8 @@ def settings() -> dict:
 def engine_options(datasets=()) -> dict:
   """The engine flags as `Simulator` arguments; with the job's `datasets`, the capacity that pads
   every run to one shape, so the job's runs share one compiled round."""
-  options = {"nonfinite": FLAGS.nonfinite, "store": FLAGS.store}
+  options = {"nonfinite": FLAGS.nonfinite, "store": FLAGS.store,
+             "server_optimizer": server_optimizer()}
   if datasets:
     options["capacity"] = fs.Capacity.of(list(datasets))
   return options
@@ -312,12 +327,25 @@ def check_out_dir() -> None:
                              "--resume to continue it or --overwrite to replace it")
 
 
+def server_optimizer():
+  """The --server_opt flags as a `ServerOptimizer` (None for none); bad values name the flag."""
+  if FLAGS.server_opt == "none":
+    return None
+  try:
+    return make_server_optimizer(FLAGS.server_opt, FLAGS.server_lr,
+                                 momentum=FLAGS.server_momentum, beta1=FLAGS.server_beta1,
+                                 beta2=FLAGS.server_beta2, tau=FLAGS.server_tau)
+  except ValueError as e:
+    raise app.UsageError(f"--server_opt={FLAGS.server_opt}: {e}") from e
+
+
 def check_common() -> None:
   """The checks every launcher makes before loading data, then --out_dir locked for this job."""
   check_finite()
   seeds()
   sweep_values()
   check_counts()
+  server_optimizer()
   check_out_dir()
   if writer():
     try:

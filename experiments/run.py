@@ -26,6 +26,8 @@ def main(argv):
   datasets = {s: common.load_data(s) for s in seeds}  # Fails on bad data flags before training.
   options = common.engine_options(list(datasets.values()))
   label = "FedProx" if FLAGS.prox_mu else "FedAvg"
+  if FLAGS.server_opt != "none":
+    label += f" + server {FLAGS.server_opt}"
   jobs = []
   for value in common.sweep_values():
     with common.swept(value):

@@ -40,10 +40,11 @@ from fedjax_sel.data.federated import FederatedDataset
 from fedjax_sel.local_training import (CPU_TINY_STEP_FLOPS, LocalHParams, OptimizerFactory,
                                        StepCost, auto_chunk_size, default_memory_budget,
                                        step_cost)
-from fedjax_sel.models.bundle import Model
+from fedjax_sel.models.bundle import Model, trainable
 from fedjax_sel.placement import Capacity, DevicePlacement, HostPlacement, fits_on_device
 from fedjax_sel.round import (CONTRACTS, ContractError, Costs, DataArrays, EngineState,
                               RoundConfig, RunValues, program_key)
+from fedjax_sel.server_optimizers import ServerOptimizer
 from fedjax_sel.signature import Keyed, signature
 
 __all__ = ["Costs", "DataArrays", "EngineState", "LrSchedule", "Simulator", "constant_lr",
@@ -225,6 +226,9 @@ class Simulator:
     capacity: the `Capacity` (rows per split, largest client) the device arrays are padded to;
       default this dataset's own. Runs of a job padded to one capacity share one program
       (`runs.RunBatch` and the launchers do this).
+    server_optimizer: optional `server_optimizers.ServerOptimizer` (FedAvgM, FedAdam, FedYogi,
+      FedAdagrad, or any optax transform): the aggregate becomes a pseudo-gradient the server
+      steps with; None (default) takes the aggregate as the new global model.
   """
 
   def __init__(self, model: Model, data: FederatedDataset, optimizer: OptimizerFactory,
@@ -235,7 +239,7 @@ class Simulator:
                lr_schedule: Callable[[jax.Array], jax.Array] | None = None,
                eval_batch_size: int = 512, init_params: Any = None, eval_mask=None,
                nonfinite: str = "stop", store: str = "device", host_rows: str = "auto",
-               capacity: Capacity | None = None):
+               capacity: Capacity | None = None, server_optimizer: ServerOptimizer | None = None):
     n = data.num_clients
     for name, value, accepted in (("store", store, STORES), ("host_rows", host_rows, HOST_ROWS),
                                   ("nonfinite", nonfinite, NONFINITE)):
@@ -267,6 +271,11 @@ class Simulator:
     self.model, self.data, self.optimizer = model, data, optimizer
     self.availability, self.selector, self.aggregator = availability, selector, aggregator
     self.filter, self.participation = filter, participation
+    if server_optimizer is not None and not isinstance(server_optimizer, ServerOptimizer):
+      raise TypeError("server_optimizer must be a ServerOptimizer (server_sgd, fedavgm, fedadam, "
+                      "fedyogi, fedadagrad, or ServerOptimizer(optax transform, spec)), got "
+                      f"{type(server_optimizer).__name__}")
+    self.server_optimizer = server_optimizer
     self.k, self.seed, self.num_clients = clients_per_round, int(seed), n
     self.init_params = init_params
     self.eval_mask = np.ones(n, bool) if eval_mask is None else np.asarray(eval_mask, bool)
@@ -301,7 +310,7 @@ class Simulator:
         stream=self.stream, exclude_nonfinite=exclude,
         max_count=data.train.max_count if self.on_host else self.capacity.max_count,
         eval_batch_size=eval_batch_size, lr_factor=factor, clean_metrics=eval_mask is not None,
-        client_sharding=self.client_sharding)
+        client_sharding=self.client_sharding, server_optimizer=server_optimizer)
     self.keyed = Keyed(program_key(self.config), self.config)
     self.run_values = RunValues(jnp.int32(seed), jnp.float32(base), jnp.float32(local.prox_mu))
     self.placement = HostPlacement(self, host_rows) if self.on_host else DevicePlacement(
@@ -337,7 +346,9 @@ class Simulator:
         selector_state=self.selector.init(n, params),
         participation_state=self.participation.init(n),
         aggregator_state=self.aggregator.init(params), filtered=jnp.zeros((n,), bool),
-        prev_available=jnp.zeros((n,), bool), costs=Costs.zeros())
+        prev_available=jnp.zeros((n,), bool), costs=Costs.zeros(),
+        server_state=(() if self.server_optimizer is None else
+                      self.server_optimizer.transform.init(trainable(self.model, params))))
     return self._global(state)
 
   def step(self, state: EngineState) -> tuple[EngineState, dict]:

@@ -42,7 +42,8 @@ from fedjax_sel.components import (SPLIT_STATS, AggregateInputs, Aggregator, Cli
 from fedjax_sel.data.federated import ClientPool, rows_with_replacement
 from fedjax_sel.evaluation import client_gradients, client_metrics
 from fedjax_sel.local_training import LocalHParams, LocalResult, OptimizerFactory, local_train
-from fedjax_sel.models.bundle import Model, example_metrics, per_example_loss
+from fedjax_sel.models.bundle import (Model, example_metrics, per_example_loss, trainable,
+                                     with_trainable)
 from fedjax_sel.signature import signature
 
 
@@ -84,6 +85,7 @@ class EngineState(NamedTuple):
   filtered: jax.Array
   prev_available: jax.Array
   costs: Costs
+  server_state: Any = ()
 
 
 class DataArrays(NamedTuple):
@@ -138,6 +140,8 @@ class RoundConfig(NamedTuple):
     clean_metrics: evaluation also reports `clean_*` metrics over `eval_mask`.
     client_sharding: NamedSharding of a clients axis over devices, or None.
     runs_axis: the vmapped runs axis name when runs are batched, else None.
+    server_optimizer: a `server_optimizers.ServerOptimizer` stepping the global model with the
+      pseudo-gradient `w_t - aggregate`, or None (the aggregate is the new global model).
   """
 
   model: Model
@@ -158,6 +162,7 @@ class RoundConfig(NamedTuple):
   clean_metrics: bool
   client_sharding: Any = None
   runs_axis: str | None = None
+  server_optimizer: Any = None
 
 
 def program_key(config: RoundConfig) -> Any:
@@ -426,6 +431,21 @@ def aggregate(config: RoundConfig, state: EngineState, picked: _Picked, arrays: 
   return new_params, agg_state, trained, finite, aggregated, res.params, res
 
 
+def server_step(config: RoundConfig, state: EngineState, aggregate_params):
+  """(new global model, server optimizer state): the aggregate itself without a server optimizer,
+  else `w_t + update(w_t - aggregate)` on the trainable weights (other model state, such as
+  BatchNorm statistics, from the aggregate)."""
+  if config.server_optimizer is None:
+    return aggregate_params, state.server_state
+  model, params = config.model, state.params
+  weights = trainable(model, params)
+  pseudo_grad = jax.tree.map(jnp.subtract, weights, trainable(model, aggregate_params))
+  updates, server_state = config.server_optimizer.transform.update(pseudo_grad,
+                                                                   state.server_state, weights)
+  stepped = jax.tree.map(lambda w, u: (w + u).astype(w.dtype), weights, updates)
+  return with_trainable(model, aggregate_params, stepped), server_state
+
+
 def update_clients(clients: ClientState, t, chosen, did, slots, trained,
                    train_loss) -> ClientState:
   """The persistent client arrays after the round; `did`: `[N]` bool, trained and uploaded."""
@@ -488,6 +508,7 @@ def round_step(config: RoundConfig, state: EngineState, arrays: DataArrays, run:
   picked, filter_round = _pick(config, state, arrays, run, inputs, lr)
   new_params, agg_state, trained, finite, aggregated, local_models, res = aggregate(
       config, state, picked, arrays)
+  new_params, server_state = server_step(config, state, new_params)
   chosen, slots = picked.chosen, picked.slots
 
   outcome = RoundOutcome(slots, trained, aggregated, res.train_loss, local_models, new_params)
@@ -540,7 +561,7 @@ def round_step(config: RoundConfig, state: EngineState, arrays: DataArrays, run:
   if config.filter is not None:
     metrics["filtered_in"] = picked.fmask
   new_state = EngineState(t + 1, new_params, clients, picked.filter_state, sel_state, part_state,
-                          agg_state, picked.fmask, avail, costs)
+                          agg_state, picked.fmask, avail, costs, server_state)
   return new_state, metrics
 
 

@@ -96,7 +96,7 @@ def run_fingerprint(sim: Simulator, settings: dict | None = None) -> dict:
       rounds[:AVAILABILITY_HORIZON])
   local = sim.local
   parts = {role: describe(getattr(sim, role))
-           for role in ("selector", "filter", "participation", "aggregator")}
+           for role in ("selector", "filter", "participation", "aggregator", "server_optimizer")}
   return {"library": __version__, "seed": sim.seed, "lr_base": float(sim.run_values.lr),
           "prox_mu_value": float(sim.run_values.prox_mu), "clients_per_round": sim.k,
           "num_clients": sim.num_clients, "model": sim.model.name,

@@ -1,0 +1,136 @@
+"""Server optimizers: the round's aggregate as a pseudo-gradient for an optax transform.
+
+After the aggregator combines the clients' models into `w_agg`, a server optimizer treats
+`g_t = w_t - w_agg` (the negative of the mean update Delta_t) as a gradient and steps the global
+model: `w_{t+1} = w_t + update(g_t)`. Without one, `w_{t+1} = w_agg` exactly (today's FedAvg); SGD
+with server learning rate 1 gives the same up to float rounding. Any aggregator composes with any
+server optimizer, the robust ones included (the pseudo-gradient is then the global model minus the
+robust aggregate).
+
+Factories:
+  - `server_sgd(lr)`: w - lr g.
+  - `fedavgm(lr, momentum)`: Hsu et al. 2019's server momentum, v = momentum v + g, w - lr v.
+  - `fedadam`, `fedyogi`, `fedadagrad`: Reddi et al., "Adaptive Federated Optimization" (ICLR
+    2021), Algorithm 2 as written: m = beta1 m + (1 - beta1) Delta; v by the method's rule on
+    Delta^2; w + lr m / (sqrt(v) + tau); no bias correction; m starts at 0 and v at tau^2. optax's
+    own adam, yogi and adagrad differ in these details (bias correction, epsilon inside or outside
+    the root, initial accumulators), so the three are written here.
+
+Defaults: beta1 0.9 and beta2 0.99 (the paper's), tau 1e-3 (the paper's grid is 1e-5..1e-1; it
+tunes tau with the learning rate per task), server lr 1.0 for SGD and momentum (FedAvg's step) and
+0.01 for the adaptive ones (the middle of the paper's best values, 10^-2.5..10^-1.5; tune it).
+
+Only the trainable weights are stepped; a model's other state (BatchNorm's running statistics) is
+taken from the aggregate.
+
+Example:
+  >>> import jax.numpy as jnp
+  >>> opt = fedadam(lr=0.1, tau=0.01)
+  >>> w, agg = jnp.array([1.0, 2.0]), jnp.array([0.5, 2.5])
+  >>> state = opt.transform.init(w)
+  >>> updates, state = opt.transform.update(w - agg, state, w)
+  >>> [round(float(a), 3) for a in w + updates]  # m = 0.1 Delta, v = 0.99 tau^2 + 0.01 Delta^2.
+  [0.918, 2.082]
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+SERVER_OPTIMIZERS = ("sgd", "momentum", "adam", "yogi", "adagrad")
+DEFAULT_LR = {"sgd": 1.0, "momentum": 1.0, "adam": 0.01, "yogi": 0.01, "adagrad": 0.01}
+
+
+class ServerOptimizer(NamedTuple):
+  """An optax transform of the pseudo-gradient `w_t - w_agg`, and its name and settings (`spec`,
+  which a resumed run's fingerprint compares)."""
+
+  transform: optax.GradientTransformation
+  spec: dict
+
+
+class AdaptiveState(NamedTuple):
+  """First and second moment estimates m, v (pytrees like the weights)."""
+
+  m: optax.Updates
+  v: optax.Updates
+
+
+def _check(name: str, lr: float, **ranges) -> None:
+  for key, (value, lo, hi) in {"lr": (lr, 0.0, float("inf")), **ranges}.items():
+    if not (jnp.isfinite(value) and lo <= value <= hi) or (key in ("lr", "tau") and value <= 0):
+      raise ValueError(f"{name}: server_{key} must be a finite number in "
+                       f"{'(' if key in ('lr', 'tau') else '['}{lo}, {hi}], got {value}")
+
+
+def server_sgd(lr: float = 1.0) -> ServerOptimizer:
+  """w_{t+1} = w_t - lr (w_t - w_agg): with lr 1, the aggregate itself."""
+  _check("sgd", lr)
+  return ServerOptimizer(optax.sgd(lr), {"name": "sgd", "lr": float(lr)})
+
+
+def fedavgm(lr: float = 1.0, momentum: float = 0.9) -> ServerOptimizer:
+  """FedAvgM (Hsu et al. 2019): v = momentum v + g, w_{t+1} = w_t - lr v (optax's heavy ball)."""
+  _check("momentum", lr, momentum=(momentum, 0.0, 1.0))
+  return ServerOptimizer(optax.sgd(lr, momentum=momentum),
+                         {"name": "momentum", "lr": float(lr), "momentum": float(momentum)})
+
+
+def _adaptive(name: str, second_moment, lr: float, beta1: float, beta2: float,
+              tau: float) -> ServerOptimizer:
+  """Reddi et al.'s Algorithm 2 with `second_moment(v, delta_sq) -> v`."""
+  _check(name, lr, beta1=(beta1, 0.0, 1.0), beta2=(beta2, 0.0, 1.0), tau=(tau, 0.0, 1.0))
+
+  def init(params):
+    return AdaptiveState(jax.tree.map(jnp.zeros_like, params),
+                         jax.tree.map(lambda p: jnp.full_like(p, tau * tau), params))
+
+  def update(pseudo_grad, state, params=None):
+    del params
+    delta = jax.tree.map(jnp.negative, pseudo_grad)  # The mean client update Delta_t.
+    m = jax.tree.map(lambda m_, d: beta1 * m_ + (1.0 - beta1) * d, state.m, delta)
+    v = jax.tree.map(lambda v_, d: second_moment(v_, d * d), state.v, delta)
+    updates = jax.tree.map(lambda m_, v_: lr * m_ / (jnp.sqrt(v_) + tau), m, v)
+    return updates, AdaptiveState(m, v)
+
+  spec = {"name": name, "lr": float(lr), "beta1": float(beta1), "beta2": float(beta2),
+          "tau": float(tau)}
+  return ServerOptimizer(optax.GradientTransformation(init, update), spec)
+
+
+def fedadam(lr: float = 0.01, beta1: float = 0.9, beta2: float = 0.99,
+            tau: float = 1e-3) -> ServerOptimizer:
+  """FedAdam: v = beta2 v + (1 - beta2) Delta^2."""
+  return _adaptive("adam", lambda v, d2: beta2 * v + (1.0 - beta2) * d2, lr, beta1, beta2, tau)
+
+
+def fedyogi(lr: float = 0.01, beta1: float = 0.9, beta2: float = 0.99,
+            tau: float = 1e-3) -> ServerOptimizer:
+  """FedYogi: v = v - (1 - beta2) Delta^2 sign(v - Delta^2)."""
+  return _adaptive("yogi", lambda v, d2: v - (1.0 - beta2) * d2 * jnp.sign(v - d2), lr, beta1,
+                   beta2, tau)
+
+
+def fedadagrad(lr: float = 0.01, beta1: float = 0.9, tau: float = 1e-3) -> ServerOptimizer:
+  """FedAdagrad: v = v + Delta^2 (beta2 is not used; the spec records the paper's 0.99)."""
+  return _adaptive("adagrad", lambda v, d2: v + d2, lr, beta1, 0.99, tau)
+
+
+def make_server_optimizer(name: str, lr: float | None = None, *, momentum: float = 0.9,
+                          beta1: float = 0.9, beta2: float = 0.99,
+                          tau: float = 1e-3) -> ServerOptimizer:
+  """One of `SERVER_OPTIMIZERS` by name (`lr` None: its `DEFAULT_LR`)."""
+  if name not in SERVER_OPTIMIZERS:
+    raise ValueError(f"server_opt must be one of {SERVER_OPTIMIZERS}, got {name!r}")
+  lr = DEFAULT_LR[name] if lr is None else lr
+  if name == "sgd":
+    return server_sgd(lr)
+  if name == "momentum":
+    return fedavgm(lr, momentum)
+  if name == "adagrad":
+    return fedadagrad(lr, beta1, tau)
+  return (fedadam if name == "adam" else fedyogi)(lr, beta1, beta2, tau)
