@@ -415,26 +415,77 @@ def init_distributed() -> None:
 
 
 def _wait_for_coordinator() -> None:
-  """Process 0 says what it waits for (JAX aborts the process when the others never join); the
-  others wait until something listens at the coordinator address, or fail naming it."""
-  address, timeout = FLAGS.coordinator_address, FLAGS.distributed_timeout
-  if FLAGS.process_id == 0:
-    sys.stderr.write(f"process 0 of {FLAGS.num_processes}: waiting up to {timeout}s at {address} "
-                     "for the other processes (if this aborts with DEADLINE_EXCEEDED, fewer "
-                     "processes joined than --num_processes)\n")
-    return
+  """A rendezvous before `jax.distributed.initialize`, on the port after the coordinator's: process
+  0 waits for every other process to check in, and each of them for process 0's go-ahead, so a
+  process left alone stops with a message naming who is missing (JAX's coordinator, once started,
+  aborts the process natively when peers never join, which Python cannot catch)."""
+  address, timeout, count = FLAGS.coordinator_address, FLAGS.distributed_timeout, FLAGS.num_processes
   host, _, port = address.rpartition(":")
+  try:
+    meeting = (host, int(port) + 1)
+  except ValueError as e:
+    raise app.UsageError(f"--coordinator_address must be host:port, got {address!r}") from e
   deadline = time.monotonic() + timeout
+  if FLAGS.process_id == 0:
+    sys.stderr.write(f"process 0 of {count}: waiting up to {timeout}s at {host}:{meeting[1]} for "
+                     "the other processes to check in\n")
+    _gather_peers(meeting, count, deadline)
+    return
   while True:
     try:
-      socket.create_connection((host, int(port)), timeout=1).close()
-      return
-    except (OSError, ValueError) as e:
-      if time.monotonic() > deadline or isinstance(e, ValueError):
-        raise app.UsageError(f"could not join the multi-host run: nothing answers at "
-                             f"--coordinator_address={address} after --distributed_timeout="
-                             f"{timeout}s ({e}); start process 0 there first") from e
+      with socket.create_connection(meeting, timeout=1) as conn:
+        conn.sendall(f"{FLAGS.process_id}\n".encode())
+        conn.settimeout(max(deadline - time.monotonic(), 1.0))
+        if conn.recv(2) == b"go":
+          return
+    except OSError as e:
+      if time.monotonic() > deadline:
+        raise app.UsageError(f"could not join the multi-host run: process 0 did not answer at "
+                             f"--coordinator_address={address} (rendezvous port {meeting[1]}) "
+                             f"after --distributed_timeout={timeout}s ({e}); start process 0 "
+                             "there first") from e
       time.sleep(0.5)
+
+
+def _gather_peers(meeting: tuple[str, int], count: int, deadline: float) -> None:
+  """Process 0's side of the rendezvous: every process id 1..count-1 checks in before the
+  deadline, then each is told to go on; else a UsageError naming the missing ids."""
+  peers: dict[int, socket.socket] = {}
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+      server.bind(("", meeting[1]))
+    except OSError as e:
+      raise app.UsageError(f"--coordinator_address: cannot listen on port {meeting[1]} (the "
+                           f"coordinator's port + 1, the processes' rendezvous): {e}") from e
+    server.listen(count)
+    try:
+      while len(peers) < count - 1:
+        server.settimeout(max(deadline - time.monotonic(), 0.01))
+        try:
+          conn, _ = server.accept()
+        except socket.timeout:
+          missing = sorted(set(range(1, count)) - set(peers))
+          raise app.UsageError(
+              f"fewer processes joined than --num_processes={count}: process ids {missing} did "
+              f"not check in within --distributed_timeout={FLAGS.distributed_timeout}s; start "
+              "them with the same --coordinator_address and --num_processes") from None
+        conn.settimeout(5)
+        try:
+          peer = int(conn.recv(16).decode().strip())
+        except (OSError, ValueError):
+          conn.close()
+          continue
+        if not 0 < peer < count or peer in peers:
+          conn.close()
+          raise app.UsageError(f"a process checked in as --process_id={peer}: each of 1.."
+                               f"{count - 1} must be given once (process 0 is this one)")
+        peers[peer] = conn
+      for conn in peers.values():
+        conn.sendall(b"go")
+    finally:
+      for conn in peers.values():
+        conn.close()
 
 
 def check_counts() -> None:

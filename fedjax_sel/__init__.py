@@ -4,8 +4,8 @@ self-regulation.
 The flat namespace below is the public API; modules hold one concern each:
 `data` (pools, partitioners, sources), `models`, `local_training`, `compiled_cost` (XLA's memory
 and FLOP counts), `evaluation`, `components` (the pure part types), `availability`, `selectors`,
-`aggregators`, `server_optimizers` (FedAvgM, FedAdam, FedYogi, FedAdagrad), `round` (the round as pure stages), `placement` (where the clients' data live),
-`programs` (the compiled programs, shared by signature), `runs` (runs as a batch axis), `engine`
+`aggregators`, `server_optimizers` (FedAvgM, FedAdam, FedYogi, FedAdagrad), `round` (the round
+as pure stages), `placement` (where the clients' data live), `programs` (the compiled programs, shared by signature), `runs` (runs as a batch axis), `engine`
 (the `Simulator` shell), `compilation` (the persistent cache), `checkpoint`, `runner`.
 """
 

@@ -129,12 +129,14 @@ def test_two_process_run_resumes_like_an_uninterrupted_one(tmp_path):
     (["--coordinator_address=localhost:{port}", "--num_processes=2", "--process_id=2"],
      "--process_id"),
     (["--num_processes=2"], "--coordinator_address"),
-    pytest.param(["--coordinator_address=localhost:{port}", "--num_processes=2",
-                  "--process_id=0", "--distributed_timeout=5"], "fewer processes joined",
-                 marks=pytest.mark.slow),
+    (["--coordinator_address=localhost:{port}", "--num_processes=3", "--process_id=0",
+      "--distributed_timeout=3"], "process ids [1, 2] did not check in"),
 ])
 def test_unreachable_coordinator_or_bad_counts_fail_in_bounded_time(tmp_path, args, needle):
+  """Each ends with one error line (status 1), process 0 left alone included: the rendezvous
+  before JAX's coordinator starts means no native abort and no stack dump."""
   args = [a.replace("{port}", str(free_port())) for a in args]
   proc = launch("experiments.run", COMMON + [f"--out_dir={tmp_path}"] + args, 1)
   out = proc.communicate(timeout=120)[0]
-  assert proc.returncode != 0 and needle in out, out
+  assert proc.returncode == 1 and needle in out, out
+  assert "Traceback" not in out and "Check failed" not in out and "*** " not in out, out
