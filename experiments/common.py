@@ -99,6 +99,25 @@ flags.DEFINE_integer("clients_per_round", 10, "K.", lower_bound=1)
 flags.DEFINE_integer("num_available", 25, "n, clients available per round (0: all clients).",
                      lower_bound=0)
 flags.DEFINE_integer("avail_period", 5, "Rounds between availability redraws.", lower_bound=1)
+flags.DEFINE_enum("availability", "uniform", ("uniform", "probability", "diurnal", "trace"),
+                  "Availability model: uniform (exactly --num_available clients, redrawn every "
+                  "--avail_period rounds), probability (client k available with its own "
+                  "probability, drawn once in --avail_prob_range), diurnal (a day cycle of "
+                  "--diurnal_period rounds, each client with its own phase), trace (read from "
+                  "--avail_trace). The last three vary the number available by round, at most "
+                  "--avail_capacity.")
+flags.DEFINE_list("avail_prob_range", ["0.2", "0.8"], "probability model: each client's "
+                  "availability probability is drawn uniformly in [low, high] (within [0, 1]).")
+flags.DEFINE_integer("diurnal_period", 24, "diurnal model: rounds per day.", lower_bound=1)
+flags.DEFINE_float("diurnal_mean", 0.5, "diurnal model: mean availability probability, in [0, 1].")
+flags.DEFINE_float("diurnal_amplitude", 0.4, "diurnal model: swing of the probability over the "
+                   "day, in [0, 1] (clipped to [0, 1] at each round).")
+flags.DEFINE_string("avail_trace", None, "trace model: a CSV (header client,start,end: client "
+                    "available in rounds start <= t < end) or JSON ({\"available\": {\"<client>\": "
+                    "[[start, end], ...]}, \"rounds\": T}) file; cycled past its end.")
+flags.DEFINE_integer("avail_capacity", 0, "Most clients available at once under the probability, "
+                     "diurnal and trace models (sizes FilFL's training slots; 0: the number of "
+                     "clients, or the trace's largest round).", lower_bound=0)
 flags.DEFINE_enum("weighting", "examples", ("uniform", "examples"), "FedAvg weights.")
 flags.DEFINE_enum("server_opt", "none", ("none", *SERVER_OPTIMIZERS),
                   "Server optimizer stepping the global model with the pseudo-gradient (global "
@@ -305,7 +324,7 @@ FINGERPRINT_FLAGS = {"seed": "--seeds", "lr_base": "--lr", "prox_mu_value": "--p
                      "library": "the fedjax_sel version", "parts": "the method's parts",
                      "local": "local training (--batch_size, --local_epochs)",
                      "lr_schedule": "the learning-rate schedule (--lr, --lr_decay)",
-                     "availability": "availability (--num_available, --avail_period)"}
+                     "availability_draws": "availability (--availability and its flags)"}
 
 
 def check_out_dir() -> None:
@@ -346,6 +365,11 @@ def check_common() -> None:
   sweep_values()
   check_counts()
   server_optimizer()
+  if availability().num_available < FLAGS.clients_per_round:
+    raise app.UsageError(f"--availability={FLAGS.availability} makes at most "
+                         f"{availability().num_available} clients available at once, fewer than "
+                         f"--clients_per_round={FLAGS.clients_per_round}; raise --avail_capacity "
+                         "or lower K")
   check_out_dir()
   if writer():
     try:
@@ -492,6 +516,8 @@ def check_counts() -> None:
   """K <= n <= N, checked after presets are applied (a parse-time validator would see the
   launcher's defaults instead of the preset's values)."""
   k, n, total = FLAGS.clients_per_round, FLAGS.num_available, FLAGS.num_clients
+  if FLAGS.availability != "uniform":  # --num_available is the uniform model's alone.
+    n = 0
   if not k <= (n or total) <= total:
     raise app.UsageError(f"need --clients_per_round <= --num_available <= --num_clients, got "
                          f"{k}, {n}, {total}")
@@ -605,9 +631,35 @@ def model_for(data: fs.FederatedDataset) -> fs.Model:
 
 
 def availability(redraw_first_period: bool = False) -> fs.Availability:
-  return fs.uniform_availability(FLAGS.num_clients, FLAGS.num_available or FLAGS.num_clients,
-                                 FLAGS.avail_period,
-                                 redraw_first_period=redraw_first_period)
+  """The --availability model (flag errors as usage errors, naming the flag or file). The
+  probabilities and phases describe the population, so they are drawn with a fixed seed: every
+  run seed of a job sees the same population (and shares one compiled round)."""
+  from fedjax_sel import availability as models  # pylint: disable=import-outside-toplevel
+  n = FLAGS.num_clients
+  capacity = FLAGS.avail_capacity or None
+  try:
+    if FLAGS.availability == "uniform":
+      return fs.uniform_availability(n, FLAGS.num_available or n, FLAGS.avail_period,
+                                     redraw_first_period=redraw_first_period)
+    if FLAGS.availability == "probability":
+      try:
+        low, high = (float(v) for v in FLAGS.avail_prob_range)
+      except ValueError as e:
+        raise ValueError(f"--avail_prob_range must be two numbers low,high, got "
+                         f"{FLAGS.avail_prob_range}") from e
+      if not 0.0 <= low <= high <= 1.0:
+        raise ValueError(f"--avail_prob_range must satisfy 0 <= low <= high <= 1, got {low}, "
+                         f"{high}")
+      probs = np.random.default_rng(0).uniform(low, high, n)
+      return models.probability_availability(probs, capacity, FLAGS.avail_period)
+    if FLAGS.availability == "diurnal":
+      return models.diurnal_availability(n, FLAGS.diurnal_period, FLAGS.diurnal_mean,
+                                         FLAGS.diurnal_amplitude, capacity)
+    if FLAGS.avail_trace is None:
+      raise ValueError("--availability=trace needs --avail_trace=FILE")
+    return models.load_trace_availability(FLAGS.avail_trace, n, capacity)
+  except (ValueError, FileNotFoundError) as e:
+    raise app.UsageError(f"--availability={FLAGS.availability}: {e}") from e
 
 
 def apply_preset(presets: dict[str, dict], name: str | None, flag: str = "preset") -> None:

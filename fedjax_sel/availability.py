@@ -1,5 +1,17 @@
 """Client availability S_t: a pure function of (seed, round) (SPEC section 0, step 1).
 
+Models:
+  - `uniform_availability`: exactly n clients drawn uniformly, redrawn every `period` rounds.
+  - `probability_availability`: client k available with its own probability p_k, independently.
+  - `diurnal_availability`: p_k(t) follows a day cycle with a per-client phase (time zones).
+  - `trace_availability`: a recorded trace read from a file (`read_trace`: CSV or JSON).
+
+`Availability.num_available` is the most clients available at once (a static capacity: it sizes
+the slots of a filter that trains every available client and the host store's rows); the models
+whose count varies draw at most that many, keeping a random subset when more are available. A
+round with fewer than K available clients selects and trains those available (its metrics'
+`num_available` and `num_selected` say so).
+
 Example:
   >>> avail = uniform_availability(num_clients=10, num_available=4, period=5)
   >>> int(avail.sample(0, 3).sum()), bool((avail.sample(0, 3) == avail.sample(0, 4)).all())
@@ -8,10 +20,14 @@ Example:
 
 from __future__ import annotations
 
+import csv
+import json
+import os
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_sel import keys as keylib
 
@@ -48,3 +64,188 @@ def uniform_availability(num_clients: int, num_available: int, period: int = 5,
     return jnp.zeros((num_clients,), bool).at[chosen].set(True)
 
   return Availability(sample, num_available)
+
+
+def _at_most(mask: jax.Array, capacity: int, key: jax.Array) -> jax.Array:
+  """`mask` with at most `capacity` clients: a uniform subset of them when it holds more."""
+  if capacity >= mask.shape[0]:
+    return mask
+  u = jnp.where(mask, jax.random.uniform(key, mask.shape), -1.0)
+  keep = jax.lax.top_k(u, capacity)[1]
+  return jnp.zeros(mask.shape, bool).at[keep].set(True) & mask
+
+
+def _check_capacity(num_clients: int, capacity: int | None) -> int:
+  capacity = num_clients if capacity is None else capacity
+  if not 1 <= capacity <= num_clients:
+    raise ValueError(f"avail_capacity must be in 1..{num_clients} (num_clients), got {capacity}")
+  return capacity
+
+
+def probability_availability(probabilities, capacity: int | None = None,
+                             period: int = 1) -> Availability:
+  """Client k is available with probability `probabilities[k]`, independently of the others and
+  of earlier draws, redrawn every `period` rounds; at most `capacity` at once (default N).
+
+  Example:
+    >>> avail = probability_availability([0.0, 1.0, 0.5])
+    >>> mask = avail.sample(0, 7)
+    >>> bool(mask[0]), bool(mask[1])
+    (False, True)
+  """
+  p = np.asarray(probabilities, np.float32)
+  if p.ndim != 1 or not p.size or not np.all(np.isfinite(p)) or np.any((p < 0) | (p > 1)):
+    raise ValueError(f"availability probabilities must be a non-empty [N] array in [0, 1], got "
+                     f"shape {p.shape} with values {p.min() if p.size else None}.."
+                     f"{p.max() if p.size else None}")
+  if period < 1:
+    raise ValueError(f"avail_period must be >= 1, got {period}")
+  capacity = _check_capacity(p.shape[0], capacity)
+
+  def sample(seed, round_idx):
+    key = keylib.round_key(seed, round_idx // period, keylib.AVAILABILITY)
+    draw, cap = jax.random.split(key)
+    return _at_most(jax.random.uniform(draw, p.shape) < p, capacity, cap)
+
+  return Availability(sample, capacity)
+
+
+def diurnal_probability(t, day_rounds: int, mean: float, amplitude: float, phase) -> jax.Array:
+  """p_k(t) = clip(mean + amplitude cos(2 pi (t / day_rounds - phase_k)), 0, 1): highest at the
+  client's local noon (t / day_rounds = phase_k mod 1)."""
+  angle = 2.0 * jnp.pi * (jnp.asarray(t, jnp.float32) / day_rounds - phase)
+  return jnp.clip(mean + amplitude * jnp.cos(angle), 0.0, 1.0)
+
+
+def diurnal_availability(num_clients: int, day_rounds: int = 24, mean: float = 0.5,
+                         amplitude: float = 0.4, capacity: int | None = None,
+                         phase_seed: int = 0) -> Availability:
+  """A day cycle: client k is available in round t with `diurnal_probability` (independently),
+  its phase uniform in [0, 1) drawn once from `phase_seed` (clients in different time zones);
+  at most `capacity` at once (default N).
+
+  Example:
+    >>> avail = diurnal_availability(100, day_rounds=10, mean=0.5, amplitude=0.5)
+    >>> int(avail.sample(0, 3).sum()) > 0
+    True
+  """
+  if day_rounds < 1:
+    raise ValueError(f"diurnal_period must be >= 1 rounds, got {day_rounds}")
+  for name, value in (("diurnal_mean", mean), ("diurnal_amplitude", amplitude)):
+    if not (np.isfinite(value) and 0.0 <= value <= 1.0):
+      raise ValueError(f"{name} must be in [0, 1], got {value}")
+  capacity = _check_capacity(num_clients, capacity)
+  phase = np.random.default_rng([phase_seed, 17]).random(num_clients).astype(np.float32)
+
+  def sample(seed, round_idx):
+    key = keylib.round_key(seed, round_idx, keylib.AVAILABILITY)
+    draw, cap = jax.random.split(key)
+    p = diurnal_probability(round_idx, day_rounds, mean, amplitude, phase)
+    return _at_most(jax.random.uniform(draw, (num_clients,)) < p, capacity, cap)
+
+  return Availability(sample, capacity)
+
+
+def read_trace(path: str, num_clients: int) -> np.ndarray:
+  """A recorded availability trace as a `[rounds, N]` bool table.
+
+  Formats (by extension):
+    - `.csv`: a header `client,start,end`, then one row per interval: client `client` is
+      available in rounds `start <= t < end` (integers).
+    - `.json`: `{"rounds": T (optional), "available": {"<client>": [[start, end], ...]}}`.
+  The table covers rounds 0..T-1 (T: "rounds", else the largest `end`); a run longer than the
+  trace cycles through it.
+
+  Raises:
+    ValueError: naming the file (and line), for a malformed file, an unknown client (outside
+      0..N-1), an interval that is empty or negative, or a trace in which nobody is ever available.
+  """
+  intervals = []  # (client, start, end, where)
+  rounds = None
+  try:
+    if path.endswith(".csv"):
+      with open(path, encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f))
+      if not rows or [c.strip() for c in rows[0]] != ["client", "start", "end"]:
+        raise ValueError("the first line must be the header client,start,end")
+      for i, row in enumerate(rows[1:], start=2):
+        if not row:
+          continue
+        if len(row) != 3:
+          raise ValueError(f"line {i}: expected client,start,end, got {row}")
+        intervals.append((*(_integer(v, f"line {i}") for v in row), f"line {i}"))
+    elif path.endswith(".json"):
+      with open(path, encoding="utf-8") as f:
+        blob = json.load(f)
+      if not isinstance(blob, dict) or not isinstance(blob.get("available"), dict):
+        raise ValueError('expected {"available": {"<client>": [[start, end], ...]}}')
+      if "rounds" in blob:
+        rounds = _integer(blob["rounds"], "rounds")
+      for client, spans in blob["available"].items():
+        if not isinstance(spans, list):
+          raise ValueError(f"client {client}: expected a list of [start, end] pairs")
+        for span in spans:
+          if not isinstance(span, list) or len(span) != 2:
+            raise ValueError(f"client {client}: {span!r} is not a [start, end] pair")
+          intervals.append((_integer(client, "a client id"), _integer(span[0], f"client {client}"),
+                            _integer(span[1], f"client {client}"), f"client {client}"))
+    else:
+      raise ValueError("an availability trace must be a .csv or .json file")
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError, csv.Error, ValueError) as e:
+    raise ValueError(f"{path}: {e}") from e
+  for client, start, end, where in intervals:
+    if not 0 <= client < num_clients:
+      raise ValueError(f"{path}: {where}: client {client} is not one of the {num_clients} "
+                       f"clients (0..{num_clients - 1})")
+    if not 0 <= start < end:
+      raise ValueError(f"{path}: {where}: interval [{start}, {end}) must have 0 <= start < end")
+  length = rounds if rounds is not None else max((end for _, _, end, _ in intervals), default=0)
+  if length < 1:
+    raise ValueError(f"{path}: the trace covers no round")
+  table = np.zeros((length, num_clients), bool)
+  for client, start, end, _ in intervals:
+    table[start:min(end, length), client] = True
+  if not table.any():
+    raise ValueError(f"{path}: no client is ever available in the trace")
+  return table
+
+
+def _integer(value, where: str) -> int:
+  try:
+    number = float(value)
+  except (TypeError, ValueError):
+    raise ValueError(f"{where}: {value!r} is not an integer") from None
+  if not np.isfinite(number) or number != int(number):
+    raise ValueError(f"{where}: {value!r} is not an integer")
+  return int(number)
+
+
+def trace_availability(table, capacity: int | None = None) -> Availability:
+  """Availability from a `[rounds, N]` bool table (`read_trace`), cycling past its end; at most
+  `capacity` at once (default: the most the trace has available in one round).
+
+  Example:
+    >>> avail = trace_availability(np.array([[True, False], [False, True]]))
+    >>> [avail.sample(0, t).tolist() for t in range(3)]
+    [[True, False], [False, True], [True, False]]
+  """
+  table = np.asarray(table, bool)
+  if table.ndim != 2 or not table.size:
+    raise ValueError(f"an availability trace must be a [rounds, N] table, got shape {table.shape}")
+  most = int(table.sum(axis=1).max())
+  capacity = _check_capacity(table.shape[1], most if capacity is None else capacity)
+  rows = jnp.asarray(table)
+
+  def sample(seed, round_idx):
+    mask = rows[jnp.asarray(round_idx) % rows.shape[0]]
+    return _at_most(mask, capacity, keylib.round_key(seed, round_idx, keylib.AVAILABILITY))
+
+  return Availability(sample, capacity)
+
+
+def load_trace_availability(path: str, num_clients: int,
+                            capacity: int | None = None) -> Availability:
+  """`trace_availability(read_trace(path, num_clients), capacity)`."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"availability trace {path}: no such file")
+  return trace_availability(read_trace(path, num_clients), capacity)

@@ -537,6 +537,7 @@ def round_step(config: RoundConfig, state: EngineState, arrays: DataArrays, run:
       "round": t,
       "lr": lr,
       "num_available": jnp.sum(avail),
+      "fewer_than_k_available": jnp.sum(avail) < config.k,
       "num_filtered": jnp.sum(picked.fmask),
       "num_selected": jnp.sum(chosen),
       "num_trained": jnp.sum(trained),

@@ -104,7 +104,7 @@ def run_fingerprint(sim: Simulator, settings: dict | None = None) -> dict:
           "data": dataset_digest(sim.data), "parts": parts,
           "local": {"batch_size": local.batch_size, "num_epochs": local.num_epochs,
                     "num_steps": local.num_steps},
-          "lr_schedule": _digest(lrs), "availability": _digest(avail), **(settings or {})}
+          "lr_schedule": _digest(lrs), "availability_draws": _digest(avail), **(settings or {})}
 
 
 def read_history(path: str, rounds: int) -> list[dict]:
