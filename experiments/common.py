@@ -132,6 +132,20 @@ flags.DEFINE_float("server_beta1", 0.9, "Adaptive server optimizers' first-momen
 flags.DEFINE_float("server_beta2", 0.99, "FedAdam / FedYogi second-moment decay (beta_2), in "
                    "[0, 1].")
 flags.DEFINE_float("server_tau", 1e-3, "Adaptive server optimizers' adaptivity (tau), in (0, 1].")
+flags.DEFINE_string("system_profile", "none", "Clients' speeds and bandwidths for the simulated "
+                    "clock: none (rounds take no time), lognormal (drawn around --speed_median and "
+                    "--bandwidth_median, the same population for every seed), or a CSV file with "
+                    "the header client,speed,bandwidth. Rounds then report round_time_s and "
+                    "sim_time_s.")
+flags.DEFINE_float("speed_median", 100.0, "lognormal profile: median compute speed, training "
+                   "samples per second (> 0).")
+flags.DEFINE_float("speed_sigma", 0.8, "lognormal profile: sigma of log speed (>= 0).")
+flags.DEFINE_float("bandwidth_median", 1e6, "lognormal profile: median bandwidth, bytes per "
+                   "second (> 0).")
+flags.DEFINE_float("bandwidth_sigma", 0.8, "lognormal profile: sigma of log bandwidth (>= 0).")
+flags.DEFINE_float("deadline_s", 0.0, "Round deadline in simulated seconds: clients that finish "
+                   "later are stragglers, left out of the aggregate (0: no deadline; needs "
+                   "--system_profile).", lower_bound=0.0)
 flags.DEFINE_list("seeds", ["0"], "Seeds; one run each.")
 flags.DEFINE_integer("eval_every", 1, "Evaluate the global model every this many rounds.",
                      lower_bound=1)
@@ -187,7 +201,8 @@ def engine_options(datasets=()) -> dict:
   """The engine flags as `Simulator` arguments; with the job's `datasets`, the capacity that pads
   every run to one shape, so the job's runs share one compiled round."""
   options = {"nonfinite": FLAGS.nonfinite, "store": FLAGS.store,
-             "server_optimizer": server_optimizer()}
+             "server_optimizer": server_optimizer(), "system_profile": system_profile(),
+             "deadline_s": FLAGS.deadline_s or None}
   if datasets:
     options["capacity"] = fs.Capacity.of(list(datasets))
   return options
@@ -358,6 +373,27 @@ def server_optimizer():
     raise app.UsageError(f"--server_opt={FLAGS.server_opt}: {e}") from e
 
 
+def system_profile():
+  """The --system_profile flags as a `system.SystemProfile` (None for none), errors naming the
+  flag or file."""
+  from fedjax_sel import system  # pylint: disable=import-outside-toplevel
+  try:
+    if FLAGS.system_profile == "none":
+      if FLAGS.deadline_s:
+        raise ValueError("--deadline_s needs --system_profile (the clients' speeds)")
+      return None
+    if FLAGS.system_profile == "lognormal":
+      return system.lognormal_profiles(FLAGS.num_clients, 0, FLAGS.speed_median,
+                                       FLAGS.speed_sigma, FLAGS.bandwidth_median,
+                                       FLAGS.bandwidth_sigma)
+    if not os.path.isfile(FLAGS.system_profile):
+      raise ValueError(f"{FLAGS.system_profile}: no such file (accepted: none, lognormal or a "
+                       "CSV file client,speed,bandwidth)")
+    return system.read_profiles(FLAGS.system_profile, FLAGS.num_clients)
+  except ValueError as e:
+    raise app.UsageError(f"--system_profile={FLAGS.system_profile}: {e}") from e
+
+
 def check_common() -> None:
   """The checks every launcher makes before loading data, then --out_dir locked for this job."""
   check_finite()
@@ -365,6 +401,7 @@ def check_common() -> None:
   sweep_values()
   check_counts()
   server_optimizer()
+  system_profile()
   if availability().num_available < FLAGS.clients_per_round:
     raise app.UsageError(f"--availability={FLAGS.availability} makes at most "
                          f"{availability().num_available} clients available at once, fewer than "

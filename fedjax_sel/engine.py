@@ -46,6 +46,7 @@ from fedjax_sel.round import (CONTRACTS, ContractError, Costs, DataArrays, Engin
                               RoundConfig, RunValues, program_key)
 from fedjax_sel.server_optimizers import ServerOptimizer
 from fedjax_sel.signature import Keyed, signature
+from fedjax_sel.system import Clock, SystemProfile, check_profile, model_bytes
 
 __all__ = ["Costs", "DataArrays", "EngineState", "LrSchedule", "Simulator", "constant_lr",
            "step_decay_lr", "to_host"]
@@ -229,6 +230,10 @@ class Simulator:
     server_optimizer: optional `server_optimizers.ServerOptimizer` (FedAvgM, FedAdam, FedYogi,
       FedAdagrad, or any optax transform): the aggregate becomes a pseudo-gradient the server
       steps with; None (default) takes the aggregate as the new global model.
+    system_profile: optional `system.SystemProfile` (per-client speed and bandwidth): each round
+      is then timed (`round_time_s`, cumulative `sim_time_s`, `system.py`).
+    deadline_s: with a profile, the server waits at most this many seconds per round; clients
+      that trained but finish later are stragglers, left out of the aggregate.
   """
 
   def __init__(self, model: Model, data: FederatedDataset, optimizer: OptimizerFactory,
@@ -239,7 +244,8 @@ class Simulator:
                lr_schedule: Callable[[jax.Array], jax.Array] | None = None,
                eval_batch_size: int = 512, init_params: Any = None, eval_mask=None,
                nonfinite: str = "stop", store: str = "device", host_rows: str = "auto",
-               capacity: Capacity | None = None, server_optimizer: ServerOptimizer | None = None):
+               capacity: Capacity | None = None, server_optimizer: ServerOptimizer | None = None,
+               system_profile: SystemProfile | None = None, deadline_s: float | None = None):
     n = data.num_clients
     for name, value, accepted in (("store", store, STORES), ("host_rows", host_rows, HOST_ROWS),
                                   ("nonfinite", nonfinite, NONFINITE)):
@@ -276,6 +282,15 @@ class Simulator:
                       "fedyogi, fedadagrad, or ServerOptimizer(optax transform, spec)), got "
                       f"{type(server_optimizer).__name__}")
     self.server_optimizer = server_optimizer
+    clock = None
+    if system_profile is not None:
+      check_profile(system_profile, n)
+      if deadline_s is not None and not (math.isfinite(deadline_s) and deadline_s > 0):
+        raise ValueError(f"deadline_s must be a finite number of seconds > 0, got {deadline_s}")
+      size = model_bytes(jax.eval_shape(model.init, jax.random.PRNGKey(0)))
+      clock = Clock(system_profile, size, None if deadline_s is None else float(deadline_s))
+    elif deadline_s is not None:
+      raise ValueError("deadline_s needs a system_profile (the clients' speeds) to time them")
     self.k, self.seed, self.num_clients = clients_per_round, int(seed), n
     self.init_params = init_params
     self.eval_mask = np.ones(n, bool) if eval_mask is None else np.asarray(eval_mask, bool)
@@ -299,6 +314,7 @@ class Simulator:
     # Stream a linear aggregate out of local training when nothing needs the K local models.
     self.stream = (aggregator.linear_weights is not None and not selector.reads_local_models
                    and not exclude and not participation.reads_local_models
+                   and (clock is None or clock.deadline_s is None)
                    and (filter is None or not filter.trains_available))
     self.on_host = on_host
     self.capacity = capacity or Capacity.of([data])
@@ -310,7 +326,7 @@ class Simulator:
         stream=self.stream, exclude_nonfinite=exclude,
         max_count=data.train.max_count if self.on_host else self.capacity.max_count,
         eval_batch_size=eval_batch_size, lr_factor=factor, clean_metrics=eval_mask is not None,
-        client_sharding=self.client_sharding, server_optimizer=server_optimizer)
+        client_sharding=self.client_sharding, server_optimizer=server_optimizer, clock=clock)
     self.keyed = Keyed(program_key(self.config), self.config)
     self.run_values = RunValues(jnp.int32(seed), jnp.float32(base), jnp.float32(local.prox_mu))
     self.placement = HostPlacement(self, host_rows) if self.on_host else DevicePlacement(

@@ -45,6 +45,7 @@ from fedjax_sel.local_training import LocalHParams, LocalResult, OptimizerFactor
 from fedjax_sel.models.bundle import (Model, example_metrics, per_example_loss, trainable,
                                      with_trainable)
 from fedjax_sel.signature import signature
+from fedjax_sel.system import client_times
 
 
 class Costs(NamedTuple):
@@ -58,6 +59,7 @@ class Costs(NamedTuple):
     uploads: models uploaded to the server.
     downloads: models downloaded by clients.
     server_public_samples: samples of the public set evaluated by the server (filtering).
+    sim_time_s: simulated seconds (`system.py`; 0 without a clock).
   """
 
   client_eval_samples: jax.Array
@@ -66,10 +68,11 @@ class Costs(NamedTuple):
   uploads: jax.Array
   downloads: jax.Array
   server_public_samples: jax.Array
+  sim_time_s: jax.Array
 
   @staticmethod
   def zeros() -> "Costs":
-    return Costs(*(jnp.zeros((), jnp.float32) for _ in range(6)))
+    return Costs(*(jnp.zeros((), jnp.float32) for _ in Costs._fields))
 
 
 class EngineState(NamedTuple):
@@ -142,6 +145,8 @@ class RoundConfig(NamedTuple):
     runs_axis: the vmapped runs axis name when runs are batched, else None.
     server_optimizer: a `server_optimizers.ServerOptimizer` stepping the global model with the
       pseudo-gradient `w_t - aggregate`, or None (the aggregate is the new global model).
+    clock: a `system.Clock` timing the clients and the round (with its deadline dropping
+      stragglers), or None (no simulated time).
   """
 
   model: Model
@@ -163,6 +168,7 @@ class RoundConfig(NamedTuple):
   client_sharding: Any = None
   runs_axis: str | None = None
   server_optimizer: Any = None
+  clock: Any = None
 
 
 def program_key(config: RoundConfig) -> Any:
@@ -316,6 +322,7 @@ class _Picked(NamedTuple):
   uploads: jax.Array
   downloads: jax.Array
   broken: dict
+  client_samples: jax.Array
 
 
 def filter_round_flag(config: RoundConfig, state: EngineState, avail) -> jax.Array:
@@ -389,6 +396,7 @@ def _train_picked(config: RoundConfig, state: EngineState, arrays: DataArrays, r
                                     state.round, lr, agg_m if config.stream else None)
     trained_models = jnp.sum(valid)
     train_samples = jnp.sum(res.samples)
+    client_samples = _per_client(fmask, slots, valid, res.samples)
   else:  # Aggregate the already-trained models of the selected clients (no retraining).
     slots_n, valid_n, res_n = local
     slots, valid = _nonzero_slots(train_m, config.k)
@@ -402,24 +410,37 @@ def _train_picked(config: RoundConfig, state: EngineState, arrays: DataArrays, r
     # A run of a batch that did not need this filtering round pays for its K clients only.
     trained_models = jnp.where(trained_all, jnp.sum(valid_n), jnp.sum(valid))
     train_samples = jnp.where(trained_all, jnp.sum(res_n.samples), jnp.sum(res.samples))
+    client_samples = jnp.where(trained_all, _per_client(fmask, slots_n, valid_n, res_n.samples),
+                               _per_client(fmask, slots, valid, res.samples))
   return _Picked(fmask, fstate, info, chosen, sel_state, train_m, agg_m, part_state, slots, valid,
                  res, train_samples.astype(jnp.float32), trained_models.astype(jnp.float32),
-                 jnp.maximum(trained_models, jnp.sum(chosen)).astype(jnp.float32), broken)
+                 jnp.maximum(trained_models, jnp.sum(chosen)).astype(jnp.float32), broken,
+                 client_samples)
+
+
+def _per_client(like, slots, valid, values) -> jax.Array:
+  """`[N]` float32: each valid slot's value at its client (0 elsewhere)."""
+  return jnp.zeros(like.shape, jnp.float32).at[slots].add(
+      jnp.where(valid, values, 0.0).astype(jnp.float32))
 
 
 def _zeros(shapes):
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
-def aggregate(config: RoundConfig, state: EngineState, picked: _Picked, arrays: DataArrays):
+def aggregate(config: RoundConfig, state: EngineState, picked: _Picked, arrays: DataArrays,
+              on_time=None):
   """(new global model, aggregator state, slots trained, slots finite, slots aggregated, local
-  models or None, the local result after the non-finite guard)."""
+  models or None, the local result after the non-finite guard); `on_time` (`[N]` bool) leaves
+  the stragglers of a deadline out of the aggregate."""
   params, res, slots = state.params, picked.result, picked.slots
   trained = picked.valid & picked.train_mask[slots]
   finite = jnp.ones_like(trained)
   if config.exclude_nonfinite:
     finite, res = _without_nonfinite(res, params)
   aggregated = trained & picked.aggregate_mask[slots] & finite
+  if on_time is not None:
+    aggregated &= on_time[slots]
   num_examples = arrays.train.counts[slots]
   if config.stream:
     any_weight = jnp.sum(config.aggregator.linear_weights(aggregated, num_examples)) > 0
@@ -429,6 +450,27 @@ def aggregate(config: RoundConfig, state: EngineState, picked: _Picked, arrays: 
       state.aggregator_state, params, res.params,
       AggregateInputs(aggregated, num_examples, res.train_loss))
   return new_params, agg_state, trained, finite, aggregated, res.params, res
+
+
+def round_clock(config: RoundConfig, picked: _Picked, evaluators, client_evals, client_grads):
+  """(`[N]` on time, the round's seconds, stragglers) by the config's clock (`system.py`): every
+  client that downloaded (evaluated or was selected) or uploaded (trained) is timed; the round
+  lasts as long as the slowest, or the deadline, past which trained clients are stragglers.
+  Without a clock: (None, 0, 0)."""
+  clock = config.clock
+  if clock is None:
+    return None, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
+  uploaded = picked.client_samples > 0
+  downloaded = evaluators | picked.chosen | uploaded
+  times = client_times(clock, picked.client_samples, client_evals, client_grads,
+                       downloaded.astype(jnp.float32) + uploaded.astype(jnp.float32))
+  timed = downloaded | uploaded
+  slowest = jnp.max(jnp.where(timed, times, 0.0))
+  if clock.deadline_s is None:
+    return None, slowest, jnp.zeros((), jnp.int32)
+  on_time = times <= clock.deadline_s
+  return (on_time, jnp.minimum(slowest, jnp.float32(clock.deadline_s)),
+          _count(uploaded & ~on_time))
 
 
 def server_step(config: RoundConfig, state: EngineState, aggregate_params):
@@ -459,14 +501,17 @@ def update_clients(clients: ClientState, t, chosen, did, slots, trained,
 
 
 def stat_costs(config: RoundConfig, arrays: DataArrays, avail, chosen,
-               sel_evaluated) -> tuple[jax.Array, jax.Array, jax.Array]:
+               sel_evaluated) -> tuple[jax.Array, ...]:
   """Samples clients evaluated (forward) and differentiated (forward and backward) to compute
-  this round's stats, and the `[N]` clients that evaluated for the selector or filter: a stat
+  this round's stats, the `[N]` clients that evaluated for the selector or filter, and the `[N]`
+  evaluated and differentiated samples of each client: a stat
   the filter reads costs every available client; one the selector reads, the clients its report
   names as `evaluated` (power-of-choice's d candidates; default every available client); one
   only the participation rule reads, the selected clients (they alone decide)."""
   evals = grads = jnp.zeros((), jnp.float32)
   evaluators = jnp.zeros_like(avail)
+  per_client = {False: jnp.zeros(avail.shape, jnp.float32),
+                True: jnp.zeros(avail.shape, jnp.float32)}
   needs = set(config.needs)
   filter_needs = set(config.filter.needs) if config.filter is not None else set()
   train, val, test = arrays.counts
@@ -474,7 +519,7 @@ def stat_costs(config: RoundConfig, arrays: DataArrays, avail, chosen,
             (SPLIT_STATS["test"], test, False),
             ({"batch_loss"}, jnp.where(train > 0, config.local.batch_size, 0), False),
             ({"grad", "grad_norm"}, train, True))
-  for names, per_client, backward in groups:
+  for names, samples_of, backward in groups:
     wanted = names & needs
     if not wanted:
       continue
@@ -486,12 +531,13 @@ def stat_costs(config: RoundConfig, arrays: DataArrays, avail, chosen,
     evaluators |= who
     if wanted & set(config.participation.needs):
       who |= chosen
-    samples = jnp.sum(jnp.where(who, per_client, 0)).astype(jnp.float32)
+    samples = jnp.sum(jnp.where(who, samples_of, 0)).astype(jnp.float32)
+    per_client[backward] += jnp.where(who, samples_of, 0).astype(jnp.float32)
     if backward:
       grads += samples
     else:
       evals += samples
-  return evals, grads, evaluators
+  return evals, grads, evaluators, per_client[False], per_client[True]
 
 
 # --- The round ----------------------------------------------------------------------------------
@@ -506,8 +552,14 @@ def round_step(config: RoundConfig, state: EngineState, arrays: DataArrays, run:
   inputs = round_inputs(config, state, arrays, run, stats)
   avail = inputs.available
   picked, filter_round = _pick(config, state, arrays, run, inputs, lr)
+  # Power-of-choice's `evaluated` candidates are fixed when it selects (before `observe`).
+  evals, grads, evaluators, client_evals, client_grads = stat_costs(
+      config, arrays, avail, picked.chosen,
+      config.selector.report(picked.selector_state).get("evaluated", avail))
+  on_time, round_time, stragglers = round_clock(config, picked, evaluators, client_evals,
+                                                client_grads)
   new_params, agg_state, trained, finite, aggregated, local_models, res = aggregate(
-      config, state, picked, arrays)
+      config, state, picked, arrays, on_time)
   new_params, server_state = server_step(config, state, new_params)
   chosen, slots = picked.chosen, picked.slots
 
@@ -518,8 +570,6 @@ def round_step(config: RoundConfig, state: EngineState, arrays: DataArrays, run:
   clients = update_clients(state.clients, t, chosen, did, slots, trained, res.train_loss)
 
   sel_report = config.selector.report(sel_state)
-  evals, grads, evaluators = stat_costs(config, arrays, avail, chosen,
-                                        sel_report.get("evaluated", avail))
   grads += jnp.asarray(sel_report.get("gradient_samples", 0.0), jnp.float32)
   gradients_computed = (n * len({"grad", "grad_norm"} & set(config.needs))
                         + jnp.asarray(sel_report.get("gradients_computed", 0), jnp.int32))
@@ -528,7 +578,8 @@ def round_step(config: RoundConfig, state: EngineState, arrays: DataArrays, run:
   round_costs = Costs(
       client_eval_samples=evals, client_grad_samples=grads, train_samples=picked.train_samples,
       uploads=picked.uploads, downloads=downloads,
-      server_public_samples=jnp.asarray(picked.info.get("public_samples", 0.0), jnp.float32))
+      server_public_samples=jnp.asarray(picked.info.get("public_samples", 0.0), jnp.float32),
+      sim_time_s=round_time)
   costs = jax.tree.map(jnp.add, state.costs, round_costs)
 
   w = jnp.where(trained & finite, res.samples, 0.0)
@@ -538,6 +589,8 @@ def round_step(config: RoundConfig, state: EngineState, arrays: DataArrays, run:
       "lr": lr,
       "num_available": jnp.sum(avail),
       "fewer_than_k_available": jnp.sum(avail) < config.k,
+      "round_time_s": round_time,
+      "stragglers": stragglers,
       "num_filtered": jnp.sum(picked.fmask),
       "num_selected": jnp.sum(chosen),
       "num_trained": jnp.sum(trained),

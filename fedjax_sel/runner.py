@@ -97,6 +97,10 @@ def run_fingerprint(sim: Simulator, settings: dict | None = None) -> dict:
   local = sim.local
   parts = {role: describe(getattr(sim, role))
            for role in ("selector", "filter", "participation", "aggregator", "server_optimizer")}
+  clock = sim.config.clock
+  if clock is not None:
+    parts["clock"] = {"profile": _digest(np.stack([clock.profile.speed, clock.profile.bandwidth])),
+                      "model_bytes": clock.model_bytes, "deadline_s": clock.deadline_s}
   return {"library": __version__, "seed": sim.seed, "lr_base": float(sim.run_values.lr),
           "prox_mu_value": float(sim.run_values.prox_mu), "clients_per_round": sim.k,
           "num_clients": sim.num_clients, "model": sim.model.name,
@@ -475,6 +479,8 @@ def progress_line(label: str, t: int, rounds: int, record: dict) -> str:
     parts.append(f"filtered {record['num_filtered']}")
   if "test_accuracy" in record:
     parts.append(f"test acc {record['test_accuracy']:.4f} loss {record['test_loss']:.4f}")
+  if record.get("round_time_s"):
+    parts.append(f"sim {record['cumulative_cost']['sim_time_s']:.0f}s")
   parts.append(f"{record['wall_s']:.1f}s")
   return "  ".join(parts)
 
