@@ -4,8 +4,8 @@ self-regulation.
 The flat namespace below is the public API; modules hold one concern each:
 `data` (pools, partitioners, sources), `models`, `local_training`, `compiled_cost` (XLA's memory
 and FLOP counts), `evaluation`, `components` (the pure part types), `availability`, `selectors`,
-`aggregators`, `server_optimizers` (FedAvgM, FedAdam, FedYogi, FedAdagrad), `round` (the round
-as pure stages), `placement` (where the clients' data live), `programs` (the compiled programs, shared by signature), `runs` (runs as a batch axis), `engine`
+`aggregators`, `server_optimizers` (FedAvgM, FedAdam, FedYogi, FedAdagrad), `oort` (Oort's
+selector), `system` (client speeds and the simulated clock), `round` (the round as pure stages), `placement` (where the clients' data live), `programs` (the compiled programs, shared by signature), `runs` (runs as a batch axis), `engine`
 (the `Simulator` shell), `compilation` (the persistent cache), `checkpoint`, `runner`.
 """
 
@@ -25,6 +25,7 @@ from fedjax_sel.models import MODELS, Model, build_model
 from fedjax_sel.placement import Capacity
 from fedjax_sel.runner import run, run_batch, summary_table
 from fedjax_sel.runs import RunBatch
+from fedjax_sel.oort import OortConfig, oort_selector
 from fedjax_sel.selectors import random_selector, top_k_mask
 from fedjax_sel.server_optimizers import (ServerOptimizer, fedadagrad, fedadam, fedavgm, fedyogi,
                                           server_sgd)

@@ -104,6 +104,9 @@ class RoundOutcome(NamedTuple):
     params: stacked `[K, ...]` local models (None when the engine streamed a linear aggregate and
       no part declared `reads_local_models`).
     new_params: the aggregated global model w_{t+1}.
+    train_loss_sq: `[K]` mean squared per-sample training loss (Oort's utility).
+    client_times: `[N]` simulated seconds each client spent this round (`system.py`; None
+      without a clock).
   """
 
   slots: jax.Array
@@ -112,6 +115,8 @@ class RoundOutcome(NamedTuple):
   train_loss: jax.Array
   params: Any
   new_params: Any
+  train_loss_sq: jax.Array | None = None
+  client_times: jax.Array | None = None
 
 
 def _no_state(*_):

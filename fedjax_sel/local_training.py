@@ -66,12 +66,15 @@ class LocalResult(NamedTuple):
     train_loss: `[K]` mean per-sample training loss over local training (0 for invalid slots).
     samples: `[K]` training samples processed.
     steps: `[K]` local steps taken.
+    train_loss_sq: `[K]` mean squared per-sample training loss over local training (Oort's
+      statistical utility reads it).
   """
 
   params: Params
   train_loss: jax.Array
   samples: jax.Array
   steps: jax.Array
+  train_loss_sq: jax.Array | None = None
 
 
 def steps_per_client(counts: jax.Array, hp: LocalHParams) -> jax.Array:
@@ -133,7 +136,7 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
     if hp.prox_mu:  # FedAvg skips the term: its value and gradient are passes over every weight.
       mean += 0.5 * mu * sum(jnp.sum((p - g) ** 2) for p, g in
                                      zip(jax.tree.leaves(weights), jax.tree.leaves(global_weights)))
-    return mean, (jnp.sum(losses * mask), new_params)
+    return mean, (jnp.sum(losses * mask), jnp.sum(losses * losses * mask), new_params)
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -164,37 +167,41 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
         mask = jnp.broadcast_to(active & (c > 0), (hp.batch_size,))
       mask = mask.astype(jnp.float32)
       weights = trainable(model, p)
-      (_, (loss_sum, stepped)), grads = grad_fn(weights, p, pool.x[rows], pool.y[rows], mask)
+      (_, (loss_sum, sq_sum, stepped)), grads = grad_fn(weights, p, pool.x[rows], pool.y[rows],
+                                                         mask)
       updates, o_new = tx.update(grads, o, weights)
       p_new = with_trainable(model, stepped, optax.apply_updates(weights, updates))
       keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(active, a, b), new, old)
-      return keep(p_new, p), keep(o_new, o), loss_sum, jnp.sum(mask)
+      return keep(p_new, p), keep(o_new, o), loss_sum, sq_sum, jnp.sum(mask)
 
     def body(s, carry):
-      p, o, loss_acc, n_acc = carry
-      p, o, loss_sum, n = jax.vmap(one_step, in_axes=(None, 0, 0, 0, 0, 0, 0, 0, 0))(
+      p, o, loss_acc, sq_acc, n_acc = carry
+      p, o, loss_sum, sq_sum, n = jax.vmap(one_step, in_axes=(None, 0, 0, 0, 0, 0, 0, 0, 0))(
           s, p, o, key, orders, count, offset, steps, spe)
-      return p, o, loss_acc + loss_sum, n_acc + n
+      return p, o, loss_acc + loss_sum, sq_acc + sq_sum, n_acc + n
 
     zeros = jnp.zeros((size,), jnp.float32)
-    p, _, loss_acc, n_acc = jax.lax.fori_loop(0, jnp.max(steps), body, (params, opt_state, zeros,
-                                                                         zeros))
-    return p, loss_acc / jnp.maximum(n_acc, 1.0), n_acc
+    p, _, loss_acc, sq_acc, n_acc = jax.lax.fori_loop(0, jnp.max(steps), body,
+                                                      (params, opt_state, zeros, zeros, zeros))
+    return p, loss_acc / jnp.maximum(n_acc, 1.0), sq_acc / jnp.maximum(n_acc, 1.0), n_acc
 
   chunks = tuple(layout.arrange(a, 0) for a in (clients, counts_all, steps_all, keys))
   if combine is None:
-    params, loss, samples = jax.lax.map(run_chunk, chunks)
+    params, loss, loss_sq, samples = jax.lax.map(run_chunk, chunks)
     return LocalResult(jax.tree.map(layout.unarrange, params), layout.unarrange(loss),
-                       layout.unarrange(samples), steps_all)
+                       layout.unarrange(samples), steps_all, layout.unarrange(loss_sq))
 
   def fold(acc, chunk_and_weights):
     chunk, w = chunk_and_weights
-    p, loss, samples = run_chunk(chunk)
-    return jax.tree.map(lambda a, q: a + jnp.tensordot(w, q, axes=1), acc, p), (loss, samples)
+    p, loss, loss_sq, samples = run_chunk(chunk)
+    return (jax.tree.map(lambda a, q: a + jnp.tensordot(w, q, axes=1), acc, p),
+            (loss, loss_sq, samples))
 
   zeros = jax.tree.map(jnp.zeros_like, global_params)
-  total, (loss, samples) = jax.lax.scan(fold, zeros, (chunks, layout.arrange(combine, 0.0)))
-  return LocalResult(total, layout.unarrange(loss), layout.unarrange(samples), steps_all)
+  total, (loss, loss_sq, samples) = jax.lax.scan(fold, zeros,
+                                                 (chunks, layout.arrange(combine, 0.0)))
+  return LocalResult(total, layout.unarrange(loss), layout.unarrange(samples), steps_all,
+                     layout.unarrange(loss_sq))
 
 
 # CPU defaults, from chunk sweeps at K = 100 on a 2-core x86_64 machine (README, Performance):

@@ -406,7 +406,8 @@ def _train_picked(config: RoundConfig, state: EngineState, arrays: DataArrays, r
         jnp.arange(slots_n.shape[0]), mode="drop")
     res = jax.tree.map(lambda a: a[where[slots]], res_n)
     res = res._replace(train_loss=jnp.where(valid, res.train_loss, 0.0),
-                       samples=jnp.where(valid, res.samples, 0.0))
+                       samples=jnp.where(valid, res.samples, 0.0),
+                       train_loss_sq=jnp.where(valid, res.train_loss_sq, 0.0))
     # A run of a batch that did not need this filtering round pays for its K clients only.
     trained_models = jnp.where(trained_all, jnp.sum(valid_n), jnp.sum(valid))
     train_samples = jnp.where(trained_all, jnp.sum(res_n.samples), jnp.sum(res.samples))
@@ -453,13 +454,13 @@ def aggregate(config: RoundConfig, state: EngineState, picked: _Picked, arrays: 
 
 
 def round_clock(config: RoundConfig, picked: _Picked, evaluators, client_evals, client_grads):
-  """(`[N]` on time, the round's seconds, stragglers) by the config's clock (`system.py`): every
-  client that downloaded (evaluated or was selected) or uploaded (trained) is timed; the round
-  lasts as long as the slowest, or the deadline, past which trained clients are stragglers.
-  Without a clock: (None, 0, 0)."""
+  """(`[N]` on time, the round's seconds, stragglers, `[N]` each client's seconds) by the config's
+  clock (`system.py`): every client that downloaded (evaluated or was selected) or uploaded
+  (trained) is timed; the round lasts as long as the slowest, or the deadline, past which trained
+  clients are stragglers. Without a clock: (None, 0, 0, None)."""
   clock = config.clock
   if clock is None:
-    return None, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
+    return None, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32), None
   uploaded = picked.client_samples > 0
   downloaded = evaluators | picked.chosen | uploaded
   times = client_times(clock, picked.client_samples, client_evals, client_grads,
@@ -467,10 +468,10 @@ def round_clock(config: RoundConfig, picked: _Picked, evaluators, client_evals, 
   timed = downloaded | uploaded
   slowest = jnp.max(jnp.where(timed, times, 0.0))
   if clock.deadline_s is None:
-    return None, slowest, jnp.zeros((), jnp.int32)
+    return None, slowest, jnp.zeros((), jnp.int32), times
   on_time = times <= clock.deadline_s
   return (on_time, jnp.minimum(slowest, jnp.float32(clock.deadline_s)),
-          _count(uploaded & ~on_time))
+          _count(uploaded & ~on_time), times)
 
 
 def server_step(config: RoundConfig, state: EngineState, aggregate_params):
@@ -556,14 +557,15 @@ def round_step(config: RoundConfig, state: EngineState, arrays: DataArrays, run:
   evals, grads, evaluators, client_evals, client_grads = stat_costs(
       config, arrays, avail, picked.chosen,
       config.selector.report(picked.selector_state).get("evaluated", avail))
-  on_time, round_time, stragglers = round_clock(config, picked, evaluators, client_evals,
-                                                client_grads)
+  on_time, round_time, stragglers, times = round_clock(config, picked, evaluators,
+                                                       client_evals, client_grads)
   new_params, agg_state, trained, finite, aggregated, local_models, res = aggregate(
       config, state, picked, arrays, on_time)
   new_params, server_state = server_step(config, state, new_params)
   chosen, slots = picked.chosen, picked.slots
 
-  outcome = RoundOutcome(slots, trained, aggregated, res.train_loss, local_models, new_params)
+  outcome = RoundOutcome(slots, trained, aggregated, res.train_loss, local_models, new_params,
+                         res.train_loss_sq, times)
   sel_state = config.selector.observe(picked.selector_state, inputs, outcome)
   part_state = config.participation.observe(picked.participation_state, inputs, outcome)
   did = jnp.zeros((n,), bool).at[slots].max(trained)

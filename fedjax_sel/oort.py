@@ -1,0 +1,237 @@
+"""Oort (Lai et al., "Oort: Efficient Federated Learning via Guided Participant Selection", OSDI
+2021) as a pure `Selector` over client-state arrays, with FedScale's defaults and rules.
+
+Each client has a statistical utility (its reward: `|B_k| sqrt(mean of the squared per-sample
+training losses)` from its last participation, its data size m_k before it took part), a duration
+(its last round's simulated seconds from `system.py`, or the expected one given to the factory)
+and the round it last took part. A round (`cur = t + 1`, FedScale's count) then:
+
+1. Pacer: the mean reward of last round's exploited clients that reported back joins a history;
+   every `pacer_step` rounds (from round 2 * pacer_step) the sum of the last `pacer_step` entries
+   is compared with the step before: flat (within 10%) raises the round threshold by
+   `pacer_delta` (up to 100), a jump (5x) lowers it (down to `pacer_delta`).
+2. Preferred duration: the `round_threshold` percentile of every client's duration (inf at 100).
+3. Scores of the explored feasible clients: rewards clipped at the `clip_bound` quantile of the
+   feasible positive rewards, min-max normalized (min scaled by 0.999), plus the temporal
+   uncertainty `sqrt(0.1 log(cur) / (last round + 1))`; a client slower than preferred is
+   multiplied by `(preferred / duration) ** round_penalty`.
+4. Exploitation: the exploration factor decays (`* exploration_decay`, floor `exploration_min`);
+   `int(K (1 - exploration))` clients (at most the explored ones) are drawn without replacement
+   with probability proportional to score among those scoring at least `cut_off_util` times the
+   next-best score past that count.
+5. Exploration: the unexplored feasible clients, each weighted by its data size (with the same
+   duration penalty), the `sample_window` times as many as needed kept by weight, and the rest of
+   the K drawn from them by weight. With no unexplored client left, exploration stops for good.
+6. Any slot still free goes to a uniformly drawn feasible client.
+
+Defaults are FedScale's: exploration 0.9 decaying by 0.98 to 0.3, round penalty 2, pacer step 20
+and delta 5, round threshold 30, cut-off utility 0.05, clip bound 0.9, sample window 5. (FedScale's
+`exploration_alpha`, 0.3, weighs staleness only in its logs; it is not used here.) Where FedScale
+indexes past the end of the sorted scores (fewer explored clients than the exploitation count),
+the cut-off is 0, as in its later releases. Randomness: weighted draws without replacement are
+Gumbel top-k with the round's selection key.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> from fedjax_sel.components import ClientState, RoundInputs
+  >>> sel = oort_selector(2)
+  >>> state = sel.init(4, None)
+  >>> inputs = RoundInputs(jnp.int32(0), None, jnp.ones(4, bool), {}, ClientState.create(4),
+  ...                      jnp.array([10, 40, 20, 30]), None)
+  >>> chosen, state = sel.select(state, jax.random.PRNGKey(0), inputs, jnp.ones(4, bool))
+  >>> int(chosen.sum())
+  2
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_sel.components import RoundInputs, RoundOutcome, Selector
+
+
+class OortConfig(NamedTuple):
+  """Oort's settings (FedScale's defaults)."""
+
+  exploration_factor: float = 0.9
+  exploration_decay: float = 0.98
+  exploration_min: float = 0.3
+  round_penalty: float = 2.0
+  pacer_step: int = 20
+  pacer_delta: float = 5.0
+  round_threshold: float = 30.0
+  cut_off_util: float = 0.05
+  clip_bound: float = 0.9
+  sample_window: float = 5.0
+
+
+class OortPlan(NamedTuple):
+  """The deterministic part of a selection (what `select` samples from), for tests and reports."""
+
+  scores: jax.Array          # [N] exploitation scores (0 for unexplored or infeasible clients)
+  preferred: jax.Array       # preferred duration (inf when the threshold is 100)
+  exploit_len: jax.Array     # clients to exploit
+  candidates: jax.Array      # [N] bool, the exploitation candidates
+  explore_len: jax.Array     # clients to explore
+  explore_pool: jax.Array    # [N] bool, the unexplored clients kept by the sample window
+  explore_weight: jax.Array  # [N] their weights
+  state: dict                # the state after the pacer and the exploration decay
+
+
+def check_config(cfg: OortConfig) -> None:
+  """ValueError naming the setting and its range."""
+  ranges = {"exploration_factor": (0.0, 1.0), "exploration_decay": (0.0, 1.0),
+            "exploration_min": (0.0, 1.0), "round_penalty": (0.0, np.inf),
+            "pacer_step": (1, np.inf), "pacer_delta": (0.0, 100.0),
+            "round_threshold": (0.0, 100.0), "cut_off_util": (0.0, 1.0),
+            "clip_bound": (0.0, 1.0), "sample_window": (1.0, np.inf)}
+  for name, (lo, hi) in ranges.items():
+    value = getattr(cfg, name)
+    if not (np.isfinite(value) and lo <= value <= hi):
+      raise ValueError(f"oort_{name} must be in [{lo}, {hi}], got {value}")
+
+
+def _sorted_quantile(values, mask, q) -> jax.Array:
+  """`sorted(values[mask])[min(int(len * q), len - 1)]` (FedScale's index rule)."""
+  count = jnp.sum(mask)
+  ordered = jnp.sort(jnp.where(mask, values, jnp.inf))
+  index = jnp.minimum(jnp.floor(count * q).astype(jnp.int32), count - 1)
+  return ordered[jnp.maximum(index, 0)]
+
+
+def plan(cfg: OortConfig, k: int, state: dict, inputs: RoundInputs, mask) -> OortPlan:
+  """Steps 1-5 of a selection, up to the random draws."""
+  n = mask.shape[0]
+  cur = jnp.asarray(inputs.round, jnp.int32) + 1
+  size = inputs.num_examples.astype(jnp.float32)
+  explored = state["count"] > 0
+  reward = jnp.where(explored, state["reward"], size)
+  # 1. Pacer.
+  back = state["last_exploit"] & state["reported"]
+  util = jnp.sum(jnp.where(back, reward, 0.0)) / (jnp.sum(back) + 1e-4)
+  history = jnp.concatenate([state["history"][1:], util[None]])
+  step = cfg.pacer_step
+  last, current = jnp.sum(history[:step]), jnp.sum(history[step:])
+  pace = (cur >= 2 * step) & (cur % step == 0)
+  threshold = state["round_threshold"]
+  threshold = jnp.where(pace & (jnp.abs(current - last) <= last * 0.1),
+                        jnp.minimum(100.0, threshold + cfg.pacer_delta),
+                        jnp.where(pace & (jnp.abs(current - last) >= last * 5),
+                                  jnp.maximum(cfg.pacer_delta, threshold - cfg.pacer_delta),
+                                  threshold))
+  # 2. Preferred duration, over every client.
+  duration = state["duration"]
+  preferred = jnp.where(threshold < 100.0,
+                        _sorted_quantile(duration, jnp.ones((n,), bool), threshold / 100.0),
+                        jnp.inf)
+  penalty = jnp.where(duration > preferred,
+                      (preferred / jnp.maximum(duration, 1e-4)) ** cfg.round_penalty, 1.0)
+  # 3. Scores of the explored feasible clients.
+  positive = mask & (reward > 0)
+  clip = _sorted_quantile(reward, positive, cfg.clip_bound)
+  low = jnp.min(jnp.where(positive, reward, jnp.inf)) * 0.999
+  high = jnp.max(jnp.where(positive, reward, -jnp.inf))
+  spread = jnp.maximum(high - low, 1e-4)
+  uncertainty = jnp.sqrt(0.1 * jnp.log(cur.astype(jnp.float32))
+                         / (state["time_stamp"].astype(jnp.float32) + 1.0))
+  lake = mask & explored
+  scores = jnp.where(lake, ((jnp.minimum(reward, clip) - low) / spread + uncertainty) * penalty,
+                     0.0)
+  # 4. Exploitation count and candidates.
+  exploration = jnp.maximum(state["exploration"] * cfg.exploration_decay, state["exploration_min"])
+  exploit_len = jnp.minimum(jnp.floor(k * (1.0 - exploration)).astype(jnp.int32), jnp.sum(lake))
+  ranked = jnp.sort(jnp.where(lake, scores, -jnp.inf))[::-1]
+  cut = jnp.where(exploit_len < jnp.sum(lake), ranked[jnp.minimum(exploit_len, n - 1)], 0.0)
+  candidates = lake & (scores >= cut * cfg.cut_off_util)
+  # 5. Exploration pool.
+  unexplored = mask & ~explored
+  explore_len = jnp.minimum(jnp.sum(unexplored), k - exploit_len)
+  weight = jnp.where(unexplored, size * penalty, -jnp.inf)
+  window = jnp.minimum(jnp.floor(cfg.sample_window * explore_len).astype(jnp.int32),
+                       jnp.sum(unexplored))
+  rank = jnp.argsort(jnp.argsort(-weight))  # 0 for the heaviest.
+  pool = unexplored & (rank < window)
+  none_left = ~jnp.any(~explored)
+  new_state = dict(state, history=history, round_threshold=threshold,
+                   exploration=jnp.where(none_left, 0.0, exploration),
+                   exploration_min=jnp.where(none_left, 0.0, state["exploration_min"]),
+                   reported=jnp.zeros((n,), bool))
+  return OortPlan(scores, preferred, exploit_len, candidates, explore_len, pool,
+                  jnp.where(pool, weight, 0.0), new_state)
+
+
+def _weighted_draw(key, weights, mask, count) -> jax.Array:
+  """`[N]` bool: `count` clients of `mask` drawn without replacement with probability
+  proportional to `weights` (Gumbel top-k; weight 0 is never drawn while others remain)."""
+  n = mask.shape[0]
+  keyed = jnp.where(mask, jnp.log(jnp.maximum(weights, 1e-30)) + jax.random.gumbel(key, (n,)),
+                    -jnp.inf)
+  rank = jnp.argsort(jnp.argsort(-keyed))
+  return mask & (rank < count)
+
+
+def oort_selector(k: int, durations=None, config: OortConfig = OortConfig()) -> Selector:
+  """Oort's training selector for K clients.
+
+  Args:
+    k: K.
+    durations: optional `[N]` expected seconds per client for the first rounds (e.g. from a
+      `system.SystemProfile`); later rounds use what the clock measured. Default: all equal.
+    config: `OortConfig` (FedScale's defaults).
+  """
+  if k < 1:
+    raise ValueError(f"clients per round must be >= 1, got {k}")
+  check_config(config)
+  given = None if durations is None else np.asarray(durations, np.float32)
+  if given is not None and not np.all(np.isfinite(given) & (given > 0)):
+    raise ValueError("oort durations must be finite and > 0")
+
+  def init(n, params):
+    del params
+    duration = jnp.ones((n,), jnp.float32) if given is None else jnp.asarray(given)
+    return {"reward": jnp.zeros((n,), jnp.float32), "duration": duration,
+            "time_stamp": jnp.zeros((n,), jnp.int32), "count": jnp.zeros((n,), jnp.int32),
+            "exploration": jnp.float32(config.exploration_factor),
+            "exploration_min": jnp.float32(config.exploration_min),
+            "round_threshold": jnp.float32(config.round_threshold),
+            "history": jnp.zeros((2 * config.pacer_step,), jnp.float32),
+            "last_exploit": jnp.zeros((n,), bool), "reported": jnp.zeros((n,), bool),
+            "preferred": jnp.float32(jnp.inf)}
+
+  def select(state, key, inputs, mask):
+    p = plan(config, k, state, inputs, mask)
+    k_exploit, k_explore, k_fill = jax.random.split(key, 3)
+    exploit = _weighted_draw(k_exploit, p.scores, p.candidates, p.exploit_len)
+    explore = _weighted_draw(k_explore, p.explore_weight, p.explore_pool & ~exploit,
+                             p.explore_len)
+    chosen = exploit | explore
+    fill = _weighted_draw(k_fill, jnp.ones(mask.shape, jnp.float32), mask & ~chosen,
+                          k - jnp.sum(chosen))
+    return chosen | fill, dict(p.state, last_exploit=exploit, preferred=p.preferred)
+
+  def observe(state, inputs: RoundInputs, outcome: RoundOutcome):
+    slots, done = outcome.slots, outcome.trained
+    size = inputs.num_examples[slots].astype(jnp.float32)
+    utility = size * jnp.sqrt(jnp.maximum(outcome.train_loss_sq, 0.0))
+    keep = lambda new, old: jnp.where(done, new, old)
+    duration = state["duration"]
+    if outcome.client_times is not None:
+      duration = duration.at[slots].set(keep(outcome.client_times[slots], duration[slots]))
+    cur = jnp.asarray(inputs.round, jnp.int32) + 1
+    return dict(state, reward=state["reward"].at[slots].set(keep(utility, state["reward"][slots])),
+                duration=duration,
+                time_stamp=state["time_stamp"].at[slots].set(keep(cur, state["time_stamp"][slots])),
+                count=state["count"].at[slots].add(done.astype(jnp.int32)),
+                reported=state["reported"].at[slots].max(done))
+
+  def report(state):
+    return {"exploration": state["exploration"], "round_threshold": state["round_threshold"],
+            "preferred_duration": state["preferred"]}
+
+  return Selector(init=init, select=select, observe=observe, report=report,
+                  spec={"name": "oort", "k": k, **config._asdict(),
+                        "durations": "given" if given is not None else "equal"})
