@@ -23,13 +23,16 @@ import numpy as np
 from absl import app, flags
 
 import fedjax_sel as fs
-from experiments import common
+from experiments import common, parts
 from fedjax_sel import fedalign
 from fedjax_sel.data.corruption import LABEL_NOISE_MODES, NOISE_PRESETS, noisy_clients
 from fedjax_sel.selectors import all_selector, group_random_selector
 
 FLAGS = flags.FLAGS
 flags.adopt_module_key_flags(common)  # --help lists the shared flags too.
+for _flag in ("num_priority", "priority_ids", "priority_classes", "eps0", "eps_schedule",
+              "warmup_fraction", "align_metric", "align_split"):
+  flags.declare_key_flag(_flag)  # The parts' flags FedALIGN uses, in its --help.
 common.SWEEPABLE.extend(["eps0"])  # --sweep may vary these (run values or part state).
 PRESETS = {
     "fmnist": {"dataset": "fashion_mnist", "partition": "uni_class", "num_clients": 60,
@@ -49,21 +52,6 @@ flags.DEFINE_string("preset", None, "The paper's setups; each value is overridab
                     + common.preset_help(PRESETS))
 flags.DEFINE_list("methods", ["fedalign", "none", "all"], "Runs to compare: fedalign, none "
                   "(FedAvg on the priority clients only), all (FedAvg on every client).")
-flags.DEFINE_integer("num_priority", 2, "Number of priority clients, drawn by seed (unless "
-                     "--priority_ids or --priority_classes is given).", lower_bound=0)
-flags.DEFINE_list("priority_ids", [], "Explicit priority client ids (instead of a random draw).")
-flags.DEFINE_list("priority_classes", [], "Priority clients: those holding any of these classes.")
-flags.DEFINE_float("eps0", 0.2, "eps_0, the initial alignment tolerance: a non-priority client joins "
-                   "when its loss (or accuracy) is within eps_t of the priority clients' (default "
-                   "0.2; 0.4 for the high SYNTH noise level unless given).")
-flags.DEFINE_enum("eps_schedule", "linear", fedalign.SCHEDULES, "How eps_t decays from eps_0 to 0 "
-                  "at the last round after the warm-up.")
-flags.DEFINE_float("warmup_fraction", 0.1, "Share of the rounds at the start with priority clients "
-                   "only, in [0, 1).")
-flags.DEFINE_enum("align_metric", "loss", fedalign.METRICS, "What clients compare with the "
-                  "priority clients: loss, or accuracy (the paper's experiments' proxy).")
-flags.DEFINE_enum("align_split", "train", fedalign.SPLITS, "Data a client evaluates the global "
-                  "model on to decide: its training data or its validation split (--val_fraction).")
 flags.DEFINE_enum("participation", "full", ("full", "partial"), "full: every client every round; "
                   "partial: a uniform sample of each group per round.")
 flags.DEFINE_integer("priority_per_round", 1, "Partial participation: priority clients sampled per "
@@ -91,41 +79,11 @@ def check_flags():
   if bad or not FLAGS.methods:
     raise app.UsageError(f"--methods must list values among {sorted(LABELS)}, got {FLAGS.methods}")
   common.check_finite()
-  if FLAGS.eps0 < 0:
-    raise app.UsageError(f"--eps0 must be >= 0, got {FLAGS.eps0}")
-  if not 0.0 <= FLAGS.warmup_fraction < 1.0:
-    raise app.UsageError(f"--warmup_fraction must be in [0, 1), got {FLAGS.warmup_fraction}")
-  if FLAGS.priority_ids and FLAGS.priority_classes:
-    raise app.UsageError("give at most one of --priority_ids and --priority_classes")
-  for flag in ("priority_ids", "priority_classes"):
-    try:
-      [int(v) for v in FLAGS[flag].value]
-    except ValueError as e:
-      raise app.UsageError(f"--{flag} must be integers, got {FLAGS[flag].value}") from e
-  if not FLAGS.priority_classes:  # Classes need the data; a count or ids are checked now.
-    priority_mask(FLAGS.num_clients, None, seed=0)
+  parts.check_fedalign()
   unknown = [lvl for lvl in FLAGS.synth_noise if lvl not in NOISE_PRESETS]
   if FLAGS.dataset == "synth" and (unknown or not FLAGS.synth_noise):
     raise app.UsageError(f"--synth_noise must list levels among {sorted(NOISE_PRESETS)}, got "
                          f"{FLAGS.synth_noise}")
-  if FLAGS.align_split == "val" and FLAGS.val_fraction <= 0:
-    raise app.UsageError("--align_split=val needs --val_fraction > 0")
-
-
-def priority_mask(n: int, label_hist, seed: int) -> np.ndarray:
-  """The priority set the flags choose among `n` clients (flag errors as usage errors)."""
-  try:
-    if FLAGS.priority_ids:
-      return fedalign.choose_priority(n, ids=[int(v) for v in FLAGS.priority_ids])
-    if FLAGS.priority_classes:
-      return fedalign.choose_priority(n, classes=[int(v) for v in FLAGS.priority_classes],
-                                      label_hist=label_hist)
-    return fedalign.choose_priority(n, count=FLAGS.num_priority, seed=seed + 7,
-                                    label_hist=label_hist)
-  except ValueError as e:
-    flag = ("--priority_ids" if FLAGS.priority_ids else "--priority_classes"
-            if FLAGS.priority_classes else "--num_priority")
-    raise app.UsageError(f"{flag}: {e}") from e
 
 
 def groups() -> list[str]:
@@ -134,7 +92,7 @@ def groups() -> list[str]:
 
 def load(seed, group):
   data = common.load_data(seed)
-  priority = priority_mask(data.num_clients, data.label_hist, seed)
+  priority = parts.priority_mask(data.num_clients, data.label_hist, seed)
   if group != "main":
     label_noise, irrelevant = NOISE_PRESETS[group]
     data = noisy_clients(data, ~priority, label_noise, irrelevant, seed=seed + 300,
@@ -153,9 +111,7 @@ def make_rule(method, priority, group):
     return fedalign.priority_only(priority)
   if method == "all":
     return fs.everyone()
-  return fedalign.fedalign_rule(priority, FLAGS.rounds, eps0=eps0_for(group),
-                                schedule=FLAGS.eps_schedule, warmup_fraction=FLAGS.warmup_fraction,
-                                metric=FLAGS.align_metric, split=FLAGS.align_split)
+  return parts.fedalign_rule(priority, eps0_for(group))
 
 
 def participation_parts(priority):

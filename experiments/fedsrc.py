@@ -24,14 +24,18 @@ import numpy as np
 from absl import app, flags
 
 import fedjax_sel as fs
-from experiments import common
-from fedjax_sel import aggregators as aggs
+from experiments import common, parts
 from fedjax_sel import fedsrc
 from fedjax_sel.data.corruption import KINDS, corrupt_clients, corruption_kinds
 from fedjax_sel.local_training import steps_per_client
 
 FLAGS = flags.FLAGS
 flags.adopt_module_key_flags(common)  # --help lists the shared flags too.
+for _flag in ("fedsrc_mode", "fedsrc_beta", "kappa", "participation_target", "alpha0", "alpha_gain",
+              "alpha_max", "decision_stat", "reinclude_prob", "reinclude_after", "reported_loss",
+              "ref_beta", "ref_cut", "trim_beta", "trim_rounding", "krum_f", "multi_krum_m",
+              "krum_normalized", "fedasl_alpha", "fedasl_beta"):
+  flags.declare_key_flag(_flag)  # The parts' flags FedSRC uses, in its --help.
 common.SWEEPABLE.extend(["participation_target", "fedsrc_beta"])  # Run values or part state.
 SPLITS = {"iid": {"partition": "iid"},
           "noniid": {"partition": "dominant", "dominant_fraction": 0.8},
@@ -49,69 +53,12 @@ flags.DEFINE_list("splits", ["iid", "noniid"], "Data splits, one group of runs e
 flags.DEFINE_float("bad_fraction", 0.3, "Share of bad clients, in [0, 1].")
 flags.DEFINE_list("bad_kinds", list(KINDS), f"Corruptions split evenly among the bad clients: "
                   f"{KINDS}.")
-flags.DEFINE_enum("fedsrc_mode", "paper", fedsrc.MODES, "paper: phi = median + alpha*sigma with "
-                  "alpha adapted to the participation target; reference: the reference code's rule "
-                  "(median + ref_beta*std, floor --ref_cut).")
-flags.DEFINE_float("fedsrc_beta", 0.5, "beta: how much a client's heterogeneity index lowers its "
-                   "threshold, Phi_k = phi*(1 - beta*RHI_k), in [0, 0.9].")
-flags.DEFINE_float("kappa", 0.7, "kappa: RHI's weight of the class-count index against the label "
-                   "entropy, in [0, 1].")
-flags.DEFINE_float("participation_target", 0.7, "Share of the sampled clients that should train; "
-                   "alpha adapts to hold it on average, in (0, 1].")
-flags.DEFINE_float("alpha0", 1.0, "Initial alpha (spread multiplier of the server threshold).")
-flags.DEFINE_float("alpha_gain", 1.0, "Alpha's step per unit of participation shortfall.")
-flags.DEFINE_float("alpha_max", 5.0, "Upper bound of alpha.")
-flags.DEFINE_enum("decision_stat", "val_loss", fedsrc.DECISION_STATS, "The loss a client checks "
-                  "against its threshold: on its own held-out data drawn like its training data "
-                  "(val_loss: the validation split, corrupted like the training data of a bad "
-                  "client; default), its test split (kept clean for global scoring, so blind to "
-                  "corruption), one mini-batch, or all its training data.")
-flags.DEFINE_float("reinclude_prob", 0.1, "q: probability that an abstaining client trains anyway, "
-                   "in [0, 1].")
-flags.DEFINE_integer("reinclude_after", 0, "An abstaining client trains anyway after this many "
-                     "consecutive abstentions (0 = never).", lower_bound=0)
-flags.DEFINE_enum("reported_loss", "train", fedsrc.REPORTED_LOSSES, "What participants report for "
-                  "the next threshold: their mean loss over local training (the paper) or the "
-                  "loss they checked at the global model (same scale as the decision).")
-flags.DEFINE_float("ref_beta", 1.0, "Reference mode: multiplier of the losses' sample std.")
-flags.DEFINE_float("ref_cut", 0.0, "Reference mode: floor of the cutoff.")
-flags.DEFINE_float("trim_beta", 0.3, "Trimmed mean: share trimmed per side, in [0, 0.5).")
-flags.DEFINE_enum("trim_rounding", "floor", aggs.TRIM_ROUNDINGS, "Trimmed mean: int(beta*n) "
-                  "(floor, textbook) or ceil(beta*n) (the reference code's) per side.")
-flags.DEFINE_string("krum_f", "0.3", "Krum's assumed Byzantine models f: a count (e.g. 2) or a "
-                    "fraction of the aggregated models (e.g. 0.3); needs n >= 2f + 3.")
-flags.DEFINE_integer("multi_krum_m", 0, "Multi-Krum: models averaged (0 = n - f).", lower_bound=0)
-flags.DEFINE_bool("krum_normalized", False, "Krum on L2-normalized models (the FedSRC reference "
-                  "code's distance).")
-flags.DEFINE_float("fedasl_alpha", 1.0, "FedASL: band around the median loss, in sigmas.")
-flags.DEFINE_float("fedasl_beta", 0.2, "FedASL: v_k inside the band, in sigmas.")
 
 for _name, _value in (("rounds", 40), ("num_clients", 50), ("clients_per_round", 10),
                       ("num_available", 0), ("avail_period", 1), ("model", "mlp"),
                       ("local_epochs", 2), ("lr", 0.1), ("batch_size", 16), ("val_fraction", 0.1),
                       ("seeds", ["0", "1", "2"]), ("out_dir", "runs/fedsrc")):
   FLAGS.set_default(_name, _value)
-
-
-def krum_f():
-  text = FLAGS.krum_f
-  try:
-    return float(text) if "." in text else int(text)
-  except ValueError as e:
-    raise app.UsageError(f"--krum_f must be a count or a fraction, got {text!r}") from e
-
-
-def fedsrc_config() -> fedsrc.FedSRCConfig:
-  return fedsrc.FedSRCConfig(
-      mode=FLAGS.fedsrc_mode, beta=FLAGS.fedsrc_beta, kappa=FLAGS.kappa,
-      target=FLAGS.participation_target, alpha0=FLAGS.alpha0, alpha_gain=FLAGS.alpha_gain,
-      alpha_max=FLAGS.alpha_max, decision_stat=FLAGS.decision_stat,
-      reinclude_prob=FLAGS.reinclude_prob, reinclude_after=FLAGS.reinclude_after,
-      reported_loss=FLAGS.reported_loss, ref_beta=FLAGS.ref_beta, cut=FLAGS.ref_cut)
-
-
-FLAG_OF = {"beta": "fedsrc_beta", "target": "participation_target", "cut": "ref_cut",
-           "fedsrc_mode": "fedsrc_mode", "participation": "participation_target"}
 
 
 def check_flags():
@@ -132,50 +79,9 @@ def check_flags():
   common.check_finite()
   if not 0.0 <= FLAGS.bad_fraction <= 1.0:
     raise app.UsageError(f"--bad_fraction must be in [0, 1], got {FLAGS.bad_fraction}")
-  try:
-    fedsrc.check_config(fedsrc_config())
-  except ValueError as e:
-    field = str(e).split()[0]
-    raise app.UsageError(f"--{FLAG_OF.get(field, field)}: {e}") from e
-  if FLAGS.decision_stat == "val_loss" and FLAGS.val_fraction <= 0:
-    raise app.UsageError("--decision_stat=val_loss needs --val_fraction > 0 (each client's "
-                         "held-out data)")
-  used = set(FLAGS.methods) | set(FLAGS.fedsrc_with)
-  krum_used = used & {"krum", "multi_krum"}
-  for name in {"trimmed_mean", "fedasl"} | krum_used:  # The aggregators' own argument checks.
-    try:
-      make_aggregator(name)
-    except ValueError as e:
-      raise app.UsageError(f"{AGGREGATOR_FLAGS[name]}: {e}") from e
-  if krum_used:
-    try:
-      aggs.check_krum(FLAGS.clients_per_round, krum_f())
-    except ValueError as e:
-      raise app.UsageError(f"--krum_f / --clients_per_round: {e}") from e
-  if "multi_krum" in used:
-    most = FLAGS.clients_per_round - aggs.byzantine_count(FLAGS.clients_per_round, krum_f())
-    if FLAGS.multi_krum_m > most:
-      raise app.UsageError(f"--multi_krum_m={FLAGS.multi_krum_m} cannot apply: Multi-Krum "
-                           f"averages at most n - f = {most} of the K={FLAGS.clients_per_round} "
-                           f"models; accepted 0 (= n - f) to {most}")
-
-
-AGGREGATOR_FLAGS = {"trimmed_mean": "--trim_beta / --trim_rounding", "krum": "--krum_f",
-                    "multi_krum": "--krum_f / --multi_krum_m",
-                    "fedasl": "--fedasl_alpha / --fedasl_beta"}
-
-
-def make_aggregator(name):
-  if name in ("fedsrc", "fedavg"):
-    return fs.fedavg(FLAGS.weighting)
-  if name == "median":
-    return aggs.coordinate_median()
-  if name == "trimmed_mean":
-    return aggs.trimmed_mean(FLAGS.trim_beta, FLAGS.trim_rounding)
-  if name in ("krum", "multi_krum"):
-    multi = FLAGS.multi_krum_m if name == "multi_krum" else None
-    return aggs.krum(krum_f(), multi=multi, normalize=FLAGS.krum_normalized)
-  return aggs.fedasl(FLAGS.fedasl_alpha, FLAGS.fedasl_beta)
+  parts.check_fedsrc()
+  # The aggregators' own argument checks (trimmed mean's and FedASL's always: their flags' ranges).
+  parts.check_aggregators(set(FLAGS.methods) | set(FLAGS.fedsrc_with) | {"trimmed_mean", "fedasl"})
 
 
 def groups() -> list[str]:
@@ -247,11 +153,11 @@ def main(argv):
         with common.swept(value):
           for seed in seeds:
             data, kinds = loaded[(seed, group)]
-            rule = fedsrc.fedsrc_rule(fedsrc_config()) if uses_rule else None
+            rule = fedsrc.fedsrc_rule(parts.fedsrc_config()) if uses_rule else None
             sim = fs.Simulator(common.model_for(data), data, common.optimizer(),
                                common.local_hparams(), common.availability(),
                                fs.random_selector(FLAGS.clients_per_round),
-                               make_aggregator(agg_name),
+                               parts.make_aggregator(agg_name),
                                FLAGS.clients_per_round, seed, participation=rule,
                                lr_schedule=common.lr_schedule(), eval_mask=kinds == "good",
                                **options)

@@ -20,36 +20,25 @@ OPT approximation ratio with `--opt`, the weak-submodularity check with `--submo
 import csv
 import os
 
-import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
 import fedjax_sel as fs
-from experiments import common
-from fedjax_sel import filtering
+from experiments import common, parts
 from fedjax_sel.data import sources
 from fedjax_sel.data.corruption import KINDS, corrupt_clients
-from fedjax_sel.models import per_example_loss
-from fedjax_sel.selectors import DIVFL_PROXIES, POC_VARIANTS, divfl, power_of_choice
 
 FLAGS = flags.FLAGS
 flags.adopt_module_key_flags(common)  # --help lists the shared flags too.
+for _flag in ("selector", "poc_variant", "poc_d", "divfl_proxy", "filter_period", "empty_value",
+              "filter_const", "filter_order"):
+  flags.declare_key_flag(_flag)  # The parts' flags FilFL uses, in its --help.
 flags.DEFINE_list("filters", ["none", "dgf", "rgf"], "Runs to compare: none (FedAvg/FedProx), dgf, rgf.")
-flags.DEFINE_enum("selector", "rs", ("rs", "poc", "divfl"), "Selector applied to the filtered-in set.")
-flags.DEFINE_integer("filter_period", 5, "h: filter every h rounds (and when availability changes).",
-                     lower_bound=1)
-flags.DEFINE_enum("empty_value", "zero", filtering.EMPTY_VALUES, "R of the empty set: zero (the "
-                  "reference code's, default) or global (C - F^P(w_t): the unchanged model).")
-flags.DEFINE_float("filter_const", 10.0, "C of R(S) = C - F^P.")
-flags.DEFINE_enum("filter_order", "random", filtering.ORDERS, "Greedy client order.")
 flags.DEFINE_bool("opt", False, "Also run OPT on each filtering round (n <= 16) and report "
                   "R(greedy)/R(OPT).")
 flags.DEFINE_integer("submod_samples", 0, "Weak-submodularity check samples per filtering round.",
                      lower_bound=0)
 flags.DEFINE_list("gammas", ["0.5", "0.75", "0.9", "1.0"], "Gammas of the submodularity check.")
-flags.DEFINE_enum("poc_variant", "pow", POC_VARIANTS, "Power-of-choice variant.")
-flags.DEFINE_integer("poc_d", None, "Power-of-choice candidates d (default 2K).", lower_bound=1)
-flags.DEFINE_enum("divfl_proxy", "gradient", DIVFL_PROXIES, "DivFL proxy refresh.")
 flags.DEFINE_float("corrupt_fraction", 0.4, "Share of clients with corrupted data.",
                    lower_bound=0.0, upper_bound=1.0)
 flags.DEFINE_list("corrupt_kinds", ["shuffle"], f"Corruptions among {KINDS}.")
@@ -120,9 +109,10 @@ def check_flags():
                          f"n = {available}")
   if FLAGS.public_fraction <= 0 and FLAGS.public_text is None and set(FLAGS.filters) - {"none"}:
     raise app.UsageError("filtering needs a public set: set --public_fraction > 0 or --public_text")
-  if FLAGS.poc_d is not None and FLAGS.poc_d < FLAGS.clients_per_round:
-    raise app.UsageError(f"--poc_d must be >= --clients_per_round ({FLAGS.clients_per_round}), "
-                         f"got {FLAGS.poc_d}")
+  if FLAGS.selector not in ("random", "poc", "divfl"):
+    raise app.UsageError(f"--selector: FilFL selects with random, poc or divfl, got "
+                         f"{FLAGS.selector} (experiments/run.py composes the others)")
+  parts.check_selector(FLAGS.clients_per_round)
   try:
     gammas = tuple(float(g) for g in FLAGS.gammas)
   except ValueError as e:
@@ -130,15 +120,6 @@ def check_flags():
   if not all(0 < g <= 1 for g in gammas):  # Also refuses NaN.
     raise app.UsageError(f"--gammas must be in (0, 1], got {FLAGS.gammas}")
   return gammas
-
-
-def make_selector():
-  k = FLAGS.clients_per_round
-  if FLAGS.selector == "poc":
-    return power_of_choice(k, FLAGS.poc_d, FLAGS.poc_variant)
-  if FLAGS.selector == "divfl":
-    return divfl(k, FLAGS.divfl_proxy)
-  return fs.random_selector(k)
 
 
 def load(seed):
@@ -170,18 +151,11 @@ def main(argv):
         for seed in seeds:
           data, bad = loaded[seed]
           model = common.model_for(data)
-          filt = None
-          if filt_name != "none":
-            def public_loss(p, x, y, model=model):
-              return jnp.mean(per_example_loss(model, p, x, y))
-            cfg = filtering.FilterConfig(
-                mode=filt_name, period=FLAGS.filter_period, empty_value=FLAGS.empty_value,
-                const=FLAGS.filter_const, order=FLAGS.filter_order, opt=FLAGS.opt,
-                submod_samples=FLAGS.submod_samples, gammas=gammas)
-            filt = filtering.filfl_filter(public_loss, cfg)
+          filt = parts.make_filter(filt_name, model, gammas, FLAGS.opt, FLAGS.submod_samples)
           sim = fs.Simulator(model, data, common.optimizer(), common.local_hparams(),
                              common.availability(FLAGS.avail_reference),
-                             make_selector(), fs.fedavg(FLAGS.weighting), FLAGS.clients_per_round,
+                             parts.make_selector(FLAGS.clients_per_round),
+                             fs.fedavg(FLAGS.weighting), FLAGS.clients_per_round,
                              seed, filter=filt, lr_schedule=common.lr_schedule(), eval_mask=~bad,
                              **options)
           print(f"== {label} seed {seed}: {data.name}, N={data.num_clients}, "

@@ -21,19 +21,18 @@ import numpy as np
 from absl import app, flags
 
 import fedjax_sel as fs
-from experiments import common
+from experiments import common, parts  # parts: --explore_prob.
 from fedjax_sel import uacs
 from fedjax_sel.data.boundary import SCENARIOS, BoundaryConfig, boundary_dataset, check_config
 
 FLAGS = flags.FLAGS
 flags.adopt_module_key_flags(common)  # --help lists the shared flags too.
+flags.declare_key_flag("explore_prob")
 common.SWEEPABLE.extend(["explore_prob"])  # --sweep may vary these (run values or part state).
 flags.DEFINE_list("methods", list(uacs.METHODS), f"Runs to compare: {uacs.METHODS}.")
 flags.DEFINE_list("scenarios", ["1", "2", "3"], "Boundary data scenarios: 1 boundary clients in "
                   "boxes, 2 spread along the whole boundary, 3 like 1 with far clients confined "
                   "to small regions.")
-flags.DEFINE_float("explore_prob", 0.1, "eps of Entropy+Eps-Greedy: probability of picking the m "
-                   "clients uniformly at random in a round, in [0, 1].")
 flags.DEFINE_bool("library_data", False, "Use --dataset/--partition (digits, synth, fashion_mnist, "
                   "...) instead of the 2-D boundary data.")
 flags.DEFINE_integer("num_boundary", 6, "Boundary clients (holding points near the decision "

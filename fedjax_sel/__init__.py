@@ -9,7 +9,7 @@ selector), `system` (client speeds and the simulated clock), `round` (the round 
 (the `Simulator` shell), `compilation` (the persistent cache), `checkpoint`, `runner`.
 """
 
-__version__ = "0.2.0"  # Before the imports: the runner writes it into checkpoint fingerprints.
+__version__ = "0.3.0"  # Before the imports: the runner writes it into checkpoint fingerprints.
 
 from fedjax_sel.aggregators import fedavg, weighted_mean
 from fedjax_sel.availability import Availability, uniform_availability

@@ -179,3 +179,49 @@ def test_bad_flags_fail_before_compute(bad_flag_results, index):
   assert result["kind"] in ("UsageError", "FlagsError"), result
   assert needle in result["message"], result
   assert not result["ran"], result
+
+
+# experiments/run.py composes every part: each with the defaults for the others, two rounds.
+COMPOSE_BASE = ["--rounds=2", "--num_clients=12", "--num_available=6", "--clients_per_round=3",
+                "--model=logreg", "--seeds=0", "--eval_every=2"]
+COMPOSE_CASES = (
+    [[f"--selector={s}"] for s in ("random", "poc", "divfl", "entropy", "grad_norm", "oort")]
+    + [[f"--filter={f}"] for f in ("dgf", "rgf")]
+    + [[f"--rule={r}"] for r in ("fedalign", "fedsrc")]
+    + [[f"--aggregator={a}"] for a in ("median", "trimmed_mean", "fedasl", "krum",
+                                       "multi_krum")]
+    + [[f"--server_opt={o}"] for o in ("sgd", "momentum", "adam", "yogi", "adagrad")]
+    + [["--prox_mu=0.01"], ["--availability=probability"],
+       ["--availability=diurnal", "--diurnal_period=4"],
+       ["--system_profile=lognormal", "--deadline_s=2"],
+       ["--selector=oort", "--system_profile=lognormal", "--rule=fedsrc", "--aggregator=median",
+        "--server_opt=adam"]])
+SLOW_COMPOSE_CASES = [  # Wider combinations: pytest -m slow.
+    ["--filter=dgf", "--selector=divfl", "--rule=fedalign", "--server_opt=yogi"],
+    ["--selector=entropy", "--rule=fedsrc", "--aggregator=krum", "--availability=diurnal",
+     "--system_profile=lognormal"],
+    ["--filter=rgf", "--selector=oort", "--aggregator=trimmed_mean", "--server_opt=momentum",
+     "--system_profile=lognormal", "--deadline_s=1"],
+]
+
+
+def _compose(tmp_path, cases):
+  full = [COMPOSE_BASE + case + [f"--out_dir={tmp_path}/c{i}"] for i, case in enumerate(cases)]
+  results = run_cases("run", full, str(tmp_path), str(tmp_path))
+  for i, (case, result) in enumerate(zip(cases, results)):
+    assert result["kind"] == "none", (case, result)
+    recs = records(tmp_path / f"c{i}" / "seed0" / "metrics.jsonl")
+    assert [r["round"] for r in recs] == [0, 1], case
+    assert "test_accuracy" in recs[-1], case
+    if "--rule=fedalign" not in case:  # FedALIGN's warm-up trains the priority clients only.
+      assert sum(r["num_trained"] for r in recs) >= 1, case
+
+
+def test_run_composes_every_part(tmp_path):
+  assert len(COMPOSE_CASES) >= 25
+  _compose(tmp_path, COMPOSE_CASES)
+
+
+@pytest.mark.slow
+def test_run_composes_wider_combinations(tmp_path):
+  _compose(tmp_path, SLOW_COMPOSE_CASES)
