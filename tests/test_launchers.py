@@ -225,3 +225,17 @@ def test_run_composes_every_part(tmp_path):
 @pytest.mark.slow
 def test_run_composes_wider_combinations(tmp_path):
   _compose(tmp_path, SLOW_COMPOSE_CASES)
+
+
+def test_time_to_accuracy_reads_runs_and_counts_rounds_trained(tmp_path):
+  from experiments import time_to_accuracy  # pylint: disable=import-outside-toplevel
+  for seed, accs in enumerate(([0.5, 0.86, 0.9], [0.4, 0.6, 0.88])):
+    folder = tmp_path / "oort" / f"seed{seed}"
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text("".join(
+        json.dumps({"round": t, "test_accuracy": a,
+                    "cumulative_cost": {"sim_time_s": 10.0 * (t + 1)}}) + "\n"
+        for t, a in enumerate(accs)), encoding="utf-8")
+  text = time_to_accuracy.table([str(tmp_path / "oort")], "test_accuracy", 0.85)
+  # Seed 0 reaches 0.85 after 2 rounds (20 s), seed 1 after 3 (30 s).
+  assert "| oort | 2 | 0.8900 +- 0.0141 | 2.5 (2/2) | 25 | 30 |" in text
