@@ -119,8 +119,14 @@ def participation_parts(priority):
   n = len(priority)
   if FLAGS.participation == "full":
     return fs.uniform_availability(n, n), all_selector(), n
-  sizes = (min(FLAGS.others_per_round, int((~priority).sum())),
-           min(FLAGS.priority_per_round, int(priority.sum())))
+  groups_of = {"others_per_round": int((~priority).sum()),
+               "priority_per_round": int(priority.sum())}
+  for flag, count in groups_of.items():  # A default larger than its group takes the whole group.
+    if FLAGS[flag].present and FLAGS[flag].value > count:
+      raise app.UsageError(f"--{flag}={FLAGS[flag].value} cannot apply: its group holds {count} "
+                           f"clients; accepted 0..{count}")
+  sizes = (min(FLAGS.others_per_round, groups_of["others_per_round"]),
+           min(FLAGS.priority_per_round, groups_of["priority_per_round"]))
   return (fs.uniform_availability(n, n), group_random_selector(priority.astype(np.int32), sizes),
           max(sum(sizes), 1))
 

@@ -112,7 +112,7 @@ def check_flags():
   if FLAGS.selector not in ("random", "poc", "divfl"):
     raise app.UsageError(f"--selector: FilFL selects with random, poc or divfl, got "
                          f"{FLAGS.selector} (experiments/run.py composes the others)")
-  parts.check_selector(FLAGS.clients_per_round)
+  parts.check_selector(FLAGS.clients_per_round, FLAGS.num_available or FLAGS.num_clients)
   try:
     gammas = tuple(float(g) for g in FLAGS.gammas)
   except ValueError as e:

@@ -113,10 +113,11 @@ flags.DEFINE_float("fedasl_beta", 0.2, "FedASL: v_k inside the band, in sigmas."
 
 # --- Builders -----------------------------------------------------------------------------------
 
-def check_selector(k: int) -> None:
-  """The selector flags that cannot apply with K clients per round."""
-  if FLAGS.poc_d is not None and FLAGS.poc_d < k:
-    raise app.UsageError(f"--poc_d must be >= --clients_per_round ({k}), got {FLAGS.poc_d}")
+def check_selector(k: int, available: int) -> None:
+  """The selector flags that cannot apply with K clients per round of at most `available`."""
+  if FLAGS.poc_d is not None and not k <= FLAGS.poc_d <= available:
+    raise app.UsageError(f"--poc_d must be in {k}..{available} (--clients_per_round to the "
+                         f"clients available at once), got {FLAGS.poc_d}")
   if FLAGS.selector == "entropy" and not 0.0 <= FLAGS.explore_prob <= 1.0:
     raise app.UsageError(f"--explore_prob must be in [0, 1], got {FLAGS.explore_prob}")
   if FLAGS.selector == "oort":

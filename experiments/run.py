@@ -59,7 +59,8 @@ def apply_part_defaults() -> None:
 def check_parts() -> None:
   """Each part's settings, and the combinations that cannot run, before any data."""
   k = FLAGS.clients_per_round
-  parts.check_selector(k)
+  common.check_counts()  # K <= n <= N before the availability model is built on them.
+  parts.check_selector(k, common.availability().num_available)
   if FLAGS.filter != "none" and FLAGS.public_fraction <= 0:
     raise app.UsageError(f"--filter={FLAGS.filter} evaluates models on a public set: set "
                          "--public_fraction > 0")
