@@ -137,11 +137,11 @@ def test_draws_follow_the_scores_and_fill_k():
                        jnp.asarray(SIZES), None)
   p = oort.plan(cfg, 2, state, inputs, feasible)
   assert int(p.exploit_len) == 1  # int(2 * 0.7).
-  hits = np.zeros(N)
-  for i in range(3000):
-    chosen, new = sel.select(state, jax.random.PRNGKey(i), inputs, feasible)
-    assert int(chosen.sum()) == 2 and not bool((chosen & ~feasible).any())
-    hits += np.asarray(new["last_exploit"])
+  draw = jax.jit(jax.vmap(lambda key: sel.select(state, key, inputs, feasible)))
+  chosen, new = draw(jax.random.split(jax.random.PRNGKey(0), 3000))
+  assert (np.asarray(chosen).sum(axis=1) == 2).all()
+  assert not np.asarray(chosen & ~feasible).any()
+  hits = np.asarray(new["last_exploit"]).sum(axis=0)
   share = np.asarray(jnp.where(p.candidates, p.scores, 0.0))
   np.testing.assert_allclose(hits / 3000, share / share.sum(), atol=0.03)
 
