@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import math
 import os
 import socket
@@ -304,6 +305,7 @@ def run_all(runs: list[Run]) -> list[list[dict]]:
   `RunBatch` (one compiled call per round for all of them), else one by one; each run keeps its
   own folder, metrics, checkpoint and resume. A diverged run, a refused resume or a foreign
   checkpoint exit with the message (status 1), after the other runs of a batch finished."""
+  record_runs(runs)
   batched = FLAGS.batch_runs and len(runs) > 1 and not any(r.sim.on_host for r in runs)
   if not batched:
     return [run_sim(r.sim, *r.path, label=r.label, extra=r.extra, run_settings=r.settings)
@@ -413,6 +415,79 @@ def check_common() -> None:
       folder_lock.hold(FLAGS.out_dir)
     except folder_lock.FolderInUse as e:
       raise app.UsageError(f"--out_dir: {e}") from e
+    write_provenance()
+
+
+FLAGS_FILE = "flags.txt"
+RUN_INFO_FILE = "run_info.json"
+JOB_FILE = "job.json"
+NOT_REPLAYED = {"resume", "overwrite"}  # A replay decides these itself.
+_JOBS: dict[str, list[dict]] = {}  # --out_dir -> the runs recorded in its manifest.
+
+
+def launcher_name() -> str:
+  """The launcher's module (experiments.filfl, ...) or script name."""
+  spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+  return spec.name if spec is not None else os.path.basename(sys.argv[0])
+
+
+def flag_lines() -> list[str]:
+  """The launcher's flags as `--name=value` lines (absl's flagfile format), the flags of JAX,
+  absl and TFDS left out."""
+  lines = []
+  for module, module_flags in FLAGS.flags_by_module_dict().items():
+    if not module.startswith(("experiments", "__main__")):
+      continue
+    for flag in module_flags:
+      text = flag.serialize()
+      if flag.name not in NOT_REPLAYED and text:
+        lines.append(text)
+  return sorted(set(lines))
+
+
+def _write_atomically(path: str, text: str) -> None:
+  tmp = path + ".tmp"
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  except OSError:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def write_provenance() -> None:
+  """`<out_dir>/flags.txt`, a flagfile that replays the job (`--flagfile=<out_dir>/flags.txt`,
+  a later `--out_dir` overriding), and `<out_dir>/run_info.json`: the command line, the time, the
+  library, JAX and device versions, the host."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import flax  # pylint: disable=import-outside-toplevel
+  os.makedirs(FLAGS.out_dir, exist_ok=True)
+  _write_atomically(os.path.join(FLAGS.out_dir, FLAGS_FILE), "\n".join(flag_lines()) + "\n")
+  info = {"launcher": launcher_name(), "command": [sys.executable, *sys.argv],
+          "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+          "host": socket.gethostname(),
+          "versions": {"fedjax_sel": fs.__version__, "jax": jax.__version__,
+                       "jaxlib": getattr(jax.lib, "__version__", None) or jax.__version__,
+                       "flax": flax.__version__, "optax": optax.__version__,
+                       "numpy": np.__version__, "python": sys.version.split()[0]},
+          "devices": [f"{d.platform}:{d.device_kind}" for d in jax.devices()],
+          "processes": jax.process_count()}
+  _write_atomically(os.path.join(FLAGS.out_dir, RUN_INFO_FILE), json.dumps(info, indent=1) + "\n")
+
+
+def record_runs(runs) -> None:
+  """Adds `runs` to `<out_dir>/job.json`, the job's manifest: per run its launcher, label, seed,
+  swept value and folder (relative to --out_dir)."""
+  job = _JOBS.setdefault(os.path.abspath(FLAGS.out_dir), [])
+  for r in runs:
+    tag = next((p for p in r.path if "=" in p), None)
+    job.append({"launcher": launcher_name(), "label": r.label.strip(), "seed": r.sim.seed,
+                "sweep": tag, "folder": os.path.join(*r.path)})
+  if writer():
+    _write_atomically(os.path.join(FLAGS.out_dir, JOB_FILE),
+                      json.dumps({"runs": job}, indent=1) + "\n")
 
 
 def cli(main):

@@ -239,3 +239,27 @@ def test_time_to_accuracy_reads_runs_and_counts_rounds_trained(tmp_path):
   text = time_to_accuracy.table([str(tmp_path / "oort")], "test_accuracy", 0.85)
   # Seed 0 reaches 0.85 after 2 rounds (20 s), seed 1 after 3 (30 s).
   assert "| oort | 2 | 0.8900 +- 0.0141 | 2.5 (2/2) | 25 | 30 |" in text
+
+
+def test_flags_file_replays_the_job_and_the_manifest_names_its_runs(tmp_path):
+  """`<out_dir>/flags.txt` replays a job to the same metrics (a later --out_dir overriding);
+  `job.json` names every run with its seed, swept value and folder; `run_info.json` holds the
+  command and versions."""
+  first = ["--rounds=2", "--num_clients=10", "--num_available=5", "--clients_per_round=2",
+           "--seeds=0,1", "--sweep=lr:0.05,0.1", f"--out_dir={tmp_path}/a"]
+  replay = [f"--flagfile={tmp_path}/a/flags.txt", f"--out_dir={tmp_path}/b"]
+  results = run_cases("run", [first, replay], str(tmp_path), str(tmp_path))
+  assert all(r["kind"] == "none" for r in results), results
+  job = json.loads((tmp_path / "a" / "job.json").read_text(encoding="utf-8"))["runs"]
+  assert [(r["seed"], r["sweep"], r["folder"]) for r in job] == [
+      (0, "lr=0.05", "lr=0.05/seed0"), (1, "lr=0.05", "lr=0.05/seed1"),
+      (0, "lr=0.1", "lr=0.1/seed0"), (1, "lr=0.1", "lr=0.1/seed1")]
+  for run in job:
+    strip = lambda recs: [{k: v for k, v in r.items() if k != "wall_s"} for r in recs]
+    assert strip(records(tmp_path / "a" / run["folder"] / "metrics.jsonl")) == strip(
+        records(tmp_path / "b" / run["folder"] / "metrics.jsonl")), run
+  info = json.loads((tmp_path / "a" / "run_info.json").read_text(encoding="utf-8"))
+  assert info["versions"]["jax"] and info["versions"]["fedjax_sel"] and info["command"]
+  assert info["time_utc"].endswith("Z") and info["devices"]
+  flags_text = (tmp_path / "a" / "flags.txt").read_text(encoding="utf-8")
+  assert "--sweep=lr:0.05,0.1" in flags_text and "--resume" not in flags_text
