@@ -34,25 +34,35 @@ FLAGS = flags.FLAGS
 # Data.
 flags.DEFINE_enum("dataset", "digits", fs.DATASETS, "Dataset (digits ships with scikit-learn).")
 flags.DEFINE_enum("partition", "dirichlet", PARTITIONS, "How a centralized pool is split.")
-flags.DEFINE_integer("num_clients", 50, "N, total clients.", lower_bound=1)
-flags.DEFINE_float("dirichlet_alpha", 0.5, "Dirichlet concentration.", lower_bound=1e-6)
-flags.DEFINE_integer("classes_per_client", 2, "k of the k_classes partition.", lower_bound=1)
+flags.DEFINE_integer("num_clients", 50, "Total clients in the population (N), >= 1.", lower_bound=1)
+flags.DEFINE_float("dirichlet_alpha", 0.5, "Concentration of the Dirichlet label partition "
+                   "(alpha); smaller is more skewed, > 0.", lower_bound=1e-6)
+flags.DEFINE_integer("classes_per_client", 2, "Classes each client holds under "
+                     "--partition=k_classes (k), 1..C.", lower_bound=1)
 flags.DEFINE_float("dominant_fraction", 0.8, "Dominant-class share of the dominant partition.",
                    lower_bound=0.0, upper_bound=1.0)
-flags.DEFINE_float("test_fraction", 0.2, "Per-client test share.", lower_bound=0.0, upper_bound=0.9)
-flags.DEFINE_float("val_fraction", 0.0, "Per-client validation share.", lower_bound=0.0,
+flags.DEFINE_float("test_fraction", 0.2, "Share of each client's examples held out as its test "
+                   "split, in [0, 0.9].", lower_bound=0.0, upper_bound=0.9)
+flags.DEFINE_float("val_fraction", 0.0, "Share of each client's examples held out as its "
+                   "validation split, in [0, 0.9].", lower_bound=0.0,
                    upper_bound=0.9)
 flags.DEFINE_float("public_fraction", 0.0, "Server public set: stratified share of the pool (or of "
                    "each client for synth/leaf).", lower_bound=0.0, upper_bound=0.9)
-flags.DEFINE_string("data_dir", sources.FASHION_MNIST_DIR, "IDX folder or TFDS data dir.")
+flags.DEFINE_string("data_dir", sources.FASHION_MNIST_DIR, "Folder of the Fashion-MNIST IDX "
+                    "files, or the TFDS data dir holding ArrayRecord files.")
 flags.DEFINE_list("leaf_files", [], "LEAF JSON files or glob patterns for --dataset=leaf.")
-flags.DEFINE_string("tfds_name", "mnist", "TFDS dataset for --dataset=tfds.")
-flags.DEFINE_float("synth_alpha", 1.0, "SYNTH alpha.", lower_bound=0.0)
-flags.DEFINE_float("synth_beta", 1.0, "SYNTH beta.", lower_bound=0.0)
-flags.DEFINE_integer("max_examples", None, "Subsample the centralized pool.", lower_bound=1)
+flags.DEFINE_string("tfds_name", "mnist", "TFDS dataset name for --dataset=tfds (e.g. cifar10), "
+                    "read from --data_dir, never downloaded.")
+flags.DEFINE_float("synth_alpha", 1.0, "SYNTH(alpha, beta): spread of the clients' models "
+                   "(alpha), >= 0.", lower_bound=0.0)
+flags.DEFINE_float("synth_beta", 1.0, "SYNTH(alpha, beta): spread of the clients' feature means "
+                   "(beta), >= 0.", lower_bound=0.0)
+flags.DEFINE_integer("max_examples", None, "Keep at most this many examples of the centralized "
+                     "pool (a seeded sample), >= 1.", lower_bound=1)
 
 # Model and local training.
-flags.DEFINE_enum("model", "mlp", fs.MODELS, "Model architecture.")
+flags.DEFINE_enum("model", "mlp", fs.MODELS, "Model the clients train (its size follows "
+                  "--hidden, --resnet_width, --norm).")
 flags.DEFINE_list("hidden", ["200", "200"], "Hidden layer widths of --model=mlp (e.g. 200,100 for "
                   "FedSRC's MNIST MLP 784-200-100-10, 64 for its FEMNIST MLP).")
 flags.DEFINE_enum("norm", "group", ("group", "batch"), "Normalization layers of --model=resnet18: "
@@ -62,16 +72,23 @@ flags.DEFINE_integer("resnet_width", 64, "Channels of ResNet18's first stage (64
                      "smaller for quick CPU runs).", lower_bound=2)
 flags.DEFINE_enum("conv_impl", "patches", CONV_IMPLS, "Convolution lowering (patches is fast "
                   "under vmap on CPU).")
-flags.DEFINE_float("lr", 0.1, "Client learning rate.", lower_bound=0.0)
+flags.DEFINE_float("lr", 0.1, "Client learning rate (eta_l), a finite number >= 0.",
+                   lower_bound=0.0)
 flags.DEFINE_float("lr_decay", 1.0, "Multiply lr by this every --lr_decay_every rounds.",
                    lower_bound=0.0, upper_bound=1.0)
-flags.DEFINE_integer("lr_decay_every", 10, "Rounds between lr decays.", lower_bound=1)
-flags.DEFINE_float("momentum", 0.0, "SGD momentum.", lower_bound=0.0, upper_bound=0.999)
-flags.DEFINE_float("weight_decay", 0.0, "Decoupled weight decay.", lower_bound=0.0)
-flags.DEFINE_integer("batch_size", 16, "B.", lower_bound=1)
-flags.DEFINE_integer("local_epochs", 2, "E.", lower_bound=1)
-flags.DEFINE_integer("local_steps", None, "Fixed local steps instead of epochs.", lower_bound=1)
-flags.DEFINE_float("prox_mu", 0.0, "FedProx mu (0 = FedAvg).", lower_bound=0.0)
+flags.DEFINE_integer("lr_decay_every", 10, "Rounds between multiplications of the learning rate "
+                     "by --lr_decay, >= 1.", lower_bound=1)
+flags.DEFINE_float("momentum", 0.0, "Client SGD momentum (heavy ball), in [0, 1); 0 is plain SGD.",
+                   lower_bound=0.0, upper_bound=0.999)
+flags.DEFINE_float("weight_decay", 0.0, "Client decoupled weight decay (AdamW-style, per step), "
+                   ">= 0.", lower_bound=0.0)
+flags.DEFINE_integer("batch_size", 16, "Examples per local training step (B), >= 1.", lower_bound=1)
+flags.DEFINE_integer("local_epochs", 2, "Passes over its data each client makes per round (E), >= "
+                     "1.", lower_bound=1)
+flags.DEFINE_integer("local_steps", None, "A fixed number of local steps per client and round "
+                     "instead of --local_epochs, >= 1.", lower_bound=1)
+flags.DEFINE_float("prox_mu", 0.0, "FedProx proximal coefficient (mu), >= 0; 0 is FedAvg.",
+                   lower_bound=0.0)
 flags.DEFINE_integer("chunk_size", None, "Clients vmapped together (default: from the step's "
                      "cost: 1-4 on CPU, what fits a quarter of device memory on accelerators).",
                      lower_bound=1)
@@ -95,11 +112,14 @@ flags.DEFINE_integer("distributed_timeout", 60, "Seconds to wait for every proce
                      "multi-host run before failing.", lower_bound=1)
 
 # Rounds.
-flags.DEFINE_integer("rounds", 30, "T.", lower_bound=1)
-flags.DEFINE_integer("clients_per_round", 10, "K.", lower_bound=1)
+flags.DEFINE_integer("rounds", 30, "Communication rounds to run (T), >= 1; a resumed job runs up "
+                     "to this many in total.", lower_bound=1)
+flags.DEFINE_integer("clients_per_round", 10, "Clients trained per round (K), 1..n "
+                     "(--num_available).", lower_bound=1)
 flags.DEFINE_integer("num_available", 25, "n, clients available per round (0: all clients).",
                      lower_bound=0)
-flags.DEFINE_integer("avail_period", 5, "Rounds between availability redraws.", lower_bound=1)
+flags.DEFINE_integer("avail_period", 5, "Rounds between redraws of the available clients (uniform "
+                     "and probability models), >= 1.", lower_bound=1)
 flags.DEFINE_enum("availability", "uniform", ("uniform", "probability", "diurnal", "trace"),
                   "Availability model: uniform (exactly --num_available clients, redrawn every "
                   "--avail_period rounds), probability (client k available with its own "
@@ -109,7 +129,7 @@ flags.DEFINE_enum("availability", "uniform", ("uniform", "probability", "diurnal
                   "--avail_capacity.")
 flags.DEFINE_list("avail_prob_range", ["0.2", "0.8"], "probability model: each client's "
                   "availability probability is drawn uniformly in [low, high] (within [0, 1]).")
-flags.DEFINE_integer("diurnal_period", 24, "diurnal model: rounds per day.", lower_bound=1)
+flags.DEFINE_integer("diurnal_period", 24, "diurnal model: rounds in one day, >= 1.", lower_bound=1)
 flags.DEFINE_float("diurnal_mean", 0.5, "diurnal model: mean availability probability, in [0, 1].")
 flags.DEFINE_float("diurnal_amplitude", 0.4, "diurnal model: swing of the probability over the "
                    "day, in [0, 1] (clipped to [0, 1] at each round).")
@@ -119,7 +139,8 @@ flags.DEFINE_string("avail_trace", None, "trace model: a CSV (header client,star
 flags.DEFINE_integer("avail_capacity", 0, "Most clients available at once under the probability, "
                      "diurnal and trace models (sizes FilFL's training slots; 0: the number of "
                      "clients, or the trace's largest round).", lower_bound=0)
-flags.DEFINE_enum("weighting", "examples", ("uniform", "examples"), "FedAvg weights.")
+flags.DEFINE_enum("weighting", "examples", ("uniform", "examples"), "FedAvg weights of the "
+                  "trained models: uniform, or examples (each by its m_k).")
 flags.DEFINE_enum("server_opt", "none", ("none", *SERVER_OPTIMIZERS),
                   "Server optimizer stepping the global model with the pseudo-gradient (global "
                   "minus aggregate): none (the aggregate is the new model), sgd, momentum "
@@ -147,15 +168,18 @@ flags.DEFINE_float("bandwidth_sigma", 0.8, "lognormal profile: sigma of log band
 flags.DEFINE_float("deadline_s", 0.0, "Round deadline in simulated seconds: clients that finish "
                    "later are stragglers, left out of the aggregate (0: no deadline; needs "
                    "--system_profile).", lower_bound=0.0)
-flags.DEFINE_list("seeds", ["0"], "Seeds; one run each.")
+flags.DEFINE_list("seeds", ["0"], "Comma-separated seeds, one run each (distinct integers >= 0), "
+                  "run as one batch.")
 flags.DEFINE_integer("eval_every", 1, "Evaluate the global model every this many rounds.",
                      lower_bound=1)
-flags.DEFINE_integer("checkpoint_every", 10, "Checkpoint period.", lower_bound=1)
+flags.DEFINE_integer("checkpoint_every", 10, "Rounds between checkpoints of each run (a resumed "
+                     "run continues from its last), >= 1.", lower_bound=1)
 flags.DEFINE_bool("resume", False, "Continue each run from its checkpoint in --out_dir (refused, "
                   "naming the settings, if they changed; runs without one start fresh).")
 flags.DEFINE_bool("overwrite", False, "Replace the previous runs in --out_dir (without it or "
                   "--resume, an --out_dir holding a run is refused).")
-flags.DEFINE_string("out_dir", "runs/run", "Output folder.")
+flags.DEFINE_string("out_dir", "runs/run", "Folder of the job: per-run metrics and checkpoints, "
+                    "summary, figures, flags.txt and job.json.")
 flags.DEFINE_enum("nonfinite", "stop", ("stop", "exclude"), "When a model or loss is not finite: "
                   "stop the run naming the round, or exclude the diverged client updates from "
                   "aggregation and count them (nonfinite_clients).")

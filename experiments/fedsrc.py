@@ -50,7 +50,8 @@ flags.DEFINE_list("fedsrc_with", [], "Extra runs: FedSRC's rule combined with th
 flags.DEFINE_list("splits", ["iid", "noniid"], "Data splits, one group of runs each: iid, noniid "
                   "(80% of each client's data from one class), extreme (two classes per client). "
                   "Natively federated data (synth, leaf) ignore it.")
-flags.DEFINE_float("bad_fraction", 0.3, "Share of bad clients, in [0, 1].")
+flags.DEFINE_float("bad_fraction", 0.3, "Share of the clients whose data are corrupted (bad "
+                   "clients), in [0, 1].")
 flags.DEFINE_list("bad_kinds", list(KINDS), f"Corruptions split evenly among the bad clients: "
                   f"{KINDS}.")
 

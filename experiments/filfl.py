@@ -30,18 +30,21 @@ from fedjax_sel.data.corruption import KINDS, corrupt_clients
 
 FLAGS = flags.FLAGS
 flags.adopt_module_key_flags(common)  # --help lists the shared flags too.
-for _flag in ("selector", "poc_variant", "poc_d", "divfl_proxy", "filter_period", "empty_value",
-              "filter_const", "filter_order"):
+for _flag in ("selector", "poc_variant", "poc_d", "divfl_proxy", "filter_period",
+              "empty_value", "filter_const", "filter_order"):
   flags.declare_key_flag(_flag)  # The parts' flags FilFL uses, in its --help.
 flags.DEFINE_list("filters", ["none", "dgf", "rgf"], "Runs to compare: none (FedAvg/FedProx), dgf, rgf.")
 flags.DEFINE_bool("opt", False, "Also run OPT on each filtering round (n <= 16) and report "
                   "R(greedy)/R(OPT).")
 flags.DEFINE_integer("submod_samples", 0, "Weak-submodularity check samples per filtering round.",
                      lower_bound=0)
-flags.DEFINE_list("gammas", ["0.5", "0.75", "0.9", "1.0"], "Gammas of the submodularity check.")
-flags.DEFINE_float("corrupt_fraction", 0.4, "Share of clients with corrupted data.",
+flags.DEFINE_list("gammas", ["0.5", "0.75", "0.9", "1.0"], "Comma-separated gammas in (0, 1] of "
+                  "the weak-submodularity check (--submod_samples).")
+flags.DEFINE_float("corrupt_fraction", 0.4, "Share of the clients whose data are corrupted (bad "
+                   "clients), in [0, 1].",
                    lower_bound=0.0, upper_bound=1.0)
-flags.DEFINE_list("corrupt_kinds", ["shuffle"], f"Corruptions among {KINDS}.")
+flags.DEFINE_list("corrupt_kinds", ["shuffle"], f"How the bad clients' data are corrupted, split "
+                  f"evenly among them; values among {KINDS}.")
 flags.DEFINE_bool("avail_reference", False, "Redraw availability every round during the first "
                   "--avail_period rounds (FilFL reference mode).")
 flags.DEFINE_enum("public_mode", "stratified", ("stratified", "per_client"), "Public set source: "

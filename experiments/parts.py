@@ -32,12 +32,16 @@ AGGREGATORS = ("fedavg", "median", "trimmed_mean", "krum", "multi_krum", "fedasl
 # Selection.
 flags.DEFINE_enum("selector", "random", SELECTORS, "Client selector (applied to the available, "
                   "filtered-in clients): random (uniform K), poc (power of choice, --poc_d, "
-                  "--poc_variant), divfl (facility location on gradients, --divfl_proxy), entropy "
-                  "(UACS: eps-greedy top K by predictive entropy, --explore_prob), grad_norm (top K "
-                  "by gradient norm), oort (Oort's utility and duration, --oort_*).")
-flags.DEFINE_enum("poc_variant", "pow", POC_VARIANTS, "Power-of-choice variant.")
+                  "--poc_variant), divfl (facility location on gradients, --divfl_proxy), "
+                  "entropy (UACS: eps-greedy top K by predictive entropy, --explore_prob), "
+                  "grad_norm (top K by gradient norm), oort (Oort's utility and duration, "
+                  "--oort_*).")
+flags.DEFINE_enum("poc_variant", "pow", POC_VARIANTS, "Power of choice: the loss a candidate "
+                  "reports: pow (all its training data), cpow (one mini-batch), rpow (its last "
+                  "reported training loss).")
 flags.DEFINE_integer("poc_d", None, "Power-of-choice candidates d (default 2K).", lower_bound=1)
-flags.DEFINE_enum("divfl_proxy", "gradient", DIVFL_PROXIES, "DivFL proxy refresh.")
+flags.DEFINE_enum("divfl_proxy", "gradient", DIVFL_PROXIES, "DivFL: how a trained client's row of "
+                  "the gradient table is refreshed: gradient (at w_t) or update (w^k - w_t).")
 flags.DEFINE_float("explore_prob", 0.1, "eps of Entropy+Eps-Greedy: probability of picking the m "
                    "clients uniformly at random in a round, in [0, 1].")
 flags.DEFINE_float("oort_round_threshold", 30.0, "Oort: initial preferred-duration percentile "
@@ -50,8 +54,10 @@ flags.DEFINE_integer("filter_period", 5, "h: filter every h rounds (and when ava
                      lower_bound=1)
 flags.DEFINE_enum("empty_value", "zero", filtering.EMPTY_VALUES, "R of the empty set: zero (the "
                   "reference code's, default) or global (C - F^P(w_t): the unchanged model).")
-flags.DEFINE_float("filter_const", 10.0, "C of R(S) = C - F^P.")
-flags.DEFINE_enum("filter_order", "random", filtering.ORDERS, "Greedy client order.")
+flags.DEFINE_float("filter_const", 10.0, "FilFL: the constant C of the filter objective R(S) = C "
+                   "- F^P(w_S).")
+flags.DEFINE_enum("filter_order", "random", filtering.ORDERS, "FilFL: the greedy pass's client "
+                  "order, random or index.")
 
 # Participation rules: FedALIGN.
 flags.DEFINE_integer("num_priority", 2, "Number of priority clients, drawn by seed (unless "
@@ -82,7 +88,8 @@ flags.DEFINE_float("participation_target", 0.7, "Share of the sampled clients th
                    "alpha adapts to hold it on average, in (0, 1].")
 flags.DEFINE_float("alpha0", 1.0, "Initial alpha (spread multiplier of the server threshold).")
 flags.DEFINE_float("alpha_gain", 1.0, "Alpha's step per unit of participation shortfall.")
-flags.DEFINE_float("alpha_max", 5.0, "Upper bound of alpha.")
+flags.DEFINE_float("alpha_max", 5.0, "FedSRC: upper bound of alpha, the spread multiplier of the "
+                   "server threshold, >= 0.")
 flags.DEFINE_enum("decision_stat", "val_loss", fedsrc.DECISION_STATS, "The loss a client checks "
                   "against its threshold: on its own held-out data drawn like its training data "
                   "(val_loss: the validation split, corrupted like the training data of a bad "
@@ -96,7 +103,7 @@ flags.DEFINE_enum("reported_loss", "train", fedsrc.REPORTED_LOSSES, "What partic
                   "the next threshold: their mean loss over local training (the paper) or the "
                   "loss they checked at the global model (same scale as the decision).")
 flags.DEFINE_float("ref_beta", 1.0, "Reference mode: multiplier of the losses' sample std.")
-flags.DEFINE_float("ref_cut", 0.0, "Reference mode: floor of the cutoff.")
+flags.DEFINE_float("ref_cut", 0.0, "FedSRC reference mode: floor of the cutoff, in loss units.")
 
 # Aggregators.
 flags.DEFINE_float("trim_beta", 0.3, "Trimmed mean: share trimmed per side, in [0, 0.5).")
@@ -108,7 +115,8 @@ flags.DEFINE_integer("multi_krum_m", 0, "Multi-Krum: models averaged (0 = n - f)
 flags.DEFINE_bool("krum_normalized", False, "Krum on L2-normalized models (the FedSRC reference "
                   "code's distance).")
 flags.DEFINE_float("fedasl_alpha", 1.0, "FedASL: band around the median loss, in sigmas.")
-flags.DEFINE_float("fedasl_beta", 0.2, "FedASL: v_k inside the band, in sigmas.")
+flags.DEFINE_float("fedasl_beta", 0.2, "FedASL: weight v_k of a client inside the band, in sigmas "
+                   "of the losses, >= 0.")
 
 
 # --- Builders -----------------------------------------------------------------------------------

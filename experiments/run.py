@@ -32,8 +32,9 @@ from fedjax_sel import fedsrc
 FLAGS = flags.FLAGS
 flags.adopt_module_key_flags(common)  # --help lists the shared flags too.
 flags.adopt_module_key_flags(parts)  # And every part's settings.
-flags.DEFINE_enum("filter", "none", parts.FILTERS, "Client filter before selection: none, or FilFL's "
-                  "greedy filter on the server's public set, dgf (deterministic) or rgf (random).")
+flags.DEFINE_enum("filter", "none", parts.FILTERS, "Client filter before selection: none, or "
+                  "FilFL's greedy filter on the server's public set, dgf (deterministic) or rgf "
+                  "(random).")
 flags.DEFINE_enum("rule", "none", parts.RULES, "Participation rule of the selected clients: none "
                   "(everyone trains), fedalign (non-priority clients join when aligned with the "
                   "priority clients), fedsrc (clients abstain above their loss threshold).")

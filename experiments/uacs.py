@@ -37,15 +37,17 @@ flags.DEFINE_bool("library_data", False, "Use --dataset/--partition (digits, syn
                   "...) instead of the 2-D boundary data.")
 flags.DEFINE_integer("num_boundary", 6, "Boundary clients (holding points near the decision "
                      "boundary).")
-flags.DEFINE_integer("samples_per_client", 50, "Points of each far client.")
-flags.DEFINE_integer("boundary_samples", 50, "Points of each boundary client.")
+flags.DEFINE_integer("samples_per_client", 50, "Points of each far client (one class, away from "
+                     "the boundary), >= 1.")
+flags.DEFINE_integer("boundary_samples", 50, "Points of each boundary client (near the true "
+                     "boundary, both labels), >= 1.")
 flags.DEFINE_float("gap0", 0.05, "Minimum distance of far class-0 points to the true boundary.")
 flags.DEFINE_float("gap1", 0.5, "Minimum distance of far class-1 points to the true boundary "
                    "(equal gaps: the far clients alone place the boundary right).")
 flags.DEFINE_float("box_size", 0.25, "Side of a boundary client's box (scenarios 1, 3).")
 flags.DEFINE_float("band", 0.1, "Half-width across the boundary of scenario 2's boundary points.")
 flags.DEFINE_float("region_size", 0.2, "Side of a far client's square (scenario 3).")
-flags.DEFINE_integer("test_samples", 4000, "Uniform test points over the square.")
+flags.DEFINE_integer("test_samples", 4000, "Test points drawn uniformly over the square, >= 1.")
 
 for _name, _value in (("rounds", 60), ("num_clients", 100), ("clients_per_round", 10),
                       ("num_available", 0), ("model", "logreg"), ("local_epochs", 1),

@@ -263,3 +263,31 @@ def test_flags_file_replays_the_job_and_the_manifest_names_its_runs(tmp_path):
   assert info["time_utc"].endswith("Z") and info["devices"]
   flags_text = (tmp_path / "a" / "flags.txt").read_text(encoding="utf-8")
   assert "--sweep=lr:0.05,0.1" in flags_text and "--resume" not in flags_text
+
+
+def _help_words(node) -> list[str]:
+  """The literal words of a flag's help expression (strings, f-strings, concatenations)."""
+  import ast  # pylint: disable=import-outside-toplevel
+  text = " ".join(n.value for n in ast.walk(node)
+                  if isinstance(n, ast.Constant) and isinstance(n.value, str))
+  return text.split()
+
+
+def test_no_flag_help_is_only_a_symbol():
+  """Every launcher flag says what it sets in words (at least four), not just `K.` or `B.`."""
+  import ast  # pylint: disable=import-outside-toplevel
+  short = []
+  for name in sorted(os.listdir(os.path.join(REPO, "experiments"))):
+    if not name.endswith(".py"):
+      continue
+    tree = ast.parse(open(os.path.join(REPO, "experiments", name), encoding="utf-8").read())
+    for node in ast.walk(tree):
+      if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and node.func.attr.startswith("DEFINE_") and node.args):
+        index = 3 if node.func.attr == "DEFINE_enum" else 2
+        help_node = node.args[index] if len(node.args) > index else next(
+            (k.value for k in node.keywords if k.arg == "help"), None)
+        words = _help_words(help_node) if help_node is not None else []
+        if len(words) < 4:
+          short.append(f"{name}: --{node.args[0].value}: {' '.join(words)!r}")
+  assert not short, "\n".join(short)
