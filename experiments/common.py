@@ -174,6 +174,9 @@ flags.DEFINE_integer("eval_every", 1, "Evaluate the global model every this many
                      lower_bound=1)
 flags.DEFINE_integer("checkpoint_every", 10, "Rounds between checkpoints of each run (a resumed "
                      "run continues from its last), >= 1.", lower_bound=1)
+flags.DEFINE_bool("tensorboard", False, "Also write each run's per-round scalars as TensorBoard "
+                  "events under its folder (tensorboard --logdir=<out_dir>); needs the "
+                  "tensorboard extra, pip install -e '.[tensorboard]'.")
 flags.DEFINE_bool("resume", False, "Continue each run from its checkpoint in --out_dir (refused, "
                   "naming the settings, if they changed; runs without one start fresh).")
 flags.DEFINE_bool("overwrite", False, "Replace the previous runs in --out_dir (without it or "
@@ -204,9 +207,8 @@ def seeds() -> list[int]:
 
 
 # Flags that do not change a run's results: left out of its checkpoint fingerprint.
-NOT_RESULTS = {"out_dir", "resume", "overwrite", "plot", "rounds", "seeds", "eval_every",
-               "batch_runs", "sweep",
-               "checkpoint_every", "chunk_size", "store", "coordinator_address", "num_processes",
+NOT_RESULTS = {"out_dir", "resume", "overwrite", "plot", "tensorboard", "rounds", "seeds",
+               "eval_every", "batch_runs", "sweep", "checkpoint_every", "chunk_size", "store", "coordinator_address", "num_processes",
                "process_id", "distributed_auto", "distributed_timeout"}
 
 
@@ -336,15 +338,36 @@ def run_all(runs: list[Run]) -> list[list[dict]]:
             for r in runs]
   label = os.path.commonprefix([r.label for r in runs]).rsplit(" ", 1)[0].strip()
   label = f"{label} ({len(runs)} runs) " if label else f"({len(runs)} runs) "
+  folders = [os.path.join(FLAGS.out_dir, *r.path) for r in runs]
   try:
-    batch = fs.RunBatch([r.sim for r in runs])
-    return fs.run_batch(batch, FLAGS.rounds, [os.path.join(FLAGS.out_dir, *r.path) for r in runs],
-                        eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
-                        resume=FLAGS.resume, overwrite=FLAGS.overwrite, label=label,
-                        settings=[r.settings or settings() for r in runs],
-                        extras=[r.extra for r in runs])
+    with trackers(folders) as on_records:
+      batch = fs.RunBatch([r.sim for r in runs])
+      return fs.run_batch(batch, FLAGS.rounds, folders,
+                          eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
+                          resume=FLAGS.resume, overwrite=FLAGS.overwrite, label=label,
+                          settings=[r.settings or settings() for r in runs],
+                          extras=[r.extra for r in runs], on_records=on_records)
   except (NonFiniteError, CheckpointError, FileExistsError, WriteError) as e:
     sys.exit(f"error: {label.strip()}: {failure(e)}")
+
+
+@contextlib.contextmanager
+def trackers(folders: list[str]):
+  """With --tensorboard, one `tracking.TensorBoardWriter` per run folder (process 0 only): yields
+  their `write` callbacks (or None), closes them after."""
+  if not FLAGS.tensorboard or not writer():
+    yield None
+    return
+  from fedjax_sel.tracking import TensorBoardWriter  # pylint: disable=import-outside-toplevel
+  try:
+    writers = [TensorBoardWriter(folder) for folder in folders]
+  except ImportError as e:
+    raise app.UsageError(f"--tensorboard: {e}") from e
+  try:
+    yield [w.write for w in writers]
+  finally:
+    for w in writers:
+      w.close()
 
 
 def failure(error: Exception) -> str:
@@ -833,10 +856,13 @@ def run_sim(sim: fs.Simulator, *path: str, label: str, extra=None,
             run_settings: dict | None = None) -> list[dict]:
   """Runs `sim` for --rounds into `<out_dir>/<path...>` with the launchers' shared run flags; a
   diverged run, a refused resume or a foreign checkpoint exit with the message (status 1)."""
+  folder = os.path.join(FLAGS.out_dir, *path)
   try:
-    return fs.run(sim, FLAGS.rounds, os.path.join(FLAGS.out_dir, *path),
-                  eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
-                  resume=FLAGS.resume, overwrite=FLAGS.overwrite, label=label, extra=extra,
-                  settings=run_settings or settings())
+    with trackers([folder]) as on_records:
+      return fs.run(sim, FLAGS.rounds, folder,
+                    eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
+                    resume=FLAGS.resume, overwrite=FLAGS.overwrite, label=label, extra=extra,
+                    settings=run_settings or settings(),
+                    on_record=on_records[0] if on_records else None)
   except (NonFiniteError, CheckpointError, FileExistsError, WriteError) as e:
     sys.exit(f"error: {label.strip()}: {failure(e)}")

@@ -248,7 +248,8 @@ def run(sim: Simulator, rounds: int, out_dir: str | None = None, *, eval_every: 
         checkpoint_every: int = 10, resume: bool = False, overwrite: bool = False,
         progress: TextIO | None = sys.stdout, label: str = "",
         extra: Callable[[EngineState, dict], dict] | None = None,
-        settings: dict | None = None) -> list[dict]:
+        settings: dict | None = None,
+        on_record: Callable[[dict], None] | None = None) -> list[dict]:
   """Runs `rounds` rounds (in total, counting resumed ones) and returns every round's record.
 
   Args:
@@ -265,6 +266,8 @@ def run(sim: Simulator, rounds: int, out_dir: str | None = None, *, eval_every: 
     extra: optional `(state, record) -> dict` merged into each record (e.g. OPT ratios).
     settings: JSON-able settings that determine the run besides what the simulator knows (the
       launcher's flags), stored in the checkpoint's fingerprint.
+    on_record: optional callback of each new round's record once it is written (e.g.
+      `tracking.TensorBoardWriter(...).write`).
 
   Raises:
     NonFiniteError: a round's global model or loss is not finite (its record is written first).
@@ -298,6 +301,8 @@ def run(sim: Simulator, rounds: int, out_dir: str | None = None, *, eval_every: 
         records.append(record)
         if sink:
           _append(sink, metrics_path, record)
+        if on_record is not None:
+          on_record(record)
         if progress is not None:
           progress.write(progress_line(label, t, rounds, record) + "\n")
           progress.flush()
@@ -325,7 +330,8 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
               checkpoint_every: int = 10, resume: bool = False, overwrite: bool = False,
               progress: TextIO | None = sys.stdout, label: str = "",
               settings: list[dict] | None = None,
-              extras: list[Callable[[EngineState, dict], dict] | None] | None = None
+              extras: list[Callable[[EngineState, dict], dict] | None] | None = None,
+              on_records: list[Callable[[dict], None] | None] | None = None
               ) -> list[list[dict]]:
   """Runs the R runs of a `RunBatch` for `rounds` rounds together; returns each run's records.
 
@@ -344,6 +350,7 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
       run's swept value).
     extras: per-run optional `(state, record) -> dict` merged into each of its records (`state`
       is that run's slice of the batch's state).
+    on_records: per-run optional callback of each new record, as `run`'s `on_record`.
   """
   writer, progress, say = _host_loop(rounds, eval_every, checkpoint_every, progress, label)
   with folder_lock.locked(out_dirs if out_dirs is not None and writer else ()):
@@ -390,6 +397,8 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
           histories[i].append(record)
           if sinks[i]:
             _append(sinks[i], paths[i][0], record)
+          if on_records is not None and on_records[i] is not None:
+            on_records[i](record)
           try:
             _check_finite(record, t)
           except NonFiniteError as e:

@@ -291,3 +291,39 @@ def test_no_flag_help_is_only_a_symbol():
         if len(words) < 4:
           short.append(f"{name}: --{node.args[0].value}: {' '.join(words)!r}")
   assert not short, "\n".join(short)
+
+
+def read_tensorboard_scalars(folder) -> dict:
+  """{tag: {step: value}} of the TensorBoard event files under `folder` (TFRecord framing: length,
+  its CRC, the Event proto, its CRC), read with tensorboardX's own protos."""
+  import struct  # pylint: disable=import-outside-toplevel
+  from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
+  out = {}
+  for name in sorted(os.listdir(folder)):
+    with open(os.path.join(folder, name), "rb") as f:
+      blob = f.read()
+    at = 0
+    while at < len(blob):
+      (length,) = struct.unpack("<Q", blob[at:at + 8])
+      event = event_pb2.Event.FromString(blob[at + 12:at + 12 + length])
+      at += 12 + length + 4
+      for value in event.summary.value:
+        out.setdefault(value.tag, {})[event.step] = value.simple_value
+  return out
+
+
+def test_tensorboard_scalars_equal_the_metrics_files(tmp_path):
+  pytest.importorskip("tensorboardX", reason="the tensorboard extra (the README's test command "
+                      "installs it)")
+  args = ["--rounds=3", "--num_clients=10", "--num_available=5", "--clients_per_round=2",
+          "--seeds=0,1", "--tensorboard", f"--out_dir={tmp_path}/job"]
+  (result,) = run_cases("run", [args], str(tmp_path), str(tmp_path))
+  assert result["kind"] == "none", result
+  for seed in (0, 1):
+    run = tmp_path / "job" / f"seed{seed}"
+    events = read_tensorboard_scalars(run / "tensorboard")
+    recs = records(run / "metrics.jsonl")
+    for key in ("test_accuracy", "local_train_loss", "num_trained"):
+      assert events[key] == {r["round"]: pytest.approx(r[key]) for r in recs}, key
+    assert events["cumulative_cost/train_samples"][2] == pytest.approx(
+        recs[2]["cumulative_cost"]["train_samples"])
