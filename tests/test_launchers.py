@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tests.bad_input_harness import run_cases
@@ -227,18 +228,34 @@ def test_run_composes_wider_combinations(tmp_path):
   _compose(tmp_path, SLOW_COMPOSE_CASES)
 
 
-def test_time_to_accuracy_reads_runs_and_counts_rounds_trained(tmp_path):
-  from experiments import time_to_accuracy  # pylint: disable=import-outside-toplevel
-  for seed, accs in enumerate(([0.5, 0.86, 0.9], [0.4, 0.6, 0.88])):
-    folder = tmp_path / "oort" / f"seed{seed}"
-    folder.mkdir(parents=True)
-    (folder / "metrics.jsonl").write_text("".join(
-        json.dumps({"round": t, "test_accuracy": a,
-                    "cumulative_cost": {"sim_time_s": 10.0 * (t + 1)}}) + "\n"
-        for t, a in enumerate(accs)), encoding="utf-8")
-  text = time_to_accuracy.table([str(tmp_path / "oort")], "test_accuracy", 0.85)
-  # Seed 0 reaches 0.85 after 2 rounds (20 s), seed 1 after 3 (30 s).
-  assert "| oort | 2 | 0.8900 +- 0.0141 | 2.5 (2/2) | 25 | 30 |" in text
+def test_compare_reads_jobs_through_their_manifests(tmp_path):
+  """Two jobs (one with a two-value sweep) side by side: one table row per method with n seeds,
+  the final and best values and rounds-to-target computed by hand from the records, and one
+  figure per metric with a line per method."""
+  import matplotlib.image  # pylint: disable=import-outside-toplevel
+  from experiments import compare  # pylint: disable=import-outside-toplevel
+  base = ["--rounds=3", "--num_clients=10", "--num_available=5", "--clients_per_round=2",
+          "--seeds=0,1"]
+  results = run_cases("run", [base + [f"--out_dir={tmp_path}/plain"],
+                              base + ["--sweep=lr:0.05,0.2", f"--out_dir={tmp_path}/swept"]],
+                      str(tmp_path), str(tmp_path))
+  assert all(r["kind"] == "none" for r in results), results
+  jobs = {name: compare.read_job(str(tmp_path / name)) for name in ("plain", "swept")}
+  assert sorted(jobs["plain"]) == ["FedAvg"]
+  assert sorted(jobs["swept"]) == ["FedAvg lr=0.05", "FedAvg lr=0.2"]
+  text = compare.table(jobs, "test_accuracy", 0.3, 2)
+  runs = jobs["plain"]["FedAvg"]
+  finals = [recs[-1]["test_accuracy"] for recs in runs]
+  reached = [next((r["round"] + 1 for r in recs if r["test_accuracy"] >= 0.3), None)
+             for recs in runs]
+  hits = [h for h in reached if h is not None]
+  rounds = f"{np.mean(hits):.1f} ({len(hits)}/2)" if hits else "never"
+  assert (f"| plain | FedAvg | 2 | {np.mean(finals):.4f} +- {np.std(finals, ddof=1):.4f} |"
+          in text), text
+  assert rounds in text.split("| plain | FedAvg |")[1].split("\n")[0]
+  assert text.count("| swept | FedAvg lr=") == 2
+  compare.figure(jobs, "test_loss", str(tmp_path / "cmp_test_loss.png"))
+  assert matplotlib.image.imread(str(tmp_path / "cmp_test_loss.png")).shape[0] > 100
 
 
 def test_flags_file_replays_the_job_and_the_manifest_names_its_runs(tmp_path):

@@ -1,0 +1,160 @@
+r"""Jobs side by side: one markdown table and one overlay figure per metric, for jobs of any launcher.
+
+  python -m experiments.compare runs/fedavg runs/oort --out=runs/compare --target=0.9
+
+Each argument is a job's `--out_dir`. Its runs are read through its manifest (`job.json`: every run's
+label, seed and folder); a folder without one is read as the runs of its `seed<s>/metrics.jsonl`
+files. Runs are grouped into methods by their label without the seed. Per method, over its seeds
+(mean +- sample std, n stated; no spread for one seed): the final value of `--metric`, its mean over
+the last `--last_k` rounds, its best value, and the rounds trained and the simulated seconds
+(`sim_time_s`, with `--system_profile`) until it first reaches `--target` (the mean over the seeds
+that did, and how many did). With `--out=PREFIX`: `PREFIX.md` holds the table and `PREFIX_<metric>.png`
+one figure per `--plot_metrics` entry (mean over seeds per method, the seeds' range shaded, x in
+rounds trained).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import re
+
+import numpy as np
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("out", None, "Prefix of the files to write (PREFIX.md, PREFIX_<metric>.png); "
+                    "without it the table is only printed.")
+flags.DEFINE_string("metric", "test_accuracy", "The metric of the table (a key of the records).")
+flags.DEFINE_float("target", 0.85, "The value whose first crossing the table reports (rounds and "
+                   "simulated seconds to reach it), for a metric where higher is better.")
+flags.DEFINE_integer("last_k", 10, "Rounds of the table's last-k mean, >= 1.", lower_bound=1)
+flags.DEFINE_list("plot_metrics", ["test_accuracy", "test_loss"], "Metrics drawn, one figure each "
+                  "(keys of the records).")
+
+
+def read_records(path: str) -> list[dict]:
+  """A metrics file's records (a torn line skipped)."""
+  with open(path, encoding="utf-8") as f:
+    records = []
+    for line in f:
+      try:
+        records.append(json.loads(line))
+      except json.JSONDecodeError:
+        continue
+  return records
+
+
+def read_job(folder: str) -> dict[str, list[list[dict]]]:
+  """{method label: [records of each seed]} of one job folder."""
+  manifest = os.path.join(folder, "job.json")
+  methods: dict[str, list[list[dict]]] = {}
+  if os.path.exists(manifest):
+    with open(manifest, encoding="utf-8") as f:
+      runs = json.load(f)["runs"]
+    entries = [(re.sub(r"\s+s\d+(?=\s|$)", "", r["label"]), os.path.join(folder, r["folder"]))
+               for r in runs]
+  else:
+    paths = sorted(glob.glob(os.path.join(folder, "**", "metrics.jsonl"), recursive=True))
+    entries = [(os.path.relpath(os.path.dirname(os.path.dirname(p)), folder).replace(".", "")
+                or os.path.basename(os.path.normpath(folder)), os.path.dirname(p)) for p in paths]
+  for method, run_folder in entries:
+    path = os.path.join(run_folder, "metrics.jsonl")
+    if not os.path.exists(path):
+      raise app.UsageError(f"{folder}: the run folder {run_folder} holds no metrics.jsonl")
+    methods.setdefault(method, []).append(read_records(path))
+  if not methods:
+    raise app.UsageError(f"{folder}: no job.json and no metrics.jsonl under it")
+  return methods
+
+
+def spread(values) -> str:
+  values = np.asarray(values, float)
+  if len(values) == 1:
+    return f"{values[0]:.4f}"
+  return f"{values.mean():.4f} +- {values.std(ddof=1):.4f}"
+
+
+def first_reach(records: list[dict], metric: str, target: float):
+  """(rounds trained, simulated seconds) when `metric` first reaches `target`, or None."""
+  for r in records:
+    if r.get(metric, -math.inf) >= target:
+      return r["round"] + 1, r.get("cumulative_cost", {}).get("sim_time_s", 0.0)
+  return None
+
+
+def row(job: str, method: str, runs: list[list[dict]], metric: str, target: float,
+        last_k: int) -> str:
+  series = [[r[metric] for r in recs if metric in r] for recs in runs]
+  if not all(series):
+    raise app.UsageError(f"{job} / {method}: some runs have no {metric!r} in their records")
+  hits = [h for h in (first_reach(recs, metric, target) for recs in runs) if h is not None]
+  rounds = f"{np.mean([h[0] for h in hits]):.1f} ({len(hits)}/{len(runs)})" if hits else "never"
+  seconds = f"{np.mean([h[1] for h in hits]):.0f}" if hits and any(h[1] for h in hits) else "-"
+  return (f"| {job} | {method} | {len(runs)} | {spread([s[-1] for s in series])} | "
+          f"{spread([np.mean(s[-last_k:]) for s in series])} | {spread([max(s) for s in series])} | "
+          f"{rounds} | {seconds} |")
+
+
+def table(jobs: dict[str, dict], metric: str, target: float, last_k: int) -> str:
+  lines = [f"| job | method | seeds | final {metric} | mean of the last {last_k} rounds | best | "
+           f"rounds to {target:g} | simulated seconds to {target:g} |", "|" + "---|" * 8]
+  for job, methods in jobs.items():
+    for method, runs in methods.items():
+      lines.append(row(job, method, runs, metric, target, last_k))
+  return "\n".join(lines + ["", "Mean +- sample std over the seeds (n = seeds; one seed: its "
+                            "value). Rounds count the rounds trained."])
+
+
+def figure(jobs: dict[str, dict], metric: str, path: str) -> None:
+  """One panel of `metric` per round: every method's mean over seeds, its seeds' range shaded."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  styles = ["-", "--", "-.", ":"]
+  named = [(job if m == job else f"{job}: {m}", runs) for job, methods in jobs.items()
+           for m, runs in methods.items()]
+  for i, (label, runs) in enumerate(named):
+    curves = [{r["round"] + 1: r[metric] for r in recs if metric in r} for recs in runs]
+    rounds = sorted(set.intersection(*(set(c) for c in curves)))
+    if not rounds:
+      continue
+    values = np.array([[c[t] for t in rounds] for c in curves])
+    line, = ax.plot(rounds, values.mean(0), styles[i % len(styles)], label=label, marker="o",
+                    markevery=max(len(rounds) // 8, 1), markersize=4)
+    if len(curves) > 1:
+      ax.fill_between(rounds, values.min(0), values.max(0), color=line.get_color(), alpha=0.15)
+  ax.set_xlabel("rounds trained")
+  ax.set_ylabel(metric.replace("_", " "))
+  ax.set_title(f"{metric.replace('_', ' ')}: mean over seeds, their range shaded")
+  ax.grid(alpha=0.3)
+  ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def main(argv):
+  folders = argv[1:]
+  if not folders:
+    raise app.UsageError("name the job folders to compare (their --out_dir)")
+  missing = [f for f in folders if not os.path.isdir(f)]
+  if missing:
+    raise app.UsageError(f"no such job folder: {', '.join(missing)}")
+  jobs = {os.path.basename(os.path.normpath(f)): read_job(f) for f in folders}
+  text = table(jobs, FLAGS.metric, FLAGS.target, FLAGS.last_k)
+  print(text)
+  if FLAGS.out:
+    os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
+    with open(FLAGS.out + ".md", "w", encoding="utf-8") as f:
+      f.write(text + "\n")
+    for metric in FLAGS.plot_metrics:
+      figure(jobs, metric, f"{FLAGS.out}_{metric}.png")
+      print(f"figure: {FLAGS.out}_{metric}.png")
+
+
+if __name__ == "__main__":
+  app.run(main)
