@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import math
 import os
+import re
 import socket
 import sys
 import time
@@ -332,6 +334,11 @@ def run_all(runs: list[Run]) -> list[list[dict]]:
   own folder, metrics, checkpoint and resume. A diverged run, a refused resume or a foreign
   checkpoint exit with the message (status 1), after the other runs of a batch finished."""
   record_runs(runs)
+  done = len(_JOBS[os.path.abspath(FLAGS.out_dir)]) - len(runs)
+  seeds_text = ", ".join(str(r.sim.seed) for r in runs)
+  method = re.sub(r"\s+s\d+(?=\s|$)", "", runs[0].label).strip()
+  print(f"-- runs {done + 1}-{done + len(runs)} of the job: {method}, seeds {seeds_text}",
+        flush=True)
   batched = FLAGS.batch_runs and len(runs) > 1 and not any(r.sim.on_host for r in runs)
   if not batched:
     return [run_sim(r.sim, *r.path, label=r.label, extra=r.extra, run_settings=r.settings)
@@ -544,6 +551,8 @@ def cli(main):
   def wrapped(argv):
     from fedjax_sel.compilation import use_persistent_cache  # pylint: disable=import-outside-toplevel
     use_persistent_cache()  # $FEDJAX_SEL_CACHE_DIR moves it; =off disables it.
+    # JAX logs every accelerator backend it looks for and does not find (libtpu on a CPU host).
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     try:
       return main(argv)
     except app.UsageError as e:

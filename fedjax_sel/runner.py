@@ -472,8 +472,14 @@ def batch_progress_line(label: str, t: int, rounds: int, histories: list[list[di
     if text:
       parts.append(text)
   if live:
-    parts.append(f"{live[0]['wall_s']:.1f}s")
+    parts.append(_elapsed(live[0]["wall_s"], t, rounds))
   return "  ".join(parts)
+
+
+def _elapsed(wall_s: float, t: int, rounds: int) -> str:
+  """Seconds so far and an estimate of those left (the mean round so far times the rounds left)."""
+  left = rounds - t - 1
+  return f"{wall_s:.1f}s" + (f" (~{wall_s / (t + 1) * left:.0f}s left)" if left else "")
 
 
 def progress_line(label: str, t: int, rounds: int, record: dict) -> str:
@@ -490,7 +496,7 @@ def progress_line(label: str, t: int, rounds: int, record: dict) -> str:
     parts.append(f"test acc {record['test_accuracy']:.4f} loss {record['test_loss']:.4f}")
   if record.get("round_time_s"):
     parts.append(f"sim {record['cumulative_cost']['sim_time_s']:.0f}s")
-  parts.append(f"{record['wall_s']:.1f}s")
+  parts.append(_elapsed(record["wall_s"], t, rounds))
   return "  ".join(parts)
 
 
