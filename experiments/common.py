@@ -26,6 +26,8 @@ import fedjax_sel as fs
 from fedjax_sel import folder_lock
 from fedjax_sel.checkpoint import CheckpointError, WriteError
 from fedjax_sel.data import sources
+from fedjax_sel.data.corruption import KINDS as CORRUPTION_KINDS
+from fedjax_sel.data.corruption import corrupt_clients, corruption_kinds
 from fedjax_sel.data.partition import PARTITIONS
 from fedjax_sel.models.conv import CONV_IMPLS
 from fedjax_sel.runner import NonFiniteError
@@ -61,6 +63,14 @@ flags.DEFINE_float("synth_beta", 1.0, "SYNTH(alpha, beta): spread of the clients
                    "(beta), >= 0.", lower_bound=0.0)
 flags.DEFINE_integer("max_examples", None, "Keep at most this many examples of the centralized "
                      "pool (a seeded sample), >= 1.", lower_bound=1)
+
+# Bad clients (FilFL, FedSRC, run.py; the training and validation data of the bad clients are
+# corrupted, their test data stay clean and the clean_* metrics leave them out).
+flags.DEFINE_float("corrupt_fraction", 0.0, "Share of the clients whose data are corrupted (bad "
+                   "clients), in [0, 1].", lower_bound=0.0, upper_bound=1.0)
+flags.DEFINE_list("corrupt_kinds", list(CORRUPTION_KINDS), "How the bad clients' data are "
+                  "corrupted, split evenly among them: shuffle (random labels), flip (one wrong "
+                  f"class per client), noise (Gaussian features); values among {CORRUPTION_KINDS}.")
 
 # Model and local training.
 flags.DEFINE_enum("model", "mlp", fs.MODELS, "Model the clients train (its size follows "
@@ -448,6 +458,32 @@ def system_profile():
     return system.read_profiles(FLAGS.system_profile, FLAGS.num_clients)
   except ValueError as e:
     raise app.UsageError(f"--system_profile={FLAGS.system_profile}: {e}") from e
+
+
+def check_corruption() -> tuple[str, ...]:
+  """The --corrupt_kinds, checked."""
+  kinds = tuple(FLAGS.corrupt_kinds)
+  bad = [k for k in kinds if k not in CORRUPTION_KINDS]
+  if bad or not kinds:
+    raise app.UsageError(f"--corrupt_kinds must list values among {CORRUPTION_KINDS}, got "
+                         f"{FLAGS.corrupt_kinds}")
+  return kinds
+
+
+def refuse_corruption(launcher: str) -> None:
+  """For launchers with their own notion of noisy clients: --corrupt_* cannot apply."""
+  for flag in ("corrupt_fraction", "corrupt_kinds"):
+    if FLAGS[flag].present:
+      raise app.UsageError(f"--{flag} does not apply to {launcher}, which builds its own clients "
+                           "(see its --help); use experiments.run, filfl or fedsrc")
+
+
+def corrupt(data, seed: int):
+  """(data with --corrupt_fraction of the clients corrupted, `[N]` bool bad mask, `[N]` kinds)."""
+  kinds = check_corruption()
+  bad_data, bad = corrupt_clients(data, FLAGS.corrupt_fraction, kinds, seed=seed + 100)
+  return bad_data, bad, corruption_kinds(data.num_clients, FLAGS.corrupt_fraction, kinds,
+                                         seed=seed + 100)
 
 
 def check_common() -> None:

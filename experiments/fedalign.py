@@ -151,6 +151,7 @@ def round_extras(priority):
 def main(argv):
   del argv
   common.init_distributed()
+  common.refuse_corruption("FedALIGN's launcher (its SYNTH noise: --synth_noise)")
   check_flags()
   seeds = common.seeds()
   loaded = {(s, g): load(s, g) for g in groups() for s in seeds}  # Data errors before training.

@@ -26,7 +26,6 @@ from absl import app, flags
 import fedjax_sel as fs
 from experiments import common, parts
 from fedjax_sel import fedsrc
-from fedjax_sel.data.corruption import KINDS, corrupt_clients, corruption_kinds
 from fedjax_sel.local_training import steps_per_client
 
 FLAGS = flags.FLAGS
@@ -50,15 +49,12 @@ flags.DEFINE_list("fedsrc_with", [], "Extra runs: FedSRC's rule combined with th
 flags.DEFINE_list("splits", ["iid", "noniid"], "Data splits, one group of runs each: iid, noniid "
                   "(80% of each client's data from one class), extreme (two classes per client). "
                   "Natively federated data (synth, leaf) ignore it.")
-flags.DEFINE_float("bad_fraction", 0.3, "Share of the clients whose data are corrupted (bad "
-                   "clients), in [0, 1].")
-flags.DEFINE_list("bad_kinds", list(KINDS), f"Corruptions split evenly among the bad clients: "
-                  f"{KINDS}.")
 
 for _name, _value in (("rounds", 40), ("num_clients", 50), ("clients_per_round", 10),
                       ("num_available", 0), ("avail_period", 1), ("model", "mlp"),
                       ("local_epochs", 2), ("lr", 0.1), ("batch_size", 16), ("val_fraction", 0.1),
-                      ("seeds", ["0", "1", "2"]), ("out_dir", "runs/fedsrc")):
+                      ("seeds", ["0", "1", "2"]), ("corrupt_fraction", 0.3),
+                      ("out_dir", "runs/fedsrc")):
   FLAGS.set_default(_name, _value)
 
 
@@ -73,13 +69,9 @@ def check_flags():
   bad = [s for s in FLAGS.splits if s not in SPLITS]
   if bad or not FLAGS.splits:
     raise app.UsageError(f"--splits must list values among {sorted(SPLITS)}, got {FLAGS.splits}")
-  kinds = [k for k in FLAGS.bad_kinds if k not in KINDS]
-  if kinds or not FLAGS.bad_kinds:
-    raise app.UsageError(f"--bad_kinds must be among {KINDS}, got {FLAGS.bad_kinds}")
+  common.check_corruption()
   # NaN and inf fail the range checks below and fedsrc.check_config's; lr has no upper bound.
   common.check_finite()
-  if not 0.0 <= FLAGS.bad_fraction <= 1.0:
-    raise app.UsageError(f"--bad_fraction must be in [0, 1], got {FLAGS.bad_fraction}")
   parts.check_fedsrc()
   # The aggregators' own argument checks (trimmed mean's and FedASL's always: their flags' ranges).
   parts.check_aggregators(set(FLAGS.methods) | set(FLAGS.fedsrc_with) | {"trimmed_mean", "fedasl"})
@@ -97,9 +89,8 @@ def load(seed, group):
     raise app.UsageError(f"{int((split.counts == 0).sum())} clients hold no data to decide on "
                          f"with --decision_stat={FLAGS.decision_stat} (their check would pass "
                          f"unseen); raise {flag} or lower --num_clients")
-  kinds = tuple(FLAGS.bad_kinds)
-  data, _ = corrupt_clients(data, FLAGS.bad_fraction, kinds, seed=seed + 100)
-  return data, corruption_kinds(data.num_clients, FLAGS.bad_fraction, kinds, seed=seed + 100)
+  data, _, kinds = common.corrupt(data, seed)
+  return data, kinds
 
 
 def runs_to_do():
@@ -226,7 +217,7 @@ def summary(runs) -> str:
 
 
 def write_outputs(results):
-  text = "\n\n".join(f"## {group} ({FLAGS.dataset}, {int(FLAGS.bad_fraction * 100)}% bad clients, "
+  text = "\n\n".join(f"## {group} ({FLAGS.dataset}, {int(FLAGS.corrupt_fraction * 100)}% bad clients, "
                      f"{len(common.seeds())} seeds)\n\n" + summary(runs)
                      for group, runs in results.items())
   print(text)

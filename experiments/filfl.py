@@ -26,7 +26,6 @@ from absl import app, flags
 import fedjax_sel as fs
 from experiments import common, parts
 from fedjax_sel.data import sources
-from fedjax_sel.data.corruption import KINDS, corrupt_clients
 
 FLAGS = flags.FLAGS
 flags.adopt_module_key_flags(common)  # --help lists the shared flags too.
@@ -40,11 +39,6 @@ flags.DEFINE_integer("submod_samples", 0, "Weak-submodularity check samples per 
                      lower_bound=0)
 flags.DEFINE_list("gammas", ["0.5", "0.75", "0.9", "1.0"], "Comma-separated gammas in (0, 1] of "
                   "the weak-submodularity check (--submod_samples).")
-flags.DEFINE_float("corrupt_fraction", 0.4, "Share of the clients whose data are corrupted (bad "
-                   "clients), in [0, 1].",
-                   lower_bound=0.0, upper_bound=1.0)
-flags.DEFINE_list("corrupt_kinds", ["shuffle"], f"How the bad clients' data are corrupted, split "
-                  f"evenly among them; values among {KINDS}.")
 flags.DEFINE_bool("avail_reference", False, "Redraw availability every round during the first "
                   "--avail_period rounds (FilFL reference mode).")
 flags.DEFINE_enum("public_mode", "stratified", ("stratified", "per_client"), "Public set source: "
@@ -85,6 +79,7 @@ flags.DEFINE_bool("fedprox", False, "FedProx local objective with the preset's m
 for _name, _value in (("rounds", 40), ("num_clients", 50), ("num_available", 25),
                       ("clients_per_round", 5), ("public_fraction", 0.05), ("seeds", ["0", "1", "2"]),
                       ("weighting", "uniform"), ("eval_every", 2), ("lr", 0.1),
+                      ("corrupt_fraction", 0.4), ("corrupt_kinds", ["shuffle"]),
                       ("out_dir", "runs/filfl")):
   FLAGS.set_default(_name, _value)
 
@@ -103,9 +98,7 @@ def check_flags():
   bad = [f for f in FLAGS.filters if f not in LABELS]
   if bad or not FLAGS.filters:
     raise app.UsageError(f"--filters must list values among {sorted(LABELS)}, got {FLAGS.filters}")
-  kinds = [k for k in FLAGS.corrupt_kinds if k not in KINDS]
-  if kinds:
-    raise app.UsageError(f"--corrupt_kinds must be among {KINDS}, got {FLAGS.corrupt_kinds}")
+  common.check_corruption()
   available = FLAGS.num_available or FLAGS.num_clients
   if FLAGS.opt and available > 16:
     raise app.UsageError(f"--opt enumerates 2^n subsets: needs --num_available <= 16, got "
@@ -129,8 +122,7 @@ def load(seed):
   hint = f"The {FLAGS.preset} preset needs {DATA_HELP[FLAGS.preset]}." if FLAGS.preset else ""
   data = common.load_data(seed, hint, public_mode=FLAGS.public_mode, public_text=FLAGS.public_text,
                           public_size=FLAGS.public_size)
-  kinds = tuple(FLAGS.corrupt_kinds)
-  data, bad = corrupt_clients(data, FLAGS.corrupt_fraction, kinds, seed=seed + 100)
+  data, bad, _ = common.corrupt(data, seed)
   return data, bad
 
 

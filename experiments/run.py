@@ -14,7 +14,8 @@ entropy, grad_norm, oort; `--filter` none, dgf, rgf (FilFL; a 5% public set unle
 (its `--decision_stat=val_loss` gets a 10% validation split unless `--val_fraction` is given);
 `--aggregator` fedavg, median, trimmed_mean, krum, multi_krum, fedasl; `--server_opt` none, sgd,
 momentum, adam, yogi, adagrad. The defaults are FedAvg (FedProx with `--prox_mu`) with random
-selection.
+selection. `--corrupt_fraction` corrupts that share of the clients (`--corrupt_kinds`: shuffle,
+flip, noise), as FilFL's and FedSRC's launchers do; the clean_* metrics then leave them out.
 
 Writes `<out_dir>/seed<s>/metrics.jsonl` (`<out_dir>/<name>=<value>/seed<s>/` with --sweep; one
 JSON line per round, flushed as it comes), prints per-round progress and a final summary table
@@ -88,29 +89,33 @@ def main(argv):
   apply_part_defaults()
   check_parts()
   seeds = common.seeds()
-  datasets = {s: common.load_data(s) for s in seeds}  # Fails on bad data flags before training.
-  options = common.engine_options(list(datasets.values()))
+  common.check_corruption()
+  datasets = {s: common.corrupt(common.load_data(s), s)[:2] for s in seeds}  # Data errors first.
+  options = common.engine_options([data for data, _ in datasets.values()])
   name = label()
   jobs = []
   k = FLAGS.clients_per_round
   for value in common.sweep_values():
     with common.swept(value):
       for seed in seeds:
-        data = datasets[seed]
+        data, bad = datasets[seed]
         model = common.model_for(data)
-        rule, eval_mask = None, None
+        rule = None
+        eval_mask = ~bad if bad.any() else None  # clean_* metrics: the uncorrupted clients.
         if FLAGS.rule == "fedsrc":
           rule = fedsrc.fedsrc_rule(parts.fedsrc_config())
         elif FLAGS.rule == "fedalign":
-          eval_mask = parts.priority_mask(data.num_clients, data.label_hist, seed)
-          rule = parts.fedalign_rule(eval_mask)
+          priority = parts.priority_mask(data.num_clients, data.label_hist, seed)
+          rule = parts.fedalign_rule(priority)
+          eval_mask = priority & ~bad  # The priority clients' clean data.
         sim = fs.Simulator(
             model, data, common.optimizer(), common.local_hparams(), common.availability(),
             parts.make_selector(k, data=data, profile=options["system_profile"]),
             parts.make_aggregator(FLAGS.aggregator), k, seed,
             filter=parts.make_filter(FLAGS.filter, model), participation=rule,
             eval_mask=eval_mask, lr_schedule=common.lr_schedule(), **options)
-        print(f"== {name} seed {seed}: {data.name}, N={data.num_clients}, model={FLAGS.model}")
+        print(f"== {name} seed {seed}: {data.name}, N={data.num_clients}, "
+              f"bad clients={int(bad.sum())}, model={FLAGS.model}")
         jobs.append(common.make_run(sim, (f"seed{seed}",), f"{name} s{seed} "))
   groups = {name + suffix: runs for suffix, runs in common.by_sweep(common.run_all(jobs),
                                                                     len(seeds))}

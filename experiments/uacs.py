@@ -118,6 +118,7 @@ def group_name(scenario) -> str:
 def main(argv):
   del argv
   common.init_distributed()
+  common.refuse_corruption("UACS-FL's launcher")
   scenarios = check_flags()
   seeds = common.seeds()
   loaded = {(s, k): load(s, k) for s in scenarios for k in seeds}
