@@ -220,8 +220,9 @@ def seeds() -> list[int]:
 
 # Flags that do not change a run's results: left out of its checkpoint fingerprint.
 NOT_RESULTS = {"out_dir", "resume", "overwrite", "plot", "tensorboard", "rounds", "seeds",
-               "eval_every", "batch_runs", "sweep", "checkpoint_every", "chunk_size", "store", "coordinator_address", "num_processes",
-               "process_id", "distributed_auto", "distributed_timeout"}
+               "eval_every", "batch_runs", "sweep", "checkpoint_every", "chunk_size", "store",
+               "coordinator_address", "num_processes", "process_id", "distributed_auto",
+               "distributed_timeout"}
 
 
 def settings() -> dict:
@@ -458,6 +459,14 @@ def system_profile():
     return system.read_profiles(FLAGS.system_profile, FLAGS.num_clients)
   except ValueError as e:
     raise app.UsageError(f"--system_profile={FLAGS.system_profile}: {e}") from e
+
+
+def setup_title(detail: str = "", with_k: bool = True) -> str:
+  """A figure's title: the data, model, N, K (`with_k`) and rounds, and a launcher's `detail`."""
+  k = f", K = {FLAGS.clients_per_round}" if with_k else ""
+  parts_ = [f"{FLAGS.dataset}, N = {FLAGS.num_clients}{k}", f"{FLAGS.model}",
+            f"{FLAGS.rounds} rounds"]
+  return ", ".join(parts_ + ([detail] if detail else []))
 
 
 def check_corruption() -> tuple[str, ...]:

@@ -238,7 +238,13 @@ def write_outputs(results):
               "others_aggregated": "non-priority clients aggregated",
               "eps": "eps_t", "closest_gap": "closest non-priority |F_k - F|"}
     path = os.path.join(FLAGS.out_dir, "fedalign.png")
-    plot_panels(results, keys, path, titles=titles)
+    plot_panels(results, keys, path, titles=titles,
+                title=common.setup_title(f"{FLAGS.participation} participation, "
+                                         f"{FLAGS.num_priority} priority clients, eps_0 = "
+                                         f"{FLAGS.eps0}, aligned on {FLAGS.align_metric}",
+                                         with_k=False),
+                only={key: (lambda label: label == "FedALIGN")
+                      for key in ("eps", "closest_gap", "others_aggregated")})
     print(f"figure: {path}")
 
 

@@ -217,7 +217,8 @@ def summary(runs) -> str:
 
 
 def write_outputs(results):
-  text = "\n\n".join(f"## {group} ({FLAGS.dataset}, {int(FLAGS.corrupt_fraction * 100)}% bad clients, "
+  bad = int(FLAGS.corrupt_fraction * 100)
+  text = "\n\n".join(f"## {group} ({FLAGS.dataset}, {bad}% bad clients, "
                      f"{len(common.seeds())} seeds)\n\n" + summary(runs)
                      for group, runs in results.items())
   print(text)
@@ -231,8 +232,12 @@ def write_outputs(results):
     keys += sorted({f"{k}_excluded" for runs in results.values() for group_runs in runs.values()
                     for _, _, kinds in group_runs for k in set(kinds.tolist()) if k != "good"})
     path = os.path.join(FLAGS.out_dir, "fedsrc.png")
-    plot_panels(rows, keys, path, titles={"test_accuracy": "clean test accuracy",
-                                          "participation_rate": "participation rate"})
+    self_regulating = lambda label: label.startswith("FedSRC")
+    titles = {"test_accuracy": "clean test accuracy", "participation_rate": "participation rate",
+              **{k: f"{k[:-len('_excluded')]} clients excluded" for k in keys
+                 if k.endswith("_excluded")}}
+    plot_panels(rows, keys, path, titles=titles, title=common.setup_title(f"{bad}% bad clients"),
+                only={k: self_regulating for k in keys if k != "test_accuracy"})
     print(f"figure: {path}")
 
 

@@ -187,7 +187,10 @@ def write_outputs(runs, bad_rows):
     plot_curves(runs, ["test_accuracy", "clean_train_loss", "test_loss", "num_filtered"], path,
                 titles={"test_accuracy": "test accuracy",
                         "clean_train_loss": "train loss (uncorrupted clients)",
-                        "test_loss": "test loss", "num_filtered": "|S^f| (filtered-in)"})
+                        "test_loss": "test loss", "num_filtered": "|S^f| (filtered-in clients)"},
+                title=common.setup_title(f"{int(FLAGS.corrupt_fraction * 100)}% bad clients, "
+                                         f"h = {FLAGS.filter_period}"),
+                only={"num_filtered": lambda label: not label.startswith("Fed")})
     print(f"figure: {path}")
     ratio_runs = {label: [[dict(r, approx_ratio=r["filter"]["approx_ratio"]) for r in recs
                            if r.get("filter_round") and "approx_ratio" in r.get("filter", {})]
@@ -196,7 +199,8 @@ def write_outputs(runs, bad_rows):
     if ratio_runs:
       path = os.path.join(FLAGS.out_dir, "approx_ratio.png")
       plot_curves(ratio_runs, ["approx_ratio"], path,
-                  titles={"approx_ratio": "R(greedy) / R(OPT) per filtering round"})
+                  titles={"approx_ratio": "R(greedy) / R(OPT) per filtering round"},
+                  title=common.setup_title("OPT on every filtering round"))
       print(f"figure: {path}")
 
 

@@ -129,7 +129,8 @@ def main(argv):
   if FLAGS.plot:
     from fedjax_sel.plotting import plot_curves  # pylint: disable=import-outside-toplevel
     path = os.path.join(FLAGS.out_dir, "curves.png")
-    plot_curves(groups, ["test_accuracy", "train_loss", "test_loss"], path)
+    plot_curves(groups, ["test_accuracy", "train_loss", "test_loss"], path,
+                title=common.setup_title(name))
     print(f"figure: {path}")
 
 

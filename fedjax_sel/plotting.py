@@ -1,13 +1,39 @@
-"""Curves of per-round metrics, mean and standard deviation over seeds (matplotlib).
+"""Figures of per-round metrics: mean and standard deviation over seeds (matplotlib).
+
+Every figure reads the same way: at most `MAX_COLUMNS` panels a row, x in rounds trained (the
+record of round t is the model after t + 1 rounds), each panel's y axis labelled with its unit, one
+line style and marker per method so equal curves stay visible, one legend below the panels (off the
+data), and a title stating the setup and the number of seeds. A panel is drawn only for metrics a
+method has (`only` keeps, per metric, the methods it applies to: no filtered-set line for FedAvg).
 
 Example:
-  >>> plot_curves({"FedAvg": [records_seed0, records_seed1]}, ["test_accuracy"], "fig.png")
-  ... # doctest: +SKIP
+  >>> fig = panels_figure({"": {"FedAvg": [[{"round": 0, "test_accuracy": 0.5}]]}},
+  ...                     ["test_accuracy"], title="digits")
+  >>> fig.axes[0].get_xlabel(), fig.axes[0].get_ylabel()
+  ('rounds trained', 'accuracy')
 """
 
 from __future__ import annotations
 
+import math
+from typing import Callable
+
 import numpy as np
+
+MAX_COLUMNS = 4
+STYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "x", "P", "*")
+# Units of the y axes, by metric name (first match of a suffix or name).
+UNITS = (("approx_ratio", "ratio R(greedy) / R(OPT)"), ("accuracy", "accuracy"),
+         ("loss", "cross-entropy (nats)"), ("objective", "cross-entropy (nats)"),
+         ("num_", "clients"), ("others_", "clients per round"),
+         ("participation_rate", "share of the selected clients"),
+         ("_excluded", "clients excluded per round"), ("eps", "tolerance (metric units)"),
+         ("closest_gap", "gap (metric units)"), ("time_s", "simulated seconds"))
+
+
+def unit_of(key: str) -> str:
+  return next((unit for name, unit in UNITS if name in key), key.replace("_", " "))
 
 
 def metric_matrix(runs: list[list[dict]], key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -17,36 +43,74 @@ def metric_matrix(runs: list[list[dict]], key: str) -> tuple[np.ndarray, np.ndar
   return np.array(rounds), np.array([[d[t] for t in rounds] for d in per_seed], dtype=float)
 
 
-def plot_curves(groups: dict[str, list[list[dict]]], keys: list[str], path: str,
-                titles: dict[str, str] | None = None) -> None:
-  """One panel per metric key; one line (mean) and band (std) per labelled group of seeds."""
-  plot_panels({"": groups}, keys, path, titles)
-
-
-def plot_panels(rows: dict[str, dict[str, list[list[dict]]]], keys: list[str], path: str,
-                titles: dict[str, str] | None = None) -> None:
-  """A grid: one row per named set of runs (e.g. a noise level), one column per metric key; one
-  line (mean over seeds) and band (std) per labelled group of seeds."""
+def panels_figure(rows: dict[str, dict[str, list[list[dict]]]], keys: list[str],
+                  titles: dict[str, str] | None = None, title: str = "",
+                  only: dict[str, Callable[[str], bool]] | None = None):
+  """The figure of `plot_panels` (not saved), for callers and tests."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  from matplotlib import ticker  # pylint: disable=import-outside-toplevel
 
-  fig, axes = plt.subplots(len(rows), len(keys), figsize=(4.2 * len(keys), 3.4 * len(rows)),
-                           squeeze=False)
-  for axrow, (row_name, groups) in zip(axes, rows.items()):
-    for ax, key in zip(axrow, keys):
-      for label, runs in groups.items():
-        rounds, vals = metric_matrix(runs, key)
-        if not len(rounds):
-          continue
-        mean, std = vals.mean(0), vals.std(0)
-        ax.plot(rounds, mean, label=label)
-        ax.fill_between(rounds, mean - std, mean + std, alpha=0.2)
-      ax.set_xlabel("round")
-      title = (titles or {}).get(key, key)
-      ax.set_title(f"{row_name}: {title}" if row_name else title)
-      ax.grid(alpha=0.3)
-    axrow[0].legend()
-  fig.tight_layout()
+  panels = []  # (row name, key, {label: runs}) of the panels that have data.
+  for row_name, groups in rows.items():
+    for key in keys:
+      keep = (only or {}).get(key, lambda label: True)
+      drawn = {label: runs for label, runs in groups.items()
+               if keep(label) and len(metric_matrix(runs, key)[0])}
+      if drawn:
+        panels.append((row_name, key, drawn))
+  labels = list(dict.fromkeys(label for groups in rows.values() for label in groups))
+  seeds = max((len(runs) for groups in rows.values() for runs in groups.values()), default=0)
+  columns = min(MAX_COLUMNS, max(len(panels), 1))
+  lines = math.ceil(max(len(panels), 1) / columns)
+  legend_rows = math.ceil(len(labels) / 4)
+  height = 3.5 * lines + 0.5 + 0.3 * legend_rows
+  fig, axes = plt.subplots(lines, columns, figsize=(4.4 * columns, height), squeeze=False)
+  for ax, (row_name, key, drawn) in zip(axes.flat, panels):
+    for label, runs in drawn.items():
+      i = labels.index(label)
+      rounds, vals = metric_matrix(runs, key)
+      mean, std = vals.mean(0), vals.std(0)
+      x = rounds + 1
+      color = f"C{i % 10}"  # One color, style and marker per method in every panel.
+      ax.plot(x, mean, STYLES[i % len(STYLES)], color=color, marker=MARKERS[i % len(MARKERS)],
+              markevery=max(len(x) // 8, 1), markersize=4, label=label)
+      if len(runs) > 1:
+        ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.15)
+    name = (titles or {}).get(key, key.replace("_", " "))
+    ax.set_title(f"{row_name}: {name}" if row_name else name, fontsize=10)
+    ax.set_xlabel("rounds trained")
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+    ax.set_ylabel(unit_of(key))
+    ax.grid(alpha=0.3)
+  for ax in list(axes.flat)[len(panels):]:
+    ax.set_visible(False)
+  handles = {}
+  for ax in axes.flat:
+    for handle, label in zip(*ax.get_legend_handles_labels()):
+      handles.setdefault(label, handle)
+  spread = f"mean +- std over {seeds} seeds" if seeds > 1 else "1 seed"
+  fig.suptitle(f"{title} ({spread})" if title else spread, fontsize=11)
+  fig.legend(list(handles.values()), list(handles), loc="lower center",
+             ncol=min(len(handles), 4), frameon=False)
+  fig.tight_layout(rect=(0, (0.15 + 0.3 * legend_rows) / height, 1, 1))
+  return fig
+
+
+def plot_panels(rows: dict[str, dict[str, list[list[dict]]]], keys: list[str], path: str,
+                titles: dict[str, str] | None = None, title: str = "",
+                only: dict[str, Callable[[str], bool]] | None = None) -> None:
+  """A grid of panels, one per (named set of runs, metric key) that has data, at most
+  `MAX_COLUMNS` a row; one line (mean over seeds) and band (std) per labelled group of seeds."""
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig = panels_figure(rows, keys, titles, title, only)
   fig.savefig(path, dpi=120)
   plt.close(fig)
+
+
+def plot_curves(groups: dict[str, list[list[dict]]], keys: list[str], path: str,
+                titles: dict[str, str] | None = None, title: str = "",
+                only: dict[str, Callable[[str], bool]] | None = None) -> None:
+  """`plot_panels` of one set of runs: one panel per metric key."""
+  plot_panels({"": groups}, keys, path, titles, title, only)
