@@ -509,6 +509,11 @@ def check_common() -> None:
                          f"--clients_per_round={FLAGS.clients_per_round}; raise --avail_capacity "
                          "or lower K")
   check_out_dir()
+  claim_out_dir()
+
+
+def claim_out_dir() -> None:
+  """Locks --out_dir for this job and writes its provenance (process 0)."""
   if writer():
     try:
       folder_lock.hold(FLAGS.out_dir)
@@ -585,6 +590,7 @@ def record_runs(runs) -> None:
     job.append({"launcher": launcher_name(), "label": r.label.strip(), "seed": r.sim.seed,
                 "sweep": tag, "folder": os.path.join(*r.path)})
   if writer():
+    os.makedirs(FLAGS.out_dir, exist_ok=True)
     _write_atomically(os.path.join(FLAGS.out_dir, JOB_FILE),
                       json.dumps({"runs": job}, indent=1) + "\n")
 

@@ -90,6 +90,8 @@ def check_flags() -> list:
     except ValueError as e:
       name = str(e).split()[0]
       raise app.UsageError(f"--{name}: {e}") from e
+  common.check_out_dir()
+  common.claim_out_dir()  # The boundary data do not pass through common.load_data.
   return scenarios
 
 
@@ -219,7 +221,8 @@ def plot(results, loaded, finals, scenarios, path):
 
   from fedjax_sel.plotting import metric_matrix  # pylint: disable=import-outside-toplevel
   seed = common.seeds()[0]
-  fig, axes = plt.subplots(len(scenarios), 3, figsize=(15, 4.4 * len(scenarios)), squeeze=False)
+  fig, axes = plt.subplots(len(scenarios), 3, figsize=(15, 4.4 * len(scenarios) + 0.8),
+                           squeeze=False)
   for row, scenario in zip(axes, scenarios):
     group = group_name(scenario)
     data, is_b = loaded[(scenario, seed)]
@@ -248,30 +251,45 @@ def plot(results, loaded, finals, scenarios, path):
       ax.set_xlim(-d, d)
       ax.set_ylim(-d, d)
       ax.legend(fontsize=7, loc="lower right")
-    ax.set_title(f"{group}: data (seed {seed}) and learned boundaries")
+      ax.set_xlabel("feature 1")
+      ax.set_ylabel("feature 2")
+    ax.set_title(f"{group}: data and learned boundaries (seed {seed})", fontsize=10)
     ax = row[1]
-    for label, runs in results[group].items():
+    styles, markers = ("-", "--", "-.", ":"), ("o", "s", "^", "D")
+    for i, (label, runs) in enumerate(results[group].items()):
       rounds, vals = metric_matrix(runs, "test_accuracy")
-      ax.plot(rounds, vals.mean(0), label=label)
-      ax.fill_between(rounds, vals.mean(0) - vals.std(0), vals.mean(0) + vals.std(0), alpha=0.2)
-    ax.set_title(f"{group}: test accuracy")
-    ax.set_xlabel("round")
+      mean, std = vals.mean(0), vals.std(0)
+      ax.plot(rounds + 1, mean, styles[i % 4], marker=markers[i % 4], color=f"C{i}",
+              markevery=max(len(rounds) // 8, 1), ms=4, label=label)
+      if len(runs) > 1:
+        ax.fill_between(rounds + 1, mean - std, mean + std, color=f"C{i}", alpha=0.15)
+    ax.set_title(f"{group}: test accuracy", fontsize=10)
+    ax.set_xlabel("rounds trained")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_ylabel("accuracy")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
     ax = row[2]
+    methods = list(results[group])
+    width = 0.8 / len(methods)
+    for k in np.flatnonzero(is_b):  # The boundary clients, shaded.
+      ax.axvspan(k - 0.5, k + 0.5, color="0.85", lw=0)
     for i, (label, runs) in enumerate(results[group].items()):
       freq = np.zeros(data.num_clients)
       recs = runs[0]  # Seed 0: client ids mean the same clients as in the data panel.
       for r in recs:
         freq[np.asarray(r["selected"], int)] += 1
-      ax.plot(np.arange(data.num_clients), freq / len(recs), "o-", ms=2.5, lw=0.6, alpha=0.8,
-              color=f"C{i}", label=label)
-    for k in np.flatnonzero(is_b):
-      ax.axvline(k, color="k", lw=0.6, ls=":")
-    ax.set_title(f"{group}: selection frequency (seed {seed}; dotted: boundary)")
+      ids = np.arange(data.num_clients) - 0.4 + (i + 0.5) * width
+      ax.vlines(ids, 0, freq / len(recs), color=f"C{i}", lw=1.0)  # Stems: ids are unrelated.
+      ax.plot(ids, freq / len(recs), markers[i % 4], color=f"C{i}", ms=2.5, linestyle="none")
+    ax.set_title(f"{group}: selection frequency (seed {seed}; shaded: boundary)", fontsize=10)
     ax.set_xlabel("client id")
-    ax.legend(fontsize=7)
-  fig.tight_layout()
+    ax.set_ylabel("share of rounds selected")
+  handles, labels = axes[0][1].get_legend_handles_labels()
+  fig.legend(handles, labels, loc="lower center", ncol=len(labels), frameon=False)
+  spread = f"mean +- std over {len(common.seeds())} seeds" if len(common.seeds()) > 1 else "1 seed"
+  fig.suptitle(f"UACS-FL: {FLAGS.clients_per_round} clients selected per round, "
+               f"{FLAGS.rounds} rounds, eps = {FLAGS.explore_prob} ({spread})", fontsize=11)
+  fig.tight_layout(rect=(0, 0.5 / (4.4 * len(scenarios) + 0.8), 1, 1))
   fig.savefig(path, dpi=110)
   plt.close(fig)
 
