@@ -900,8 +900,11 @@ def preset_help(presets: dict[str, dict]) -> str:
 
 
 def mean_std(values) -> str:
+  """"mean +- sample std" over seeds (the value alone for one seed)."""
   values = np.asarray(values, float)
-  return f"{values.mean():.4f} +- {values.std():.4f}"
+  if len(values) == 1:
+    return f"{values[0]:.4f}"
+  return f"{values.mean():.4f} +- {values.std(ddof=1):.4f}"
 
 
 def check_finite() -> None:

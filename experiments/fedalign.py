@@ -212,9 +212,9 @@ def summary(runs: dict, warmup: int) -> str:
   if lead and none:
     (r, fa), (_, nn) = curves[lead[0]], curves[none[0]]
     ahead = np.flatnonzero((fa > nn) & (r >= warmup))
-    first = int(r[ahead[0]]) if len(ahead) else "never"
-    lines.append(f"\nFirst round (after warm-up) where FedALIGN's mean priority accuracy leads "
-                 f"None's: {first}.")
+    first = int(r[ahead[0]]) + 1 if len(ahead) else "never"
+    lines.append(f"\nRounds trained when FedALIGN's mean priority accuracy first leads None's "
+                 f"(after the warm-up): {first}.")
   return "\n".join(lines)
 
 

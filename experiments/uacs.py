@@ -163,14 +163,15 @@ def main(argv):
 
 
 def first_hit(recs, level):
+  """Rounds trained until the test accuracy first reaches `level` (None if never)."""
   for r in recs:
     if r.get("test_accuracy", 0.0) >= level:
-      return r["round"]
+      return r["round"] + 1
   return None
 
 
 def summary(runs, num_boundary) -> str:
-  lines = ["| method | rounds to 90% acc (mean, seeds reaching) | rounds to 95% acc | final test acc "
+  lines = ["| method | rounds trained to 90% acc (mean, seeds reaching) | to 95% acc | final test acc "
            "| best test acc | boundary share of selections | client forward samples | client "
            "gradient samples |", "|" + "---|" * 8]
   for label, group in runs.items():

@@ -502,8 +502,8 @@ def progress_line(label: str, t: int, rounds: int, record: dict) -> str:
 
 def summary_table(rows: list[tuple[str, list[dict]]]) -> str:
   """Markdown table of final and best test accuracy, final losses and costs per labelled run."""
-  head = ("| run | final test acc | best test acc (round) | final test loss | final train loss | "
-          "train samples | uploads | rounds nobody trained | wall s |")
+  head = ("| run | final test acc | best test acc (rounds trained) | final test loss | final train "
+          "loss | train samples | uploads | rounds nobody trained | wall s |")
   lines = [head, "|" + "---|" * 9]
   for label, recs in rows:
     evald = [r for r in recs if "test_accuracy" in r]
@@ -511,7 +511,7 @@ def summary_table(rows: list[tuple[str, list[dict]]]) -> str:
     best = max(evald, key=lambda r: r["test_accuracy"])
     cost = recs[-1]["cumulative_cost"]
     lines.append(f"| {label} | {last['test_accuracy']:.4f} | {best['test_accuracy']:.4f} "
-                 f"({best['round']}) | {last['test_loss']:.4f} | {last['train_loss']:.4f} | "
+                 f"({best['round'] + 1}) | {last['test_loss']:.4f} | {last['train_loss']:.4f} | "
                  f"{cost['train_samples']:.0f} | {cost['uploads']:.0f} | "
                  f"{sum(r['num_trained'] == 0 for r in recs)} | {recs[-1]['wall_s']:.1f} |")
   return "\n".join(lines)
