@@ -1,4 +1,5 @@
-"""The README's library example runs as written (with fewer rounds)."""
+"""The README's library examples run on their own as written (with fewer rounds), twice in a row
+in one folder."""
 
 import os
 import re
@@ -12,9 +13,14 @@ def test_readme_library_example(tmp_path, monkeypatch, capsys):
   code = re.search(r"## Library example\n\n```python\n(.*?)```", readme, re.S).group(1)
   assert "rounds=30" in code
   monkeypatch.chdir(tmp_path)
-  exec(compile(code.replace("rounds=30", "rounds=3"), "README.md", "exec"), {})  # pylint: disable=exec-used
+  outputs = []
+  for _ in range(2):  # The second time reads the finished run back.
+    exec(compile(code.replace("rounds=30", "rounds=3"), "README.md", "exec"), {})  # pylint: disable=exec-used
+    outputs.append(capsys.readouterr().out)
   assert (tmp_path / "runs" / "example" / "metrics.jsonl").exists()
-  assert "| FedAvg |" in capsys.readouterr().out
+  assert "| FedAvg |" in outputs[1]
+  strip = lambda text: [line.rsplit("|", 2)[0] for line in text.splitlines() if "| FedAvg" in line]
+  assert strip(outputs[0]) == strip(outputs[1])
 
 
 def test_readme_composition_example(tmp_path, monkeypatch):
@@ -41,7 +47,8 @@ def test_readme_batch_example(tmp_path, monkeypatch):
   assert "rounds=30" in code
   monkeypatch.chdir(tmp_path)
   scope = {}
-  exec(compile(setup + code.replace("rounds=30", "rounds=2"), "README.md", "exec"), scope)  # pylint: disable=exec-used
+  for _ in range(2):  # Twice in a row in one folder: the second reads the runs back.
+    exec(compile(setup + code.replace("rounds=30", "rounds=2"), "README.md", "exec"), scope)  # pylint: disable=exec-used
   assert [len(r) for r in scope["runs"]] == [2, 2, 2, 2]
   assert [r[0]["lr"] for r in scope["runs"]] == [0.05, 0.1, 0.2, 0.4] or all(
       abs(r[0]["lr"] - lr) < 1e-6 for r, lr in zip(scope["runs"], (0.05, 0.1, 0.2, 0.4)))
