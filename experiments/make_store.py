@@ -25,7 +25,13 @@ from experiments import common
 from fedjax_sel.data import store
 
 FLAGS = flags.FLAGS
-flags.adopt_module_key_flags(common)
+# --help lists the flags this tool reads: the data flags, the seed and --overwrite.
+USED = ("dataset", "partition", "num_clients", "dirichlet_alpha", "classes_per_client",
+        "dominant_fraction", "test_fraction", "val_fraction", "public_fraction", "data_dir",
+        "leaf_files", "tfds_name", "synth_alpha", "synth_beta", "max_examples", "seeds",
+        "overwrite")
+for _flag in USED:
+  flags.declare_key_flag(_flag)
 flags.DEFINE_string("store_out", None, "Folder to write the store to (must not hold one).")
 flags.DEFINE_integer("synth_clients", None, "Generate a SYNTH population of this many clients "
                      "instead of building --dataset.", lower_bound=1)

@@ -344,3 +344,13 @@ def test_tensorboard_scalars_equal_the_metrics_files(tmp_path):
       assert events[key] == {r["round"]: pytest.approx(r[key]) for r in recs}, key
     assert events["cumulative_cost/train_samples"][2] == pytest.approx(
         recs[2]["cumulative_cost"]["train_samples"])
+
+
+def test_make_store_help_lists_only_what_it_uses():
+  proc = subprocess.run([sys.executable, "-m", "experiments.make_store", "--help"], cwd=REPO,
+                        capture_output=True, text=True, timeout=120)
+  listed = {line.split(":")[0].strip().lstrip("-").replace("[no]", "")
+            for line in proc.stdout.splitlines() if line.startswith("  --")}
+  assert {"dataset", "store_out", "synth_clients", "seeds", "overwrite"} <= listed, listed
+  assert not listed & {"clients_per_round", "rounds", "server_opt", "selector"}, listed
+  assert len(listed) <= 21
