@@ -186,6 +186,8 @@ flags.DEFINE_integer("eval_every", 1, "Evaluate the global model every this many
                      lower_bound=1)
 flags.DEFINE_integer("checkpoint_every", 10, "Rounds between checkpoints of each run (a resumed "
                      "run continues from its last), >= 1.", lower_bound=1)
+flags.DEFINE_enum("figure_format", "png", ("png", "pdf", "svg"), "File format of the --plot "
+                  "figures: png, or pdf / svg (vector, for papers).")
 flags.DEFINE_bool("tensorboard", False, "Also write each run's per-round scalars as TensorBoard "
                   "events under its folder (tensorboard --logdir=<out_dir>); needs the "
                   "tensorboard extra, pip install -e '.[tensorboard]'.")
@@ -219,8 +221,8 @@ def seeds() -> list[int]:
 
 
 # Flags that do not change a run's results: left out of its checkpoint fingerprint.
-NOT_RESULTS = {"out_dir", "resume", "overwrite", "plot", "tensorboard", "rounds", "seeds",
-               "eval_every", "batch_runs", "sweep", "checkpoint_every", "chunk_size", "store",
+NOT_RESULTS = {"out_dir", "resume", "overwrite", "plot", "tensorboard", "figure_format", "rounds",
+               "seeds", "eval_every", "batch_runs", "sweep", "checkpoint_every", "chunk_size", "store",
                "coordinator_address", "num_processes", "process_id", "distributed_auto",
                "distributed_timeout"}
 
@@ -459,6 +461,11 @@ def system_profile():
     return system.read_profiles(FLAGS.system_profile, FLAGS.num_clients)
   except ValueError as e:
     raise app.UsageError(f"--system_profile={FLAGS.system_profile}: {e}") from e
+
+
+def figure_path(name: str) -> str:
+  """`<out_dir>/<name>.<--figure_format>`."""
+  return os.path.join(FLAGS.out_dir, f"{name}.{FLAGS.figure_format}")
 
 
 def setup_title(detail: str = "", with_k: bool = True) -> str:

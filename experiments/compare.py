@@ -31,6 +31,7 @@ flags.DEFINE_string("metric", "test_accuracy", "The metric of the table (a key o
 flags.DEFINE_float("target", 0.85, "The value whose first crossing the table reports (rounds and "
                    "simulated seconds to reach it), for a metric where higher is better.")
 flags.DEFINE_integer("last_k", 10, "Rounds of the table's last-k mean, >= 1.", lower_bound=1)
+flags.DEFINE_enum("figure_format", "png", ("png", "pdf", "svg"), "File format of the figures.")
 flags.DEFINE_list("plot_metrics", ["test_accuracy", "test_loss"], "Metrics drawn, one figure each "
                   "(keys of the records).")
 
@@ -152,8 +153,9 @@ def main(argv):
     with open(FLAGS.out + ".md", "w", encoding="utf-8") as f:
       f.write(text + "\n")
     for metric in FLAGS.plot_metrics:
-      figure(jobs, metric, f"{FLAGS.out}_{metric}.png")
-      print(f"figure: {FLAGS.out}_{metric}.png")
+      path = f"{FLAGS.out}_{metric}.{FLAGS.figure_format}"
+      figure(jobs, metric, path)
+      print(f"figure: {path}")
 
 
 if __name__ == "__main__":

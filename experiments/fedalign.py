@@ -237,7 +237,7 @@ def write_outputs(results):
               "test_accuracy": "test accuracy (all clients)",
               "others_aggregated": "non-priority clients aggregated",
               "eps": "eps_t", "closest_gap": "closest non-priority |F_k - F|"}
-    path = os.path.join(FLAGS.out_dir, "fedalign.png")
+    path = common.figure_path("fedalign")
     plot_panels(results, keys, path, titles=titles,
                 title=common.setup_title(f"{FLAGS.participation} participation, "
                                          f"{FLAGS.num_priority} priority clients, eps_0 = "

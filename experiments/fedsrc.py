@@ -231,7 +231,7 @@ def write_outputs(results):
     keys = ["test_accuracy", "participation_rate", "good_excluded"]
     keys += sorted({f"{k}_excluded" for runs in results.values() for group_runs in runs.values()
                     for _, _, kinds in group_runs for k in set(kinds.tolist()) if k != "good"})
-    path = os.path.join(FLAGS.out_dir, "fedsrc.png")
+    path = common.figure_path("fedsrc")
     self_regulating = lambda label: label.startswith("FedSRC")
     titles = {"test_accuracy": "clean test accuracy", "participation_rate": "participation rate",
               **{k: f"{k[:-len('_excluded')]} clients excluded" for k in keys

@@ -183,7 +183,7 @@ def write_outputs(runs, bad_rows):
     writer.writerows(bad_rows)
   if FLAGS.plot:
     from fedjax_sel.plotting import plot_curves  # pylint: disable=import-outside-toplevel
-    path = os.path.join(FLAGS.out_dir, "filfl.png")
+    path = common.figure_path("filfl")
     plot_curves(runs, ["test_accuracy", "clean_train_loss", "test_loss", "num_filtered"], path,
                 titles={"test_accuracy": "test accuracy",
                         "clean_train_loss": "train loss (uncorrupted clients)",
@@ -197,7 +197,7 @@ def write_outputs(runs, bad_rows):
                           for recs in group] for label, group in runs.items()}
     ratio_runs = {k: v for k, v in ratio_runs.items() if all(v)}
     if ratio_runs:
-      path = os.path.join(FLAGS.out_dir, "approx_ratio.png")
+      path = common.figure_path("approx_ratio")
       plot_curves(ratio_runs, ["approx_ratio"], path,
                   titles={"approx_ratio": "R(greedy) / R(OPT) per filtering round"},
                   title=common.setup_title("OPT on every filtering round"))

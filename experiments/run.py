@@ -128,7 +128,7 @@ def main(argv):
     f.write(table + "\n")
   if FLAGS.plot:
     from fedjax_sel.plotting import plot_curves  # pylint: disable=import-outside-toplevel
-    path = os.path.join(FLAGS.out_dir, "curves.png")
+    path = common.figure_path("curves")
     plot_curves(groups, ["test_accuracy", "train_loss", "test_loss"], path,
                 title=common.setup_title(name))
     print(f"figure: {path}")

@@ -207,7 +207,7 @@ def write_outputs(results, loaded, finals, scenarios):
   with open(os.path.join(FLAGS.out_dir, "summary.md"), "w", encoding="utf-8") as f:
     f.write(text + "\n")
   if FLAGS.plot:
-    path = os.path.join(FLAGS.out_dir, "uacs.png")
+    path = common.figure_path("uacs")
     plot(results, loaded, finals, scenarios, path)
     print(f"figure: {path}")
 
