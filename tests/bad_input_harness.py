@@ -3,7 +3,9 @@
   python -m tests.bad_input_harness experiments.run cases.json
 
 `cases.json` holds a list of argument lists; prints one JSON line per case: the exception type
-(`UsageError`, `FlagsError`, `SystemExit` or `none`), its message, and whether a round ran.
+(`UsageError`, `FlagsError`, `SystemExit` or `none`), its message, whether a round ran, and the
+figures the case saved (`figures`: per file, its title and each visible panel's title, axis labels
+and lines, and its legends' texts: what the figure tests read, through matplotlib).
 """
 
 import contextlib
@@ -40,12 +42,42 @@ def run_cases(launcher: str, cases: list[list[str]], folder: str, cwd: str) -> l
   return lines
 
 
+def _describe(fig) -> dict:
+  suptitle = fig._suptitle.get_text() if fig._suptitle is not None else ""  # pylint: disable=protected-access
+  return {"title": suptitle,
+          "panels": [{"title": ax.get_title(), "xlabel": ax.get_xlabel(),
+                      "ylabel": ax.get_ylabel(),
+                      "lines": [line.get_label() for line in ax.get_lines()
+                                if not line.get_label().startswith("_")]}
+                     for ax in fig.axes if ax.get_visible()],
+          "legends": [[t.get_text() for t in legend.get_texts()] for legend in fig.legends]}
+
+
+FIGURES: dict = {}
+
+
+def _record_figures() -> None:
+  """Wraps `Figure.savefig` to describe each saved figure into FIGURES."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
+  save = Figure.savefig
+
+  def savefig(self, fname, *args, **kwargs):
+    FIGURES[os.path.basename(str(fname))] = _describe(self)
+    return save(self, fname, *args, **kwargs)
+
+  Figure.savefig = savefig
+
+
 def main():
+  _record_figures()
   module = importlib.import_module(sys.argv[1])
   with open(sys.argv[2], encoding="utf-8") as f:
     cases = json.load(f)
   for args in cases:
     flags.FLAGS.unparse_flags()
+    FIGURES.clear()
     out = io.StringIO()
     kind, message = "none", ""
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
@@ -59,7 +91,8 @@ def main():
       except SystemExit as e:
         kind, message = "SystemExit", str(e.code)
     ran = "[   1/" in out.getvalue() or _wrote_metrics(flags.FLAGS["out_dir"].value)
-    print(json.dumps({"args": args, "kind": kind, "message": message, "ran": ran}), flush=True)
+    print(json.dumps({"args": args, "kind": kind, "message": message, "ran": ran,
+                      "figures": FIGURES}), flush=True)
 
 
 if __name__ == "__main__":

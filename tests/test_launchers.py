@@ -354,3 +354,38 @@ def test_make_store_help_lists_only_what_it_uses():
   assert {"dataset", "store_out", "synth_clients", "seeds", "overwrite"} <= listed, listed
   assert not listed & {"clients_per_round", "rounds", "server_opt", "selector"}, listed
   assert len(listed) <= 21
+
+
+TINY = ["--rounds=3", "--seeds=0,1", "--plot"]
+FIGURE_CASES = [  # (launcher, args, figure file, panels, methods in the legend)
+    ("filfl", ["--num_clients=12", "--num_available=6", "--clients_per_round=2"], "filfl.png",
+     4, ["FedAvg", "FilFL-DGF", "FilFL-RGF"]),
+    ("fedalign", ["--num_clients=10"], "fedalign.png", 6, ["FedALIGN", "None", "All"]),
+    ("fedsrc", ["--num_clients=20", "--clients_per_round=6", "--splits=iid",
+                "--methods=fedsrc,fedavg"], "fedsrc.png", None, ["FedSRC", "FedAvg"]),
+    ("uacs", ["--scenarios=1", "--num_boundary=2", "--samples_per_client=20"], "uacs.png", 3,
+     ["Entropy+Eps-Greedy", "Entropy Based", "Random", "Gradient Norm"]),
+    ("run", ["--num_clients=10", "--num_available=5", "--clients_per_round=2"], "curves.png", 3,
+     ["FedAvg"]),
+]
+
+
+@pytest.mark.parametrize("launcher,args,name,panels,methods", FIGURE_CASES,
+                         ids=[c[0] for c in FIGURE_CASES])
+def test_each_launchers_figure_reads_at_a_glance(tmp_path, launcher, args, name, panels,
+                                                 methods):
+  """Drawn on a tiny job and read through matplotlib: a title with the setup and the seeds, at
+  most four panels a row, every panel titled with labelled axes (rounds trained on the x of the
+  per-round panels), one legend off the data naming every method."""
+  (result,) = run_cases(launcher, [TINY + args + [f"--out_dir={tmp_path}/job"]], str(tmp_path),
+                        str(tmp_path))
+  assert result["kind"] == "none", result
+  figure = result["figures"][name]
+  assert "2 seeds" in figure["title"] and ("N = " in figure["title"] or "UACS" in figure["title"])
+  if panels is not None:
+    assert len(figure["panels"]) == panels, figure
+  for panel in figure["panels"]:
+    assert panel["title"] and panel["xlabel"] and panel["ylabel"], panel
+  per_round = [p for p in figure["panels"] if "accuracy" in p["title"]]
+  assert per_round and all(p["xlabel"] == "rounds trained" for p in per_round), figure
+  assert figure["legends"] and figure["legends"][0] == methods, figure
