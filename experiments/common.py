@@ -186,6 +186,8 @@ flags.DEFINE_integer("eval_every", 1, "Evaluate the global model every this many
                      lower_bound=1)
 flags.DEFINE_integer("checkpoint_every", 10, "Rounds between checkpoints of each run (a resumed "
                      "run continues from its last), >= 1.", lower_bound=1)
+flags.DEFINE_integer("last_k", 10, "Rounds of the summaries' last-k mean (the final round alone is "
+                     "noisy), >= 1.", lower_bound=1)
 flags.DEFINE_enum("figure_format", "png", ("png", "pdf", "svg"), "File format of the --plot "
                   "figures: png, or pdf / svg (vector, for papers).")
 flags.DEFINE_bool("tensorboard", False, "Also write each run's per-round scalars as TensorBoard "
@@ -221,7 +223,8 @@ def seeds() -> list[int]:
 
 
 # Flags that do not change a run's results: left out of its checkpoint fingerprint.
-NOT_RESULTS = {"out_dir", "resume", "overwrite", "plot", "tensorboard", "figure_format", "rounds",
+NOT_RESULTS = {"out_dir", "resume", "overwrite", "plot", "tensorboard", "figure_format", "last_k",
+               "rounds",
                "seeds", "eval_every", "batch_runs", "sweep", "checkpoint_every", "chunk_size", "store",
                "coordinator_address", "num_processes", "process_id", "distributed_auto",
                "distributed_timeout"}

@@ -188,9 +188,10 @@ def summary(runs: dict, warmup: int) -> str:
   first leads None, included non-priority clients and costs."""
   from fedjax_sel.plotting import metric_matrix  # pylint: disable=import-outside-toplevel
   lines = ["| method | final priority acc | best priority acc | mean priority acc after warm-up | "
-           "final acc (all clients) | non-priority aggregated / round | non-priority trained / "
-           "round | closest non-priority gap / eps_t (after warm-up) | train samples | uploads |",
-           "|" + "---|" * 10]
+           f"mean priority acc, last {FLAGS.last_k} rounds | final acc (all clients) | "
+           "non-priority aggregated / round | non-priority trained / round | closest "
+           "non-priority gap / eps_t (after warm-up) | train samples | uploads |",
+           "|" + "---|" * 11]
   curves = {}
   for label, group in runs.items():
     rounds, acc = metric_matrix(group, "priority_test_accuracy")
@@ -205,7 +206,9 @@ def summary(runs: dict, warmup: int) -> str:
     cost = np.mean([recs[-1]["cumulative_cost"]["train_samples"] for recs in group])
     up = np.mean([recs[-1]["cumulative_cost"]["uploads"] for recs in group])
     lines.append(f"| {label} | {common.mean_std(acc[:, -1])} | {common.mean_std(acc.max(1))} | "
-                 f"{common.mean_std(acc[:, post].mean(1))} | {common.mean_std(all_acc[:, -1])} | "
+                 f"{common.mean_std(acc[:, post].mean(1))} | "
+                 f"{common.mean_std(acc[:, -FLAGS.last_k:].mean(1))} | "
+                 f"{common.mean_std(all_acc[:, -1])} | "
                  f"{agg:.2f} | {trn:.2f} | {gap} | {cost:.3g} | {up:.0f} |")
   lead = [lb for lb in curves if lb.startswith("FedALIGN")]
   none = [lb for lb in curves if lb.startswith("None")]

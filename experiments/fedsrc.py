@@ -194,7 +194,8 @@ def saving_row(label, group) -> str:
 
 def summary(runs) -> str:
   from fedjax_sel.plotting import metric_matrix  # pylint: disable=import-outside-toplevel
-  lines = ["| method | final clean test acc | best clean test acc | mean clean test acc, last 10 "
+  lines = ["| method | final clean test acc | best clean test acc | mean clean test acc, last "
+           f"{FLAGS.last_k} "
            "rounds | mean participation rate | train samples | uploads |", "|" + "---|" * 7]
   for label, group in runs.items():
     recs_list = [g[0] for g in group]
@@ -203,7 +204,8 @@ def summary(runs) -> str:
     cost = np.mean([recs[-1]["cumulative_cost"]["train_samples"] for recs in recs_list])
     up = np.mean([recs[-1]["cumulative_cost"]["uploads"] for recs in recs_list])
     lines.append(f"| {label} | {common.mean_std(acc[:, -1])} | {common.mean_std(acc.max(1))} | "
-                 f"{common.mean_std(acc[:, -10:].mean(1))} | {rate:.3f} | {cost:.3g} | {up:.0f} |")
+                 f"{common.mean_std(acc[:, -FLAGS.last_k:].mean(1))} | {rate:.3f} | {cost:.3g} | "
+                 f"{up:.0f} |")
   rule_runs = [label for label in runs if label.startswith("FedSRC")]
   if rule_runs:
     lines += ["", "Savings of the self-regulating runs (means over seeds; exclusions over the gated "

@@ -234,13 +234,16 @@ def mean_table(runs) -> str:
   the rounds trained until the mean curve reaches 80%."""
   from fedjax_sel.plotting import metric_matrix  # pylint: disable=import-outside-toplevel
   seeds = max(len(group) for group in runs.values())
-  lines = [f"| method | final test acc (mean +- sample std, {seeds} seeds) | mean test acc over "
-           "rounds | rounds trained to 80% acc (mean curve) |", "|---|---|---|---|"]
+  k = FLAGS.last_k
+  lines = [f"| method | final test acc (mean +- sample std, {seeds} seeds) | mean test acc, last "
+           f"{k} evaluated rounds | mean test acc over rounds | rounds trained to 80% acc (mean "
+           "curve) |", "|---|---|---|---|---|"]
   for label, group in runs.items():
     rounds, acc = metric_matrix(group, "test_accuracy")
     mean_curve = acc.mean(0)
     hit = rounds[np.argmax(mean_curve >= 0.8)] + 1 if (mean_curve >= 0.8).any() else "never"
-    lines.append(f"| {label} | {common.mean_std(acc[:, -1])} | {acc.mean():.4f} | {hit} |")
+    lines.append(f"| {label} | {common.mean_std(acc[:, -1])} | "
+                 f"{common.mean_std(acc[:, -k:].mean(1))} | {acc.mean():.4f} | {hit} |")
   return "\n".join(lines)
 
 

@@ -172,8 +172,8 @@ def first_hit(recs, level):
 
 def summary(runs, num_boundary) -> str:
   lines = ["| method | rounds trained to 90% acc (mean, seeds reaching) | to 95% acc | final test acc "
-           "| best test acc | boundary share of selections | client forward samples | client "
-           "gradient samples |", "|" + "---|" * 8]
+           f"| mean test acc, last {FLAGS.last_k} rounds | best test acc | boundary share of "
+           "selections | client forward samples | client gradient samples |", "|" + "---|" * 9]
   for label, group in runs.items():
     cells = []
     for level in (0.9, 0.95):
@@ -181,13 +181,15 @@ def summary(runs, num_boundary) -> str:
       cells.append(f"{np.mean(hits):.1f} ({len(hits)}/{len(group)})" if hits else
                    f"never (0/{len(group)})")
     final = [[r for r in recs if "test_accuracy" in r][-1]["test_accuracy"] for recs in group]
+    last_k = [np.mean([r["test_accuracy"] for r in recs if "test_accuracy" in r][-FLAGS.last_k:])
+              for recs in group]
     best = [max(r.get("test_accuracy", 0.0) for r in recs) for recs in group]
     picks = sum(len(r["selected"]) for recs in group for r in recs)
     share = (f"{sum(r['boundary_selected'] for recs in group for r in recs) / max(picks, 1):.3f}"
              if num_boundary else "-")
     cost = group[0][-1]["cumulative_cost"]
     lines.append(f"| {label} | {cells[0]} | {cells[1]} | {common.mean_std(final)} | "
-                 f"{common.mean_std(best)} | {share} | {cost['client_eval_samples']:.3g} | "
+                 f"{common.mean_std(last_k)} | {common.mean_std(best)} | {share} | {cost['client_eval_samples']:.3g} | "
                  f"{cost['client_grad_samples']:.3g} |")
   if num_boundary:
     lines.append(f"\n(boundary clients are {num_boundary} of {FLAGS.num_clients}: random selection "

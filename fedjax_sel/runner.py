@@ -503,7 +503,7 @@ def progress_line(label: str, t: int, rounds: int, record: dict) -> str:
 def summary_table(rows: list[tuple[str, list[dict]]]) -> str:
   """Markdown table of final and best test accuracy, final losses and costs per labelled run."""
   head = ("| run | final test acc | best test acc (rounds trained) | final test loss | final train "
-          "loss | train samples | uploads | rounds nobody trained | wall s |")
+          "loss (all clients) | train samples | uploads | rounds nobody trained | wall s |")
   lines = [head, "|" + "---|" * 9]
   for label, recs in rows:
     evald = [r for r in recs if "test_accuracy" in r]
