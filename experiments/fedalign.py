@@ -48,8 +48,8 @@ PRESETS = {
               "local_epochs": 5, "lr": 0.1, "batch_size": 32, "rounds": 100,
               "synth_noise": ["low", "medium", "high"], "align_metric": "accuracy"},
 }
-flags.DEFINE_string("preset", None, "The paper's setups; each value is overridable by its flag. "
-                    + common.preset_help(PRESETS))
+flags.DEFINE_enum("preset", None, sorted(PRESETS), "The paper's setups; each value is "
+                  "overridable by its flag. " + common.preset_help(PRESETS))
 flags.DEFINE_list("methods", ["fedalign", "none", "all"], "Runs to compare: fedalign, none "
                   "(FedAvg on the priority clients only), all (FedAvg on every client).")
 flags.DEFINE_enum("participation", "full", ("full", "partial"), "full: every client every round; "

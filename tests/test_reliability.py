@@ -178,6 +178,7 @@ LAUNCHER_CASES = [
     ("uacs", ["--corrupt_fraction=0.2"], "--corrupt_fraction does not apply"),
     ("filfl", ["--filter_const=nan"], "--filter_const"),
     ("filfl", ["--preset=mnist"], "--preset"),
+    ("fedalign", ["--preset=mnist"], "--preset"),
     ("filfl", ["--preset=femnist", "--leaf_files={tmp}/nothing/*.json"], "preprocess.sh"),
     ("fedalign", ["--eps0=nan"], "--eps0"),
     ("fedalign", ["--num_priority=0"], "priority"),
