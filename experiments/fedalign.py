@@ -106,6 +106,14 @@ def eps0_for(group) -> float:
   return FLAGS.eps0
 
 
+def eps0_text(groups) -> str:
+  """eps_0 for the figure's title: one value, or each group's where they differ."""
+  values = {group: eps0_for(group) for group in groups}
+  if len(set(values.values())) == 1:
+    return str(next(iter(values.values())))
+  return ", ".join(f"{v} ({group})" for group, v in values.items())
+
+
 def make_rule(method, priority, group):
   if method == "none":
     return fedalign.priority_only(priority)
@@ -244,7 +252,8 @@ def write_outputs(results):
     plot_panels(results, keys, path, titles=titles,
                 title=common.setup_title(f"{FLAGS.participation} participation, "
                                          f"{FLAGS.num_priority} priority clients, eps_0 = "
-                                         f"{FLAGS.eps0}, aligned on {FLAGS.align_metric}",
+                                         f"{eps0_text(results)}, aligned on "
+                                         f"{FLAGS.align_metric}",
                                          with_k=False),
                 only={key: (lambda label: label == "FedALIGN")
                       for key in ("eps", "closest_gap", "others_aggregated")})

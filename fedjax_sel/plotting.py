@@ -1,4 +1,4 @@
-"""Figures of per-round metrics: mean and standard deviation over seeds (matplotlib).
+"""Figures of per-round metrics: mean and sample standard deviation over seeds (matplotlib).
 
 Every figure reads the same way: at most `MAX_COLUMNS` panels a row, x in rounds trained (the
 record of round t is the model after t + 1 rounds), each panel's y axis labelled with its unit, one
@@ -6,7 +6,7 @@ line style and marker per method so equal curves stay visible, one legend below 
 data), and a title stating the setup and the number of seeds. A panel is drawn only for metrics a
 method has (`only` keeps, per metric, the methods it applies to: no filtered-set line for FedAvg).
 
-Example:
+Examples:
   >>> fig = panels_figure({"": {"FedAvg": [[{"round": 0, "test_accuracy": 0.5}]]}},
   ...                     ["test_accuracy"], title="digits")
   >>> fig.axes[0].get_xlabel(), fig.axes[0].get_ylabel()
@@ -52,26 +52,39 @@ def panels_figure(rows: dict[str, dict[str, list[list[dict]]]], keys: list[str],
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   from matplotlib import ticker  # pylint: disable=import-outside-toplevel
 
-  panels = []  # (row name, key, {label: runs}) of the panels that have data.
+  groups_panels = []  # Per named set of runs, its (row name, key, {label: runs}) that have data.
   for row_name, groups in rows.items():
+    drawn_here = []
     for key in keys:
       keep = (only or {}).get(key, lambda label: True)
       drawn = {label: runs for label, runs in groups.items()
                if keep(label) and len(metric_matrix(runs, key)[0])}
       if drawn:
-        panels.append((row_name, key, drawn))
+        drawn_here.append((row_name, key, drawn))
+    if drawn_here:
+      groups_panels.append(drawn_here)
   labels = list(dict.fromkeys(label for groups in rows.values() for label in groups))
   seeds = max((len(runs) for groups in rows.values() for runs in groups.values()), default=0)
-  columns = min(MAX_COLUMNS, max(len(panels), 1))
-  lines = math.ceil(max(len(panels), 1) / columns)
+  columns = min(MAX_COLUMNS, max((len(g) for g in groups_panels), default=1))
+  # Each named set of runs starts a row of its own, so a row never mixes two of them.
+  slots, panels = [], []
+  for group in groups_panels:
+    first = math.ceil(len(slots) / columns) * columns
+    slots += [None] * (first - len(slots))
+    for panel in group:
+      slots.append(len(panels))
+      panels.append(panel)
+  lines = max(math.ceil(len(slots) / columns), 1)
   legend_rows = math.ceil(len(labels) / 4)
-  height = 3.5 * lines + 0.5 + 0.3 * legend_rows
+  height = 3.5 * lines + 0.8 + 0.3 * legend_rows
   fig, axes = plt.subplots(lines, columns, figsize=(4.4 * columns, height), squeeze=False)
-  for ax, (row_name, key, drawn) in zip(axes.flat, panels):
+  used = [ax for ax, slot in zip(axes.flat, slots) if slot is not None]
+  for ax, (row_name, key, drawn) in zip(used, panels):
     for label, runs in drawn.items():
       i = labels.index(label)
       rounds, vals = metric_matrix(runs, key)
-      mean, std = vals.mean(0), vals.std(0)
+      mean = vals.mean(0)
+      std = vals.std(0, ddof=1) if len(runs) > 1 else np.zeros_like(mean)
       x = rounds + 1
       color = f"C{i % 10}"  # One color, style and marker per method in every panel.
       ax.plot(x, mean, STYLES[i % len(STYLES)], color=color, marker=MARKERS[i % len(MARKERS)],
@@ -84,17 +97,17 @@ def panels_figure(rows: dict[str, dict[str, list[list[dict]]]], keys: list[str],
     ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     ax.set_ylabel(unit_of(key))
     ax.grid(alpha=0.3)
-  for ax in list(axes.flat)[len(panels):]:
-    ax.set_visible(False)
+  for ax in axes.flat:
+    ax.set_visible(any(ax is u for u in used))
   handles = {}
   for ax in axes.flat:
     for handle, label in zip(*ax.get_legend_handles_labels()):
       handles.setdefault(label, handle)
-  spread = f"mean +- std over {seeds} seeds" if seeds > 1 else "1 seed"
+  spread = f"mean +- sample std over {seeds} seeds" if seeds > 1 else "1 seed"
   fig.suptitle(f"{title} ({spread})" if title else spread, fontsize=11)
   fig.legend(list(handles.values()), list(handles), loc="lower center",
              ncol=min(len(handles), 4), frameon=False)
-  fig.tight_layout(rect=(0, (0.15 + 0.3 * legend_rows) / height, 1, 1))
+  fig.tight_layout(rect=(0, (0.15 + 0.3 * legend_rows) / height, 1, 1 - 0.45 / height))
   return fig
 
 
@@ -102,7 +115,8 @@ def plot_panels(rows: dict[str, dict[str, list[list[dict]]]], keys: list[str], p
                 titles: dict[str, str] | None = None, title: str = "",
                 only: dict[str, Callable[[str], bool]] | None = None) -> None:
   """A grid of panels, one per (named set of runs, metric key) that has data, at most
-  `MAX_COLUMNS` a row; one line (mean over seeds) and band (std) per labelled group of seeds."""
+  `MAX_COLUMNS` a row; one line (mean over seeds) and band (sample std) per labelled group of seeds; each named
+  set of runs starts a row of its own."""
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   fig = panels_figure(rows, keys, titles, title, only)
   fig.savefig(path, dpi=120)

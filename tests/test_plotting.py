@@ -19,7 +19,7 @@ def test_figure_has_units_one_legend_seeds_and_at_most_four_panels_a_row():
   assert len(axes) == 6
   columns = {round(ax.get_position().x0, 3) for ax in axes}
   assert len(columns) <= MAX_COLUMNS
-  assert fig._suptitle.get_text() == "digits (mean +- std over 3 seeds)"  # pylint: disable=protected-access
+  assert fig._suptitle.get_text() == "digits (mean +- sample std over 3 seeds)"  # pylint: disable=protected-access
   assert {ax.get_xlabel() for ax in axes} == {"rounds trained"}
   ylabels = {ax.get_title(): ax.get_ylabel() for ax in axes}
   assert ylabels["iid: test accuracy"] == "accuracy"
@@ -36,6 +36,24 @@ def test_figure_has_units_one_legend_seeds_and_at_most_four_panels_a_row():
   assert styles["FilFL"] == next((line.get_color(), line.get_linestyle(), line.get_marker())
                                  for line in filtered.get_lines())
   assert list(accuracy.get_lines()[0].get_xdata()) == [1, 2, 3, 4, 5]  # Rounds trained.
+
+
+def test_each_set_of_runs_starts_a_row_and_the_title_stays_clear_of_the_panels():
+  rows = {name: {"FedAvg": _runs(0.0), "FilFL": _runs(0.05)} for name in ("low", "high")}
+  keys = ["test_accuracy", "test_loss", "num_filtered", "test_accuracy", "test_loss"]
+  fig = panels_figure(rows, keys, title="synth")
+  axes = [ax for ax in fig.axes if ax.get_visible()]
+  assert len(axes) == 10
+  tops = {ax.get_title().split(":")[0]: set() for ax in axes}
+  for ax in axes:
+    tops[ax.get_title().split(":")[0]].add(round(ax.get_position().y0, 3))
+  assert not tops["low"] & tops["high"]  # No row holds panels of both.
+  renderer = fig.canvas.get_renderer()
+  title = fig._suptitle.get_window_extent(renderer)  # pylint: disable=protected-access
+  assert all(ax.title.get_window_extent(renderer).y1 <= title.y0 for ax in axes)
+  filtered = next(ax for ax in axes if ax.get_title() == "low: num filtered")
+  band = filtered.collections[0].get_paths()[0].vertices[:, 1]
+  assert (band.min(), band.max()) == (10.0, 12.0)  # 10, 11, 12 over seeds: mean 11, sample std 1.
 
 
 def test_one_seed_has_no_band_and_says_so():
