@@ -30,3 +30,14 @@ from fedjax_sel.selectors import random_selector, top_k_mask
 from fedjax_sel.server_optimizers import (ServerOptimizer, fedadagrad, fedadam, fedavgm, fedyogi,
                                           server_sgd)
 
+__all__ = [
+    "fedavg", "weighted_mean", "Availability", "uniform_availability", "AggregateInputs",
+    "Aggregator", "ClientState", "Filter", "Participation", "RoundInputs", "RoundOutcome",
+    "Selector", "everyone", "DATASETS", "DatasetSpec", "build_dataset", "ClientPool",
+    "FederatedDataset", "Costs", "EngineState", "LrSchedule", "Simulator", "constant_lr",
+    "step_decay_lr", "ClientMetrics", "client_gradients", "client_metrics", "LocalHParams",
+    "LocalResult", "local_train", "steps_per_client", "MODELS", "Model", "build_model", "Capacity",
+    "run", "run_batch", "summary_table", "RunBatch", "OortConfig", "oort_selector",
+    "random_selector", "top_k_mask", "ServerOptimizer", "fedadagrad", "fedadam", "fedavgm",
+    "fedyogi", "server_sgd",
+]

@@ -3,7 +3,7 @@
 Each factory returns an `Aggregator(init, apply)`; `apply(state, global_params, client_params,
 inputs)` returns the new global model; with no aggregated slot the global model is kept.
 
-Example:
+Examples:
   >>> import jax.numpy as jnp
   >>> from fedjax_sel.components import AggregateInputs
   >>> agg = fedavg(weighting="examples")
@@ -102,7 +102,7 @@ def _keep_if_empty(fn):
 def coordinate_median() -> Aggregator:
   """Coordinate-wise median of the aggregated models (mean of the two middle values for even n).
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> from fedjax_sel.components import AggregateInputs
     >>> stack = jnp.array([[1.], [9.], [3.], [100.]])

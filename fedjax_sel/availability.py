@@ -12,7 +12,7 @@ whose count varies draw at most that many, keeping a random subset when more are
 round with fewer than K available clients selects and trains those available (its metrics'
 `num_available` and `num_selected` say so).
 
-Example:
+Examples:
   >>> avail = uniform_availability(num_clients=10, num_available=4, period=5)
   >>> int(avail.sample(0, 3).sum()), bool((avail.sample(0, 3) == avail.sample(0, 4)).all())
   (4, True)
@@ -87,7 +87,7 @@ def probability_availability(probabilities, capacity: int | None = None,
   """Client k is available with probability `probabilities[k]`, independently of the others and
   of earlier draws, redrawn every `period` rounds; at most `capacity` at once (default N).
 
-  Example:
+  Examples:
     >>> avail = probability_availability([0.0, 1.0, 0.5])
     >>> mask = avail.sample(0, 7)
     >>> bool(mask[0]), bool(mask[1])
@@ -124,7 +124,7 @@ def diurnal_availability(num_clients: int, day_rounds: int = 24, mean: float = 0
   its phase uniform in [0, 1) drawn once from `phase_seed` (clients in different time zones);
   at most `capacity` at once (default N).
 
-  Example:
+  Examples:
     >>> avail = diurnal_availability(100, day_rounds=10, mean=0.5, amplitude=0.5)
     >>> int(avail.sample(0, 3).sum()) > 0
     True
@@ -224,7 +224,7 @@ def trace_availability(table, capacity: int | None = None) -> Availability:
   """Availability from a `[rounds, N]` bool table (`read_trace`), cycling past its end; at most
   `capacity` at once (default: the most the trace has available in one round).
 
-  Example:
+  Examples:
     >>> avail = trace_availability(np.array([[True, False], [False, True]]))
     >>> [avail.sample(0, t).tolist() for t in range(3)]
     [[True, False], [False, True], [True, False]]

@@ -13,7 +13,7 @@ leaf's shape and dtype against a template state (a state of another structure), 
 Writing goes to a temporary file, fsyncs it, renames it over the old one and fsyncs the folder, so
 a crash leaves either the old checkpoint or the new one.
 
-Example:
+Examples:
   >>> import jax.numpy as jnp, tempfile, os
   >>> path = os.path.join(tempfile.mkdtemp(), "ckpt.msgpack")
   >>> save(path, {"w": jnp.ones(3)}, {"seed": 0})

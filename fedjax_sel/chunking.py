@@ -3,7 +3,7 @@
 Sorting first keeps a chunk's members close in size, so a loop that runs to the chunk's largest
 client wastes little on padding; fixed-size chunks keep shapes static and bound memory.
 
-Example:
+Examples:
   >>> import jax.numpy as jnp
   >>> chunks = size_sorted_chunks(jnp.array([3, 9, 1, 5, 7]), chunk_size=2)
   >>> chunks.arrange(jnp.array([10, 11, 12, 13, 14]), fill=-1).tolist()

@@ -11,7 +11,7 @@ host callbacks, so the round has none.
 `CompileLog` counts the XLA compilations (and persistent cache hits) per function name from JAX's
 monitoring events, for benchmarks and for tests that a second run reuses a compiled round.
 
-Example:
+Examples:
   >>> import jax, jax.numpy as jnp
   >>> with CompileLog() as log:
   ...   _ = jax.jit(lambda a: a * 3.0)(jnp.ones(2))

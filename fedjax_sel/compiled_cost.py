@@ -1,6 +1,6 @@
 """What XLA's analyses of a compiled computation say it costs: planned memory and FLOPs.
 
-Example:
+Examples:
   >>> import jax, jax.numpy as jnp
   >>> compiled = jax.jit(lambda a: a @ a).lower(jnp.ones((8, 8))).compile()
   >>> flops(compiled)

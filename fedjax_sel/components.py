@@ -223,7 +223,7 @@ def describe(part) -> dict:
   fingerprint compares); a part built without one is described by the name of its function, with
   a warning that its settings are not covered.
 
-  Example:
+  Examples:
     >>> from fedjax_sel.selectors import power_of_choice
     >>> describe(power_of_choice(3, d=6))
     {'name': 'power_of_choice', 'k': 3, 'd': 6, 'variant': 'pow'}

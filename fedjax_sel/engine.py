@@ -7,7 +7,7 @@ job compiles nothing. Nothing in a round returns to the host; the client axis of
 sharded over all local devices when there are several. Several runs advance together in one
 compiled call with `runs.RunBatch`.
 
-Example:
+Examples:
   >>> import optax
   >>> from fedjax_sel import (DatasetSpec, build_dataset, build_model, fedavg, random_selector,
   ...                         uniform_availability)
@@ -65,7 +65,7 @@ class LrSchedule(NamedTuple):
   """Client learning rate of round t: `base * factor(t)`. The base is a run value (runs of one
   program may differ in it); the factor is part of the compiled program.
 
-  Example:
+  Examples:
     >>> s = step_decay_lr(0.1, 0.5, every=10)
     >>> [round(float(s(t)), 4) for t in (0, 9, 10, 25)]
     [0.1, 0.1, 0.05, 0.025]

@@ -74,7 +74,8 @@ def client_gradients(model: Model, params: Params, pool: ClientPool, clients: ja
   """Full-batch gradients of F_k (mean per-sample loss) at `params` for `clients [K]`.
 
   Args:
-    model, params: the model bundle and the point of evaluation.
+    model: the model bundle.
+    params: the point of evaluation.
     pool: the pool whose data defines F_k.
     clients: `[K]` client ids.
     batch_size: examples per client per inner step.

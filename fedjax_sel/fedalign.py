@@ -18,7 +18,7 @@ that eps_t follows a schedule from eps_0 to 0 at the last round (t' = t - warm-u
 Under partial participation (a selector sampling each group), F(w_t) is the mean over the priority
 clients sampled this round: the server hears only from them.
 
-Example:
+Examples:
   >>> import jax, jax.numpy as jnp
   >>> from fedjax_sel.components import ClientState, RoundInputs
   >>> rule = fedalign_rule(jnp.array([True, False, False, False]), rounds=10, eps0=0.2,
@@ -57,7 +57,7 @@ def eps_schedule(schedule: str | Schedule, eps0: float, rounds: int,
                  warmup_fraction: float) -> Schedule:
   """Round t -> eps_t for the rounds after the warm-up (see the module docstring).
 
-  Example:
+  Examples:
     >>> f = eps_schedule("linear", 0.2, rounds=12, warmup_fraction=0.1)   # 1 warm-up round.
     >>> [round(float(f(t)), 3) for t in (1, 6, 11)]
     [0.2, 0.1, 0.0]
@@ -206,7 +206,7 @@ def choose_priority(num_clients: int, *, count: int = 0, ids=(), classes=(), lab
   before every class holds one (two priority clients on one class would make the priority
   objective a narrower task than the `count` the user asked for).
 
-  Example:
+  Examples:
     >>> choose_priority(5, ids=[1, 3]).tolist()
     [False, True, False, True, False]
   """

@@ -25,7 +25,7 @@ part anyway with probability `reinclude_prob`, or after `reinclude_after` consec
 Robust aggregators (median, trimmed mean, Krum, Multi-Krum, FedASL) live in `aggregators.py`; any of
 them combines with this rule.
 
-Example:
+Examples:
   >>> import jax, jax.numpy as jnp
   >>> from fedjax_sel.components import ClientState, RoundInputs
   >>> rule = fedsrc_rule()

@@ -7,7 +7,7 @@ by kill -9, so a crashed job never leaves a stale lock) and writes the holder's 
 a second process is refused with that id. Within one process the lock is taken once per folder
 (the runner's per-run locks nest inside a launcher's).
 
-Example:
+Examples:
   >>> import tempfile
   >>> folder = tempfile.mkdtemp()
   >>> hold(folder) is hold(folder)   # Held once per process.

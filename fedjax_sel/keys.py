@@ -4,7 +4,7 @@
 in the client id on top, so a client's randomness does not depend on who else takes part and a run
 can resume at any round.
 
-Example:
+Examples:
   >>> k1 = client_keys(round_key(0, 3, TRAIN), jnp.array([5, 7]))
   >>> k2 = client_keys(round_key(0, 3, TRAIN), jnp.array([7]))
   >>> bool((k1[1] == k2[0]).all())

@@ -12,7 +12,7 @@ Models with state (BatchNorm) run in training mode: each client's running statis
 the global model's and are updated over the real examples of each of its batches; only the
 weights are optimized (and pulled towards w_t by FedProx).
 
-Example:
+Examples:
   >>> hp = LocalHParams(batch_size=10, num_epochs=2)
   >>> steps_per_client(jnp.array([25, 0, 10]), hp).tolist()
   [6, 0, 2]
@@ -276,7 +276,7 @@ def auto_chunk_size(cost: StepCost, budget_bytes: int, num_slots: int,
   time grows with its size, the size that pads `num_slots` least (padded slots compute like real
   ones), the largest on ties; on accelerators, the fewest chunks, evened out.
 
-  Example:
+  Examples:
     >>> auto_chunk_size(StepCost(bytes=2**20, flops=3e7), 2**30, 100, platform="gpu")
     100
     >>> auto_chunk_size(StepCost(bytes=2**20, flops=3e7), 2**30, 100, platform="cpu")

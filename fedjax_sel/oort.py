@@ -31,7 +31,7 @@ indexes past the end of the sorted scores (fewer explored clients than the explo
 the cut-off is 0, as in its later releases. Randomness: weighted draws without replacement are
 Gumbel top-k with the round's selection key.
 
-Example:
+Examples:
   >>> import jax, jax.numpy as jnp
   >>> from fedjax_sel.components import ClientState, RoundInputs
   >>> sel = oort_selector(2)

@@ -8,7 +8,7 @@ Two placements share one small interface (`arrays`, `step(state)`, `evaluate(par
   runs) or only the chosen clients' rows (stats streamed over the population in chunks, the
   round's choice planned from them), and evaluation streams the population in chunks.
 
-Example:
+Examples:
   >>> import numpy as np
   >>> from fedjax_sel.data.federated import ClientPool
   >>> pool = ClientPool.from_client_arrays([np.ones((3, 2)), np.zeros((1, 2))],
@@ -44,7 +44,7 @@ DEVICE_DATA_SHARE = {"cpu": 0.25, "other": 0.5}
 class Capacity(NamedTuple):
   """Static sizes a job's runs share: rows of each split and the largest client's training rows.
 
-  Example:
+  Examples:
     >>> from fedjax_sel import DatasetSpec, build_dataset
     >>> a, b = (build_dataset(DatasetSpec("digits", num_clients=10), seed=s) for s in (0, 1))
     >>> cap = Capacity.of([a, b])

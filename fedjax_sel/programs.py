@@ -6,7 +6,7 @@ same signature (another seed, learning rate or dataset of the same shapes) there
 compiled round instead of tracing and compiling it again, and JAX's persistent cache
 (`compilation.py`) carries the compiled programs over to the next process.
 
-Example:
+Examples:
   >>> import jax.numpy as jnp
   >>> from fedjax_sel.signature import Keyed
   >>> double = program(lambda cfg, x: x * cfg.value)

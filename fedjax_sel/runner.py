@@ -14,7 +14,7 @@ A round whose global model or losses are not finite stops the run (`NonFiniteErr
 round and the cause) after its record is written; `Simulator(..., nonfinite="exclude")` instead
 keeps non-finite local updates out of the aggregate and counts them.
 
-Example:
+Examples:
   >>> records = run(sim, rounds=5, out_dir="/tmp/run")   # doctest: +SKIP
 """
 
@@ -254,7 +254,7 @@ def run(sim: Simulator, rounds: int, out_dir: str | None = None, *, eval_every: 
 
   Args:
     sim: the simulator.
-    rounds: T.
+    rounds: rounds to train in all (T), counting resumed ones.
     out_dir: where `metrics.jsonl` and `checkpoint.msgpack` go (None: keep in memory only).
     eval_every: evaluate the global model every this many rounds (and at the last round).
     checkpoint_every: checkpoint period in rounds.
@@ -344,7 +344,13 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
 
   Args:
     batch: the `RunBatch`.
-    rounds, eval_every, checkpoint_every, resume, overwrite, progress, label: as in `run`.
+    rounds: as in `run`.
+    eval_every: as in `run`.
+    checkpoint_every: as in `run`.
+    resume: as in `run`.
+    overwrite: as in `run`.
+    progress: as in `run`.
+    label: as in `run`.
     out_dirs: one folder per run (None: keep in memory only).
     settings: per-run JSON-able settings for the fingerprints (e.g. the launcher's flags with the
       run's swept value).

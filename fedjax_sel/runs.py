@@ -19,7 +19,7 @@ Schedule decisions are taken for the batch as a whole: the round index is one un
 `lax.cond` runs one branch instead of both. Runs with the host store advance one by one (their
 rows are sent per run): build them as separate `Simulator`s.
 
-Example:
+Examples:
   >>> import optax
   >>> from fedjax_sel import (DatasetSpec, Simulator, build_dataset, build_model, fedavg,
   ...                         random_selector, uniform_availability, LocalHParams, Capacity)

@@ -3,7 +3,7 @@
 Each factory returns a `Selector(init, select, needs)`; `select(state, key, inputs, mask)` returns a
 `[N]` bool mask with `min(K, |mask|)` clients, all inside `mask`.
 
-Example:
+Examples:
   >>> import jax, jax.numpy as jnp
   >>> sel = random_selector(2)
   >>> mask = jnp.array([True, False, True, True])
@@ -197,7 +197,7 @@ def group_random_selector(groups, sizes: tuple[int, ...]) -> Selector:
   holds fewer); `groups` is an `[N]` int array of group ids 0..G-1 (e.g. FedALIGN's priority and
   non-priority clients under partial participation), kept in the selector's state.
 
-  Example:
+  Examples:
     >>> import jax, jax.numpy as jnp
     >>> sel = group_random_selector(jnp.array([0, 0, 1, 1, 1]), (1, 2))
     >>> chosen, _ = sel.select(sel.init(5, None), jax.random.PRNGKey(0), None, jnp.ones(5, bool))

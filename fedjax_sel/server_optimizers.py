@@ -23,7 +23,7 @@ tunes tau with the learning rate per task), server lr 1.0 for SGD and momentum (
 Only the trainable weights are stepped; a model's other state (BatchNorm's running statistics) is
 taken from the aggregate.
 
-Example:
+Examples:
   >>> import jax.numpy as jnp
   >>> opt = fedadam(lr=0.1, tau=0.01)
   >>> w, agg = jnp.array([1.0, 2.0]), jnp.array([0.5, 2.5])

@@ -12,7 +12,7 @@ array or number that differs gives another one: reuse is never silently wrong.
 Values that vary between runs (seed, learning rate, a selector's eps, FedSRC's target) live in run
 values or part state, not in closures, so that runs that differ only in them share one program.
 
-Example:
+Examples:
   >>> from fedjax_sel.selectors import random_selector
   >>> signature(random_selector(5).select) == signature(random_selector(5).select)
   True
@@ -106,7 +106,7 @@ def _filled(cell) -> bool:
 class Keyed:
   """Wraps `value` with a precomputed hash and equality on `key`: a cheap static jit argument.
 
-  Example:
+  Examples:
     >>> a, b = Keyed(("k", 1), object()), Keyed(("k", 1), object())
     >>> a == b, hash(a) == hash(b)
     (True, True)

@@ -17,7 +17,7 @@ aggregate, and the round lasts the deadline. The round's metrics carry `round_ti
 method reports. Not timed: the server's own work (aggregation, FilFL's filter on the public set) and
 DivFL's gradient refreshes (a selector-side statistic without a per-client count).
 
-Example:
+Examples:
   >>> import numpy as np
   >>> clock = Clock(SystemProfile(np.array([100.0, 50.0]), np.array([1e6, 1e6])), model_bytes=1e6)
   >>> client_times(clock, train=np.array([200, 100]), evaluated=np.array([0, 30]),
@@ -72,7 +72,7 @@ def lognormal_profiles(num_clients: int, seed: int = 0, speed_median: float = 10
   """Speeds and bandwidths drawn log-normally around their medians (device fleets span orders of
   magnitude; FedScale's device traces are heavy-tailed), independently per client, from `seed`.
 
-  Example:
+  Examples:
     >>> p = lognormal_profiles(1000, speed_median=100.0, speed_sigma=0.5)
     >>> 90 < float(np.median(p.speed)) < 110
     True

@@ -6,7 +6,7 @@ no TensorFlow; `pip install -e '.[tensorboard]'`): every number of a record beco
 run's `metrics.jsonl`. Pass its `write` as `fs.run(..., on_record=writer.write)`; the launchers do
 with `--tensorboard` (event files under each run's folder, `tensorboard --logdir=<out_dir>`).
 
-Example:
+Examples:
   >>> scalars({"round": 3, "test_accuracy": 0.9, "cost": {"uploads": 10.0}, "selected": [1, 2]})
   {'test_accuracy': 0.9, 'cost/uploads': 10.0}
 """

@@ -12,7 +12,7 @@ uniform mean of the m local models: `aggregators.fedavg("uniform")`.
 All selectors are pure and jit-able and work on any mask, so they compose with every filter,
 participation rule and aggregator.
 
-Example:
+Examples:
   >>> import jax, jax.numpy as jnp
   >>> from fedjax_sel.components import RoundInputs
   >>> sel = entropy_selector(2, eps=0.0)

@@ -3,3 +3,8 @@
 from fedjax_sel.data.federated import (ClientPool, FederatedDataset, device_pool, label_histogram,
                                        split_clients)
 from fedjax_sel.data.partition import PARTITIONS
+
+__all__ = [
+    "ClientPool", "FederatedDataset", "device_pool", "label_histogram", "split_clients",
+    "PARTITIONS",
+]

@@ -23,7 +23,7 @@ far clients alone a linear model settles between the two classes' gaps, shifted 
 and only the boundary clients' points pull it back. This is the paper's regime; pass equal gaps for
 the other. Scenario 3 adds a second reason: far regions admit many separating lines.
 
-Example:
+Examples:
   >>> data, is_boundary = boundary_dataset(BoundaryConfig(num_clients=10, num_boundary=2,
   ...                                                     samples_per_client=5), seed=0)
   >>> data.num_clients, int(is_boundary.sum()), data.feature_shape

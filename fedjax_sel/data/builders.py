@@ -1,6 +1,6 @@
 """Build a `FederatedDataset` by name: a source, a partition, per-client splits, a public set.
 
-Example:
+Examples:
   >>> data = build_dataset(DatasetSpec("digits", num_clients=20, partition="dirichlet"), seed=0)
   >>> data.num_clients, data.num_classes, data.feature_shape
   (20, 10, (8, 8, 1))

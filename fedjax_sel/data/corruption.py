@@ -9,7 +9,7 @@ Kinds:
 The training and validation splits of the bad clients are corrupted; test splits stay clean so that
 the global model is always scored on true labels. The bad clients are returned as a mask.
 
-Example:
+Examples:
   >>> data, bad = corrupt_clients(data, fraction=0.3, kinds=("shuffle",), seed=0)  # doctest: +SKIP
 """
 
@@ -96,7 +96,7 @@ def noisy_clients(data: FederatedDataset, clients: np.ndarray, label_noise: floa
   `irrelevant` share is replaced by points from an independent distribution: features
   N(offset, 1) per coordinate, labels uniform over the C classes.
 
-  Example:
+  Examples:
     >>> import numpy as np
     >>> from fedjax_sel.data.builders import DatasetSpec, build_dataset
     >>> data = build_dataset(DatasetSpec("synth", num_clients=4), seed=0)

@@ -5,7 +5,7 @@ client k owns rows `offsets[k] : offsets[k] + counts[k]`. Storage carries no pad
 skewed client sizes cost nothing; batches are gathered by index with an example mask, and the
 compute loops bound their padding by processing clients sorted by size (see `local_training`).
 
-Example:
+Examples:
   >>> import numpy as np
   >>> pool = ClientPool.from_client_arrays(
   ...     [np.zeros((3, 2)), np.ones((1, 2))], [np.array([0, 1, 1]), np.array([2])])

@@ -17,7 +17,7 @@ Where each runs: `Simulator` checks device-placed data whole when it is built; a
 (`store.open_store`) has its index arrays, owners and labels checked when opened (integer scans, cheap
 beside the features) and its features when rows are first read (`placement.HostPlacement`).
 
-Example:
+Examples:
   >>> import numpy as np
   >>> from fedjax_sel.data.federated import ClientPool
   >>> pool = ClientPool.from_client_arrays([np.ones((2, 3)), np.ones((1, 3))],

@@ -2,7 +2,7 @@
 
 Each returns a list of N index arrays into the pool; every example goes to at most one client.
 
-Example:
+Examples:
   >>> import numpy as np
   >>> y = np.repeat(np.arange(4), 10)
   >>> parts = uni_class(y, num_clients=4, num_classes=4, seed=0)

@@ -15,7 +15,7 @@ data add up (`integrity.py`): the index arrays, each row's owner, the labels and
 histogram. The features, the bulk of a store, are checked as rows are first read (the host
 placement checks each round's rows before it trains on them).
 
-Example:
+Examples:
   >>> import numpy as np
   >>> pool = ClientPool.from_client_arrays([np.ones((3, 2)), np.zeros((1, 2)), np.ones((2, 2))],
   ...                                      [np.array([0, 1, 0]), np.array([1]), np.array([1, 1])])

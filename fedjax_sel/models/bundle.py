@@ -1,6 +1,6 @@
 """The model bundle the engine uses without knowing the architecture.
 
-Example:
+Examples:
   >>> import jax, jax.numpy as jnp
   >>> model = build_model("logreg", input_shape=(8, 8, 1), num_classes=10)
   >>> params = model.init(jax.random.PRNGKey(0))

@@ -5,7 +5,7 @@ gradient is ~6x slower on XLA:CPU, and `lax.conv` inside a `lax.scan` is ~7x slo
 (measured in the README's Performance section). The patches formulation is only slices and a dot, which vmaps into a
 batched matmul on every backend. `impl="lax"` keeps the native convolution (better on GPU).
 
-Example:
+Examples:
   >>> import jax, jax.numpy as jnp
   >>> conv = PatchConv(features=4, kernel_size=(3, 3))
   >>> params = conv.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 2)))

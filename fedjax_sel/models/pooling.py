@@ -8,7 +8,7 @@ The LEAF CNN round ran about 25% faster with it on CPU (README, Performance). Gr
 `nn.max_pool`'s except where a window holds tied maxima (the gradient is then shared among them
 instead of going to the first).
 
-Example:
+Examples:
   >>> import jax.numpy as jnp
   >>> max_pool_2x2(jnp.arange(16.0).reshape(1, 4, 4, 1))[0, :, :, 0].tolist()
   [[5.0, 7.0], [13.0, 15.0]]
