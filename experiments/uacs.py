@@ -22,8 +22,9 @@ from absl import app, flags
 
 import fedjax_sel as fs
 from experiments import common, parts  # parts: --explore_prob.
-from fedjax_sel import uacs
+from fedjax_sel import checkpoint, uacs
 from fedjax_sel.data.boundary import SCENARIOS, BoundaryConfig, boundary_dataset, check_config
+from fedjax_sel.runner import CHECKPOINT_FILE
 
 FLAGS = flags.FLAGS
 flags.adopt_module_key_flags(common)  # --help lists the shared flags too.
@@ -132,7 +133,7 @@ def main(argv):
     options = common.engine_options([loaded[(scenario, s)][0] for s in seeds])
     for method in FLAGS.methods:
       label = uacs.METHODS[method]
-      jobs = []
+      jobs, keys = [], []
       for value in common.sweep_values():
         with common.swept(value):
           for seed in seeds:
@@ -156,8 +157,14 @@ def main(argv):
                   f"{np.flatnonzero(is_boundary).tolist()}")
             jobs.append(common.make_run(sim, (group, method, f"seed{seed}"),
                                         f"{group} {label} s{seed} ", extra))
+            keys.append(key)
       for suffix, group_runs in common.by_sweep(common.run_all(jobs), len(seeds)):
         runs[label + suffix] = group_runs
+      for key, job in zip(keys, jobs):  # Runs that finished earlier: read their final model back.
+        if key not in finals:
+          folder = os.path.join(FLAGS.out_dir, *job.path)
+          state, _ = checkpoint.load(os.path.join(folder, CHECKPOINT_FILE), job.sim.init())
+          finals[key] = (job.sim.model, state.params)
   if common.writer():  # Process 0 of a multi-host run.
     write_outputs(results, loaded, finals, scenarios)
 

@@ -376,10 +376,12 @@ def test_each_launchers_figure_reads_at_a_glance(tmp_path, launcher, args, name,
                                                  methods):
   """Drawn on a tiny job and read through matplotlib: a title with the setup and the seeds, at
   most four panels a row, every panel titled with labelled axes (rounds trained on the x of the
-  per-round panels), one legend off the data naming every method."""
-  (result,) = run_cases(launcher, [TINY + args + [f"--out_dir={tmp_path}/job"]], str(tmp_path),
-                        str(tmp_path))
+  per-round panels), one legend off the data naming every method; `--resume` on the finished job
+  draws the same figure from what it reads back."""
+  job = TINY + args + [f"--out_dir={tmp_path}/job"]
+  result, resumed = run_cases(launcher, [job, job + ["--resume"]], str(tmp_path), str(tmp_path))
   assert result["kind"] == "none", result
+  assert resumed["kind"] == "none" and resumed["figures"] == result["figures"], resumed
   figure = result["figures"][name]
   assert "2 seeds" in figure["title"] and ("N = " in figure["title"] or "UACS" in figure["title"])
   if panels is not None:
