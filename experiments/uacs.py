@@ -268,7 +268,8 @@ def plot(results, loaded, finals, scenarios, path):
     styles, markers = ("-", "--", "-.", ":"), ("o", "s", "^", "D")
     for i, (label, runs) in enumerate(results[group].items()):
       rounds, vals = metric_matrix(runs, "test_accuracy")
-      mean, std = vals.mean(0), vals.std(0)
+      mean = vals.mean(0)
+      std = vals.std(0, ddof=1) if len(runs) > 1 else np.zeros_like(mean)
       ax.plot(rounds + 1, mean, styles[i % 4], marker=markers[i % 4], color=f"C{i}",
               markevery=max(len(rounds) // 8, 1), ms=4, label=label)
       if len(runs) > 1:
@@ -296,10 +297,11 @@ def plot(results, loaded, finals, scenarios, path):
     ax.set_ylabel("share of rounds selected")
   handles, labels = axes[0][1].get_legend_handles_labels()
   fig.legend(handles, labels, loc="lower center", ncol=len(labels), frameon=False)
-  spread = f"mean +- std over {len(common.seeds())} seeds" if len(common.seeds()) > 1 else "1 seed"
+  spread = f"mean +- sample std over {len(common.seeds())} seeds" if len(common.seeds()) > 1 else "1 seed"
   fig.suptitle(f"UACS-FL: {FLAGS.clients_per_round} clients selected per round, "
                f"{FLAGS.rounds} rounds, eps = {FLAGS.explore_prob} ({spread})", fontsize=11)
-  fig.tight_layout(rect=(0, 0.5 / (4.4 * len(scenarios) + 0.8), 1, 1))
+  height = 4.4 * len(scenarios) + 0.8
+  fig.tight_layout(rect=(0, 0.5 / height, 1, 1 - 0.4 / height))
   fig.savefig(path, dpi=110)
   plt.close(fig)
 

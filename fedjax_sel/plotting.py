@@ -87,8 +87,10 @@ def panels_figure(rows: dict[str, dict[str, list[list[dict]]]], keys: list[str],
       std = vals.std(0, ddof=1) if len(runs) > 1 else np.zeros_like(mean)
       x = rounds + 1
       color = f"C{i % 10}"  # One color, style and marker per method in every panel.
+      step = max(len(x) // 8, 1)  # Markers shifted per method: equal curves show both.
       ax.plot(x, mean, STYLES[i % len(STYLES)], color=color, marker=MARKERS[i % len(MARKERS)],
-              markevery=max(len(x) // 8, 1), markersize=4, label=label)
+              markevery=(i * max(step // len(labels), 1) % step, step), markersize=4,
+              label=label)
       if len(runs) > 1:
         ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.15)
     name = (titles or {}).get(key, key.replace("_", " "))
