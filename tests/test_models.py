@@ -86,3 +86,28 @@ def test_narrow_resnet18_structure_and_gradients():
   g = jax.jit(jax.grad(lambda p: masked_mean_loss(model, p, x, jnp.array([1, 2]), jnp.ones(2))))(
       params)
   assert all(bool(jnp.isfinite(a).all()) for a in jax.tree.leaves(g))
+
+
+def test_a_models_own_loss_is_what_training_minimizes_and_statistics_report():
+  """Twice the cross-entropy at half the learning rate takes the same SGD steps as the default
+  loss; evaluation reports twice the loss and the same accuracy."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+
+  import fedjax_sel as fs  # pylint: disable=import-outside-toplevel
+
+  data = fs.build_dataset(fs.DatasetSpec("digits", num_clients=6), seed=0)
+  double = lambda logits, y: 2.0 * optax.softmax_cross_entropy_with_integer_labels(logits, y)
+  model = build_model("logreg", data.feature_shape, data.num_classes)
+  models = [model, model._replace(loss=double)]
+  runs = []
+  for model, lr in zip(models, (0.1, 0.05)):
+    sim = fs.Simulator(model, data, optimizer=optax.sgd, local=fs.LocalHParams(batch_size=8),
+                       availability=fs.uniform_availability(6, 6), selector=fs.random_selector(3),
+                       aggregator=fs.fedavg(), clients_per_round=3, seed=0,
+                       lr_schedule=fs.constant_lr(lr))
+    runs.append(fs.run(sim, rounds=2, progress=None))
+  default, own = runs
+  assert [r["selected"] for r in own] == [r["selected"] for r in default]
+  np.testing.assert_allclose(own[-1]["test_loss"], 2 * default[-1]["test_loss"], rtol=1e-5)
+  np.testing.assert_allclose(own[-1]["test_accuracy"], default[-1]["test_accuracy"], rtol=1e-6)

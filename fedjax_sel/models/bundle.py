@@ -31,6 +31,11 @@ class Model(NamedTuple):
   mask is 1)`, and its params are the flax variables `{"params": weights, "batch_stats": ...}`.
   Everything that averages models (aggregators, FilFL's candidate averages) then averages the
   statistics with the same weights as the weights; only `trainable(model, params)` is optimized.
+
+  `loss`, when set, is the per-example loss `(logits [B, C], labels [B]) -> [B]` that local
+  training minimizes and every loss statistic reports (F_k, FilFL's public loss, FedALIGN's and
+  FedSRC's comparisons); by default it is the softmax cross-entropy. Accuracy and predictive
+  entropy always read the logits as softmax scores.
   """
 
   init: Callable[[jax.Array], Params]
@@ -38,6 +43,14 @@ class Model(NamedTuple):
   num_classes: int
   name: str
   train_apply: Callable[[Params, jax.Array, jax.Array], tuple[jax.Array, Params]] | None = None
+  loss: Callable[[jax.Array, jax.Array], jax.Array] | None = None
+
+
+def logits_loss(model: Model, logits: jax.Array, y: jax.Array) -> jax.Array:
+  """The model's per-example loss `[B]` of `logits [B, C]` against labels `y [B]`."""
+  if model.loss is not None:
+    return model.loss(logits, y)
+  return optax.softmax_cross_entropy_with_integer_labels(logits, y)
 
 
 def trainable(model: Model, params: Params) -> Params:
@@ -57,11 +70,12 @@ def train_losses(model: Model, params: Params, x: jax.Array, y: jax.Array,
   if model.train_apply is None:
     return per_example_loss(model, params, x, y), params
   logits, new_params = model.train_apply(params, x, mask)
-  return optax.softmax_cross_entropy_with_integer_labels(logits, y), new_params
+  return logits_loss(model, logits, y), new_params
 
 
 class ExampleMetrics(NamedTuple):
-  """Per-example `[B]` loss (cross-entropy), correctness and predictive entropy (nats)."""
+  """Per-example `[B]` loss (the model's, cross-entropy by default), correctness and predictive
+  entropy (nats)."""
 
   loss: jax.Array
   correct: jax.Array
@@ -69,14 +83,17 @@ class ExampleMetrics(NamedTuple):
 
 
 def per_example_loss(model: Model, params: Params, x: jax.Array, y: jax.Array) -> jax.Array:
-  """Softmax cross-entropy of each example, `[B]`."""
-  return optax.softmax_cross_entropy_with_integer_labels(model.apply(params, x), y)
+  """The model's loss of each example, `[B]` (softmax cross-entropy unless `model.loss`)."""
+  return logits_loss(model, model.apply(params, x), y)
 
 
 def example_metrics(model: Model, params: Params, x: jax.Array, y: jax.Array) -> ExampleMetrics:
   logits = model.apply(params, x)
   logp = jax.nn.log_softmax(logits)
-  loss = -jnp.take_along_axis(logp, y[:, None].astype(jnp.int32), axis=1)[:, 0]
+  if model.loss is not None:
+    loss = model.loss(logits, y)
+  else:
+    loss = -jnp.take_along_axis(logp, y[:, None].astype(jnp.int32), axis=1)[:, 0]
   correct = (jnp.argmax(logits, axis=-1) == y).astype(jnp.float32)
   entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
   return ExampleMetrics(loss, correct, entropy)
@@ -84,24 +101,33 @@ def example_metrics(model: Model, params: Params, x: jax.Array, y: jax.Array) ->
 
 def masked_mean_loss(model: Model, params: Params, x: jax.Array, y: jax.Array,
                      mask: jax.Array) -> jax.Array:
-  """Mean cross-entropy over the examples where `mask` is 1 (0 when none are)."""
+  """Mean per-example loss over the examples where `mask` is 1 (0 when none are)."""
   losses = per_example_loss(model, params, x, y)
   return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
 def from_flax(module: nn.Module, input_shape: tuple[int, ...], num_classes: int, name: str,
-              input_dtype=jnp.float32, stateful: bool = False) -> Model:
+              input_dtype=jnp.float32, stateful: bool = False,
+              loss: Callable[[jax.Array, jax.Array], jax.Array] | None = None) -> Model:
   """Wraps a flax module whose `__call__(x)` returns logits.
 
   With `stateful`, the module takes `__call__(x, train, mask)` and keeps a `batch_stats`
-  collection; the model's params are then all its variables (see `Model`).
+  collection; the model's params are then all its variables (see `Model`). `loss` is the
+  per-example loss `(logits [B, C], labels [B]) -> [B]` (default: softmax cross-entropy).
+
+  Examples:
+    >>> import flax.linen as nn
+    >>> model = from_flax(nn.Dense(3), (4,), 3, "linear")
+    >>> params = model.init(jax.random.PRNGKey(0))
+    >>> model.apply(params, jnp.ones((2, 4))).shape
+    (2, 3)
   """
   dummy = jnp.zeros((1, *input_shape), input_dtype)
 
   if not stateful:
     return Model(lambda key: module.init(key, dummy)["params"],
                  lambda params, x: module.apply({"params": params}, x.astype(input_dtype)),
-                 num_classes, name)
+                 num_classes, name, loss=loss)
 
   def train_apply(params, x, mask):
     logits, updates = module.apply(params, x.astype(input_dtype), train=True, mask=mask,
@@ -110,7 +136,7 @@ def from_flax(module: nn.Module, input_shape: tuple[int, ...], num_classes: int,
 
   return Model(lambda key: dict(module.init(key, dummy)),
                lambda params, x: module.apply(params, x.astype(input_dtype)),
-               num_classes, name, train_apply)
+               num_classes, name, train_apply, loss)
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *,
