@@ -4,8 +4,8 @@ r"""FilFL launcher: client filtering (DGF / RGF) versus no filtering, with RS / 
 
 Defaults: digits, N=50 clients (Dirichlet 0.5), n=25 available, K=5 per round, 40% of the clients
 with shuffled labels, a 5% stratified public set, h=5, 40 rounds, 3 seeds. `--preset=cifar10|femnist|
-shakespeare` sets the paper's setups instead (SPEC section 1, listed in --help; explicit flags win;
-`--fedprox` adds the preset's FedProx mu):
+shakespeare` sets the paper's setups instead (docs/papers/filfl.md, "The paper's setups"; listed
+in --help; explicit flags win; `--fedprox` adds the preset's FedProx mu):
 
   python -m experiments.filfl --preset=cifar10 --data_dir=DIR       # TFDS cifar10, ArrayRecord
   python -m experiments.filfl --preset=femnist                      # data/leaf/femnist/*.json
@@ -48,7 +48,8 @@ flags.DEFINE_string("public_text", None, "Text file cut into 80-char windows as 
 flags.DEFINE_integer("public_size", None, "Keep at most this many public examples (a seeded "
                      "sample; m).", lower_bound=1)
 
-# SPEC section 1, "Paper settings". The test split is each client's own (20%, or LEAF's 10%).
+# docs/papers/filfl.md, "The paper's settings". The test split is each client's own (20%, or
+# LEAF's 10%).
 PRESETS = {
     "cifar10": dict(dataset="tfds", tfds_name="cifar10", partition="dirichlet",
                     dirichlet_alpha=0.5, num_clients=200, num_available=100,

@@ -63,7 +63,7 @@ def fedavg(weighting: str = "examples") -> Aggregator:
                     spec={"name": "fedavg", "weighting": weighting})
 
 
-# --- Robust aggregators (SPEC section 4) ------------------------------------------------------
+# --- Robust aggregators (docs/papers/fedsrc.md) -----------------------------------------------
 # They see all K slots and the mask of the slots to aggregate; masked-out slots never influence the
 # result. Statistics run in float32 and the result is cast back to each leaf's dtype (bfloat16
 # models sort and average in float32). With no aggregated slot the global model is kept.

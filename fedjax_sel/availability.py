@@ -1,4 +1,4 @@
-"""Client availability S_t: a pure function of (seed, round) (SPEC section 0, step 1).
+"""Client availability S_t: a pure function of (seed, round) (docs/engine.md, 'The round').
 
 Models:
   - `uniform_availability`: exactly n clients drawn uniformly, redrawn every `period` rounds.

@@ -1,10 +1,10 @@
 """The pluggable parts of a round, each a small pure pair in the style of optax.
 
-A round (SPEC section 0) is availability -> filter -> selector -> participation rule -> local training
--> aggregator -> state updates. Every part is a NamedTuple of pure, jit-able functions with explicit
-state and keys, static shapes and boolean masks over the N clients, so any filter composes with any
-selector, participation rule and aggregator. Each factory records its name and settings in the
-part's `spec` (`describe`), which a resumed run's fingerprint compares.
+A round (docs/engine.md, 'The round') is availability -> filter -> selector -> participation rule ->
+local training -> aggregator -> state updates. Every part is a NamedTuple of pure, jit-able
+functions with explicit state and keys, static shapes and boolean masks over the N clients, so any
+filter composes with any selector, participation rule and aggregator. Each factory records its name
+and settings in the part's `spec` (`describe`), which a resumed run's fingerprint compares.
 
 The engine enforces the parts' contracts: every mask a part returns is `[N]` bool (checked when the
 round is traced, naming the part); a filter's set lies inside the available clients, a selector's

@@ -1,4 +1,5 @@
-"""FedALIGN (SPEC section 2): prioritized FL in which non-priority clients join only when aligned.
+"""FedALIGN (docs/papers/fedalign.md): prioritized FL in which non-priority clients join only when
+aligned.
 
 A priority set P (a `[N]` mask) defines the objective F(w) = sum_{k in P} p_k F_k(w). Each round the
 server broadcasts w_t and F(w_t), the data-weighted mean of the priority clients' losses at w_t

@@ -1,4 +1,4 @@
-"""FedSRC (SPEC section 4): clients that decide themselves whether to train.
+"""FedSRC (docs/papers/fedsrc.md): clients that decide themselves whether to train.
 
 Each round the server sends the global model w_t and a threshold phi computed from the training
 losses the participants of the previous round reported. A sampled client k evaluates w_t on its own
@@ -72,7 +72,7 @@ def heterogeneity_index(label_hist, kappa: float = 0.7):
 
 
 class FedSRCConfig(NamedTuple):
-  """FedSRC's settings (SPEC section 4).
+  """FedSRC's settings (docs/papers/fedsrc.md).
 
   Attributes:
     mode: "paper" or "reference".
@@ -91,7 +91,7 @@ class FedSRCConfig(NamedTuple):
     reinclude_prob: q, probability that an abstaining client takes part anyway, in [0, 1].
     reinclude_after: consecutive abstentions after which a client takes part anyway (0 = never).
     reported_loss: what participants report for the next threshold: "train" (their mean loss over
-      local training, SPEC section 4) or "decision" (the loss they checked, at w_t: the same
+      local training, docs/papers/fedsrc.md) or "decision" (the loss they checked, at w_t: the same
       scale as the comparison; under label skew local training drives the training loss far
       below any client's loss at w_t, and the "train" threshold then starves participation).
     ref_beta: reference mode's multiplier of the sample std.
@@ -242,7 +242,7 @@ FORWARD_COST = 1.0 / 3.0  # A forward pass over one sample, in training-step-per
 
 
 class Savings(NamedTuple):
-  """Per-round `[T]` savings of the abstaining clients (SPEC section 4 cost model).
+  """Per-round `[T]` savings of the abstaining clients (docs/papers/fedsrc.md, 'Savings').
 
   Attributes:
     abstained: sampled clients that did not train.

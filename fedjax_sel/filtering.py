@@ -1,11 +1,12 @@
-"""FilFL client filtering (SPEC section 1): greedy DGF / RGF in one jit, exhaustive OPT, and the
-weak-submodularity check.
+"""FilFL client filtering (docs/papers/filfl.md): greedy DGF / RGF in one jit, exhaustive OPT, and
+the weak-submodularity check.
 
 The objective over subsets S of the available clients is R(S) = C - F^P(mean_{k in S} w^k), with
 F^P the mean loss on the server's public set and R(empty) = 0 (`empty_value="zero"`, the default and
-the reference code's choice) or C - F^P(w_t) (`"global"`: averaging no update leaves w_t). SPEC
-section 1 gives the measurement behind the default: with heterogeneity only, "global" kept ~5 of 25
-clients and could return the empty set for rounds in a row.
+the reference code's choice) or C - F^P(w_t) (`"global"`: averaging no update leaves w_t).
+docs/papers/filfl.md ("R of the empty set") gives the measurement behind the default: with
+heterogeneity only, "global" kept ~5 of 25 clients and could return the empty set for rounds in a
+row.
 
 `greedy_filter` is usable on its own from research code: stacked client models, a mask, a public
 batch and a loss function in; the kept mask and per-step gains out. The whole greedy pass is one

@@ -56,8 +56,8 @@ def weighted_sample_without_replacement(key: jax.Array, weights: jax.Array, mask
 
 
 def power_of_choice(k: int, d: int | None = None, variant: str = "pow") -> Selector:
-  """Power-of-choice (SPEC section 6): d candidates drawn with probability p_k = m_k / sum m, then
-  the K with the highest loss at w_t (ties to the lower index).
+  """Power-of-choice (docs/papers/filfl.md, 'Selectors after the filter'): d candidates drawn with
+  probability p_k = m_k / sum m, then the K with the highest loss at w_t (ties to the lower index).
 
   Args:
     k: K.
@@ -120,8 +120,8 @@ DIVFL_PROXIES = ("gradient", "update")
 
 
 def divfl(k: int, proxy: str = "gradient") -> Selector:
-  """DivFL (SPEC section 5): a stale table of gradient proxies for all N clients, greedy facility
-  location over the mask.
+  """DivFL (docs/papers/filfl.md, 'Selectors after the filter'): a stale table of gradient proxies
+  for all N clients, greedy facility location over the mask.
 
   The table is filled for every client from the full-batch gradients at round 0 (the round index
   decides, not the state: the selector starts with the run), then refreshed

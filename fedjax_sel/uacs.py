@@ -1,4 +1,4 @@
-"""UACS-FL (SPEC section 3): uncertainty-based active client selection, and its baselines.
+"""UACS-FL (docs/papers/uacs.md): uncertainty-based active client selection, and its baselines.
 
 The uncertainty of client i at the global model w_t is alpha_i, the mean over its samples of the
 predictive entropy H(x) = -sum_l P(y_l | x) log P(y_l | x) (natural log), which the engine computes

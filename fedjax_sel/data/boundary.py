@@ -1,4 +1,5 @@
-"""UACS-FL's 2-D boundary data (SPEC section 3): few clients near the decision boundary, many far.
+"""UACS-FL's 2-D boundary data (docs/papers/uacs.md): few clients near the decision boundary, many
+far.
 
 Binary labels come from a true line a*x1 + b*x2 + c = 0 (label 1 on the positive side) in the
 square [-domain, domain]^2. Of the N clients, `num_boundary` hold points near the line with both

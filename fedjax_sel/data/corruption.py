@@ -1,4 +1,5 @@
-"""Bad clients: corrupted labels or features on a chosen share of the clients (SPEC section 4).
+"""Bad clients: corrupted labels or features on a chosen share of the clients
+(docs/papers/fedsrc.md).
 
 Kinds:
   shuffle: every label replaced by a uniformly random class (over all C classes).
@@ -88,7 +89,7 @@ LABEL_NOISE_MODES = ("random", "flip")
 def noisy_clients(data: FederatedDataset, clients: np.ndarray, label_noise: float,
                   irrelevant: float, seed: int = 0, mode: str = "random",
                   offset: float = 3.0) -> FederatedDataset:
-  """FedALIGN's parameterized noise (SPEC section 2) on the training and validation data of
+  """FedALIGN's parameterized noise (docs/papers/fedalign.md) on the training and validation data of
   `clients` (`[N]` bool); test splits stay clean.
 
   Per client, a `label_noise` share of its examples gets a wrong label (`mode="random"`: a uniform

@@ -4,7 +4,7 @@
 - `load_idx`: MNIST-format IDX files (e.g. Fashion-MNIST from Debian's `dataset-fashion-mnist`).
 - `load_leaf_json`: LEAF's per-user JSON (FEMNIST, Shakespeare).
 - `load_tfds`: any image classification dataset through `tfds.data_source` (no TensorFlow needed).
-- `synthetic`: SYNTH(alpha, beta) of the FedProx paper (SPEC section 7), natively federated.
+- `synthetic`: SYNTH(alpha, beta) of the FedProx paper (docs/data.md), natively federated.
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def load_tfds(name: str, split: str = "train", data_dir: str | None = None) -> C
 def synthetic(alpha: float, beta: float, num_clients: int, seed: int, *, dim: int = 60,
               num_classes: int = 10, max_samples: int | None = None,
               ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-  """SYNTH(alpha, beta): per-client features and labels (SPEC section 7).
+  """SYNTH(alpha, beta): per-client features and labels (docs/data.md).
 
   alpha, beta are standard deviations: u_k ~ N(0, alpha^2), B_k ~ N(0, beta^2), W_k ~ N(u_k, 1),
   b_k ~ N(u_k, 1), v_k ~ N(B_k, 1), x ~ N(v_k, diag(j^-1.2)), y = argmax(x W_k + b_k),

@@ -173,7 +173,7 @@ def synth_store(folder: str, num_clients: int, *, alpha: float = 1.0, beta: floa
   and opens it; for 10^5-10^6 clients, which `sources.synthetic` would build in memory one client
   at a time.
 
-  The distribution is SYNTH's (SPEC section 7: u_k, B_k, W_k, b_k, v_k, x ~ N(v_k, diag(j^-1.2)),
+  The distribution is SYNTH's (docs/data.md: u_k, B_k, W_k, b_k, v_k, x ~ N(v_k, diag(j^-1.2)),
   y = argmax(x W_k + b_k), n_k = int(lognormal(4, 2)) + 50, capped at `max_samples`), drawn
   `block` clients at a time with vectorized numpy from per-block seeds (so not the same draws as
   `sources.synthetic` for the same seed). Each client's first `n_k - round(test_fraction n_k)`

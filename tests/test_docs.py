@@ -1,0 +1,98 @@
+"""The documentation: it builds with warnings as errors, its API reference covers the public
+namespace, its guides' code runs as written, and no file outside tests/ points outside the
+repository."""
+
+import ast
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import zlib
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+GUIDES = sorted((REPO / "docs" / "guides").glob("*.md"))
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+  """The site built by `mkdocs build --strict` (any warning fails the build)."""
+  out = tmp_path_factory.mktemp("site")
+  proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                         str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  return out
+
+
+def documented(site) -> set[str]:
+  """Every object the API reference documents, from the site's inventory (objects.inv)."""
+  raw = (site / "objects.inv").read_bytes()
+  body = zlib.decompress(raw.split(b"\n", 4)[4]).decode()
+  return {line.split()[0] for line in body.splitlines()}
+
+
+def public_definitions():
+  """(module, name) of every top-level public definition of every module, and every name of the
+  packages' `__all__`."""
+  for path in sorted((REPO / "fedjax_sel").rglob("*.py")):
+    module = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in tree.body:
+      if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+        names = [node.name]
+      elif isinstance(node, ast.Assign):
+        names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+      elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        names = [node.target.id]
+      else:
+        continue
+      for name in names:
+        if name == "__all__":
+          yield from ((module, n) for n in ast.literal_eval(node.value))
+        elif not name.startswith("_"):
+          yield module, name
+
+
+def test_docs_build_strictly_and_the_api_reference_covers_every_public_name(site):
+  names = documented(site)
+  missing = [f"{m}.{n}" for m, n in public_definitions() if f"{m}.{n}" not in names]
+  assert not missing, missing
+  exported = [n for m, n in public_definitions() if m == "fedjax_sel" and n[0].isupper()]
+  assert "Simulator" in exported and "fedjax_sel.Simulator" in names
+
+
+def test_every_page_is_in_the_nav_and_every_paper_page_shows_its_figure():
+  config = (REPO / "mkdocs.yml").read_text(encoding="utf-8")
+  pages = {str(p.relative_to(REPO / "docs")) for p in (REPO / "docs").rglob("*.md")}
+  assert pages == set(re.findall(r":\s+(\S+\.md)$", config, re.M))
+  for paper in ("filfl", "fedalign", "uacs", "fedsrc"):
+    text = (REPO / "docs" / "papers" / f"{paper}.md").read_text(encoding="utf-8")
+    figures = re.findall(r"!\[[^\]]*\]\((figures/[^)]+)\)\n\n\*Drawn by `python -m experiments",
+                         text)
+    assert figures and all((REPO / "docs" / "papers" / f).exists() for f in figures), paper
+
+
+@pytest.mark.parametrize("page", GUIDES, ids=[p.stem for p in GUIDES])
+def test_guide_code_runs_as_written(page, tmp_path, monkeypatch, capsys):
+  blocks = re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
+  assert blocks
+  monkeypatch.chdir(tmp_path)
+  exec(compile("\n".join(blocks), str(page), "exec"), {"__name__": "__main__"})  # pylint: disable=exec-used
+  assert capsys.readouterr().out.strip()  # Every guide prints what it shows.
+
+
+def test_no_file_outside_tests_points_outside_the_repository():
+  files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+                         cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+  pattern = re.compile(r"\.\./shared|SPEC\.md|SPEC section|PERF_NOTES\.md")
+  offenders = []
+  for name in files:
+    path = REPO / name
+    if name.startswith("tests/") or not path.is_file() or path.suffix in (".png", ".pdf"):
+      continue
+    text = path.read_text(encoding="utf-8", errors="ignore")
+    offenders += [f"{name}:{i + 1}" for i, line in enumerate(text.splitlines())
+                  if pattern.search(line)]
+  assert not offenders, offenders
