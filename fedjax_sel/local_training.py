@@ -204,7 +204,7 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
                      layout.unarrange(loss_sq))
 
 
-# CPU defaults, from chunk sweeps at K = 100 on a 2-core x86_64 machine (README, Performance):
+# CPU defaults, from chunk sweeps at K = 100 on a 2-core x86_64 machine (docs/performance.md):
 # XLA:CPU runs a vmapped chunk's per-client GEMMs as batched dots, which beat plain ones only when
 # each client's step does real work; a few clients per chunk also keep the working set in cache.
 # Logistic regression (1 MFLOP per client step): a bare loop of 200 client steps took 7.8 ms at 1

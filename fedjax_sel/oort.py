@@ -1,5 +1,6 @@
 """Oort (Lai et al., "Oort: Efficient Federated Learning via Guided Participant Selection", OSDI
-2021) as a pure `Selector` over client-state arrays, with FedScale's defaults and rules.
+2021) as a pure `Selector` over client-state arrays, with FedScale's defaults and rules
+(docs/papers/beyond.md).
 
 Each client has a statistical utility (its reward: `|B_k| sqrt(mean of the squared per-sample
 training losses)` from its last participation, its data size m_k before it took part), a duration

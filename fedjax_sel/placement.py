@@ -1,4 +1,4 @@
-"""Where the clients' data live and how a round's rows reach the device.
+"""Where the clients' data live and how a round's rows reach the device (docs/scale.md).
 
 Two placements share one small interface (`arrays`, `step(state)`, `evaluate(params)`):
 - `DevicePlacement`: every client's data on the device for the whole run (the fast default while

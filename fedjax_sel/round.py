@@ -1,4 +1,5 @@
-"""One round as a pure function of (static config, state, data, run values): the engine's core.
+"""One round as a pure function of (static config, state, data, run values): the engine's core
+(docs/engine.md).
 
 A round runs these stages, each a function below (the part types are in `components.py`):
 availability -> client stats -> filter -> select -> participate -> train -> aggregate -> client
@@ -49,7 +50,7 @@ from fedjax_sel.system import client_times
 
 
 class Costs(NamedTuple):
-  """Cumulative cost counters (the README's "Outputs" lists them in the metrics).
+  """Cumulative cost counters (docs/workflow.md, "Outputs", lists them in the metrics).
 
   Attributes:
     client_eval_samples: samples evaluated by clients (forward passes for selection / rules).

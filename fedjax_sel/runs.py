@@ -7,7 +7,7 @@ FedSRC's target and beta) and stacks their states, data and run values on a lead
 Its `step` runs one round of every run: the round is `vmap`ped over chunks of `runs_chunk` runs
 (axis name "runs"), and the chunks are looped inside the compiled call (`lax.map`); chunks of one
 run loop without any vmap. On CPU, wide vmaps of models with real work per client are slower than
-a loop (see the README's "Compile once, run many"), so `auto_runs_chunk` vmaps the runs only for
+a loop (see docs/engine.md, "Compile once, run many"), so `auto_runs_chunk` vmaps the runs only for
 tiny models there; on accelerators it vmaps them all.
 
 With several devices in one process and every run vmapped, the runs shard over the devices (a
@@ -101,7 +101,7 @@ def _batched_evaluate(cfg, params, arrays):
 
 # On CPU, runs are vmapped together only when a client step is below this many FLOPs (logistic
 # regression: dispatch-bound); the digits MLP (5 MFLOP) measured 1.14x at R = 4 but 0.92x at
-# R = 16 vmapped, and the LEAF CNN is compute-bound (README, "Compile once, run many").
+# R = 16 vmapped, and the LEAF CNN is compute-bound (docs/performance.md, "Runs axis").
 CPU_RUNS_VMAP_FLOPS = 1e6
 
 

@@ -1,4 +1,5 @@
-"""Server optimizers: the round's aggregate as a pseudo-gradient for an optax transform.
+"""Server optimizers: the round's aggregate as a pseudo-gradient for an optax transform
+(docs/papers/beyond.md).
 
 After the aggregator combines the clients' models into `w_agg`, a server optimizer treats
 `g_t = w_t - w_agg` (the negative of the mean update Delta_t) as a gradient and steps the global

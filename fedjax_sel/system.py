@@ -1,4 +1,5 @@
-"""System heterogeneity and a simulated clock: how long each client and each round take.
+"""System heterogeneity and a simulated clock: how long each client and each round take
+(docs/papers/beyond.md).
 
 A `SystemProfile` gives every client a compute speed (training samples per second) and a network
 bandwidth (bytes per second, for the model's download and upload). From what a client did in a

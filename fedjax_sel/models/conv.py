@@ -1,8 +1,8 @@
 """A 2-D convolution as shifted slices + one matmul, with `flax.linen.Conv`'s parameters.
 
 Why: `vmap` over clients turns `lax.conv` with a per-client kernel into a grouped convolution whose
-gradient is ~6x slower on XLA:CPU, and `lax.conv` inside a `lax.scan` is ~7x slower again
-(measured in the README's Performance section). The patches formulation is only slices and a dot, which vmaps into a
+gradient is ~6x slower on XLA:CPU, and `lax.conv` inside a `lax.scan` is ~7x slower again (measured
+in docs/performance.md). The patches formulation is only slices and a dot, which vmaps into a
 batched matmul on every backend. `impl="lax"` keeps the native convolution (better on GPU).
 
 Examples:

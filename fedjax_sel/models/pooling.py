@@ -4,7 +4,7 @@ Why: `nn.max_pool` lowers to `reduce_window`, whose gradient is a `select_and_sc
 XLA:CPU runs slowly; on even-sized inputs the non-overlapping 2x2 windows are a reshape away, and
 the max over the window axes differentiates into plain elementwise ops. The forward pass keeps
 `reduce_window` (faster than the reshaped max on CPU); only the gradient takes the reshaped form.
-The LEAF CNN round ran about 25% faster with it on CPU (README, Performance). Gradients equal
+The LEAF CNN round ran about 25% faster with it on CPU (docs/performance.md). Gradients equal
 `nn.max_pool`'s except where a window holds tied maxima (the gradient is then shared among them
 instead of going to the first).
 
