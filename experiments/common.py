@@ -321,6 +321,11 @@ class Run(NamedTuple):
   extra: Callable | None = None
   settings: dict | None = None
 
+  @property
+  def folder(self) -> str:
+    """`<out_dir>/<path...>`: where the run's metrics and checkpoint go."""
+    return os.path.join(FLAGS.out_dir, *self.path)
+
 
 def swept_suffix() -> str:
   """" NAME=V" of the value `swept` holds now ("" without --sweep): the label suffix of its runs."""
@@ -361,7 +366,7 @@ def run_all(runs: list[Run]) -> list[list[dict]]:
             for r in runs]
   label = os.path.commonprefix([r.label for r in runs]).rsplit(" ", 1)[0].strip()
   label = f"{label} ({len(runs)} runs) " if label else f"({len(runs)} runs) "
-  folders = [os.path.join(FLAGS.out_dir, *r.path) for r in runs]
+  folders = [r.folder for r in runs]
   try:
     with trackers(folders) as on_records:
       batch = fs.RunBatch([r.sim for r in runs])

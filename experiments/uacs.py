@@ -162,8 +162,8 @@ def main(argv):
         runs[label + suffix] = group_runs
       for key, job in zip(keys, jobs):  # Runs that finished earlier: read their final model back.
         if key not in finals:
-          folder = os.path.join(FLAGS.out_dir, *job.path)
-          state, _ = checkpoint.load(os.path.join(folder, CHECKPOINT_FILE), job.sim.init())
+          path = os.path.join(job.folder, CHECKPOINT_FILE)
+          state, _ = checkpoint.load(path, job.sim.init())
           finals[key] = (job.sim.model, state.params)
   if common.writer():  # Process 0 of a multi-host run.
     write_outputs(results, loaded, finals, scenarios)
@@ -229,7 +229,7 @@ def plot(results, loaded, finals, scenarios, path):
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
 
-  from fedjax_sel.plotting import metric_matrix  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.plotting import metric_matrix, seed_spread  # pylint: disable=import-outside-toplevel
   seed = common.seeds()[0]
   fig, axes = plt.subplots(len(scenarios), 3, figsize=(15, 4.4 * len(scenarios) + 0.8),
                            squeeze=False)
@@ -268,8 +268,7 @@ def plot(results, loaded, finals, scenarios, path):
     styles, markers = ("-", "--", "-.", ":"), ("o", "s", "^", "D")
     for i, (label, runs) in enumerate(results[group].items()):
       rounds, vals = metric_matrix(runs, "test_accuracy")
-      mean = vals.mean(0)
-      std = vals.std(0, ddof=1) if len(runs) > 1 else np.zeros_like(mean)
+      mean, std = seed_spread(vals)
       ax.plot(rounds + 1, mean, styles[i % 4], marker=markers[i % 4], color=f"C{i}",
               markevery=max(len(rounds) // 8, 1), ms=4, label=label)
       if len(runs) > 1:
@@ -297,7 +296,8 @@ def plot(results, loaded, finals, scenarios, path):
     ax.set_ylabel("share of rounds selected")
   handles, labels = axes[0][1].get_legend_handles_labels()
   fig.legend(handles, labels, loc="lower center", ncol=len(labels), frameon=False)
-  spread = f"mean +- sample std over {len(common.seeds())} seeds" if len(common.seeds()) > 1 else "1 seed"
+  seeds = len(common.seeds())
+  spread = f"mean +- sample std over {seeds} seeds" if seeds > 1 else "1 seed"
   fig.suptitle(f"UACS-FL: {FLAGS.clients_per_round} clients selected per round, "
                f"{FLAGS.rounds} rounds, eps = {FLAGS.explore_prob} ({spread})", fontsize=11)
   height = 4.4 * len(scenarios) + 0.8

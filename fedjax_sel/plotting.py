@@ -36,6 +36,13 @@ def unit_of(key: str) -> str:
   return next((unit for name, unit in UNITS if name in key), key.replace("_", " "))
 
 
+def seed_spread(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Mean and sample standard deviation over the seeds (axis 0) of `[seeds, rounds]` values;
+  a zero spread for one seed."""
+  mean = values.mean(0)
+  return mean, values.std(0, ddof=1) if len(values) > 1 else np.zeros_like(mean)
+
+
 def metric_matrix(runs: list[list[dict]], key: str) -> tuple[np.ndarray, np.ndarray]:
   """(rounds, [seeds, rounds] values) of `key` over the rounds every seed recorded it."""
   per_seed = [{r["round"]: r[key] for r in recs if key in r} for recs in runs]
@@ -83,8 +90,7 @@ def panels_figure(rows: dict[str, dict[str, list[list[dict]]]], keys: list[str],
     for label, runs in drawn.items():
       i = labels.index(label)
       rounds, vals = metric_matrix(runs, key)
-      mean = vals.mean(0)
-      std = vals.std(0, ddof=1) if len(runs) > 1 else np.zeros_like(mean)
+      mean, std = seed_spread(vals)
       x = rounds + 1
       color = f"C{i % 10}"  # One color, style and marker per method in every panel.
       step = max(len(x) // 8, 1)  # Markers shifted per method: equal curves show both.
@@ -117,8 +123,8 @@ def plot_panels(rows: dict[str, dict[str, list[list[dict]]]], keys: list[str], p
                 titles: dict[str, str] | None = None, title: str = "",
                 only: dict[str, Callable[[str], bool]] | None = None) -> None:
   """A grid of panels, one per (named set of runs, metric key) that has data, at most
-  `MAX_COLUMNS` a row; one line (mean over seeds) and band (sample std) per labelled group of seeds; each named
-  set of runs starts a row of its own."""
+  `MAX_COLUMNS` a row; one line (mean over seeds) and band (sample std) per labelled group of
+  seeds; each named set of runs starts a row of its own."""
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   fig = panels_figure(rows, keys, titles, title, only)
   fig.savefig(path, dpi=120)
