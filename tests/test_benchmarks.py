@@ -25,6 +25,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     pytest.param("population_scaling --sweep=k", {"selector", "store", "K", "round_ms"}, "machine",
                  marks=pytest.mark.slow),
     pytest.param("time_to_result", {"table"}, "tables", marks=pytest.mark.slow),
+    pytest.param("peers", {"model", "K", "ours"}, "time_split", marks=pytest.mark.slow),
 ])
 def test_benchmark_quick_mode(tmp_path, script, keys, extra):
   script, *args = script.split()
@@ -39,3 +40,18 @@ def test_benchmark_quick_mode(tmp_path, script, keys, extra):
   table = (tmp_path / f"{script}_quick.md").read_text(encoding="utf-8")
   rows = [line for line in table.splitlines() if line.startswith("| ")]
   assert len(rows) >= 2 and table.splitlines()[-1].startswith("| ")
+
+
+@pytest.mark.parametrize("name", ["logreg", "mlp", "leaf_cnn", "cifar_cnn", "resnet18"])
+def test_peer_models_are_ours_in_pytorch(name):
+  """The peers train the same network: the PyTorch twin has our parameter count, layer by layer
+  in total (runs where torch is installed, e.g. with the `peers` extra)."""
+  pytest.importorskip("torch")
+  import jax  # pylint: disable=import-outside-toplevel
+  import fedjax_sel as fs  # pylint: disable=import-outside-toplevel
+  from benchmarks import peer_worker  # pylint: disable=import-outside-toplevel
+  shape, classes = peer_worker.SHAPES[name]
+  ours = fs.build_model(name, shape, classes, width=16).init(jax.random.PRNGKey(0))
+  theirs = peer_worker.torch_net(name, 16)
+  assert sum(p.numel() for p in theirs.parameters()) == sum(
+      x.size for x in jax.tree.leaves(ours))
