@@ -38,9 +38,8 @@ FRAMEWORKS = ("ours", "torch_loop", "pfl")
 LR = 0.05
 
 
-def make_data(model: str, clients: int, samples: int, seed: int):
-  """`x [K*S, H, W, C]` float32 in [0, 1) and `y [K*S]` int labels, client k owning rows k*S..."""
-  shape, classes = SHAPES[model]
+def make_data(shape: tuple[int, ...], classes: int, clients: int, samples: int, seed: int):
+  """`x [K*S, *shape]` float32 in [0, 1) and `y [K*S]` int labels, client k owning rows k*S..."""
   rng = np.random.default_rng(seed)
   x = rng.random((clients * samples, *shape), dtype=np.float32)
   y = rng.integers(0, classes, clients * samples).astype(np.int32)
@@ -86,21 +85,18 @@ def torch_net(model: str, width: int):
   return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes))
 
 
-def torch_loop_round(args):
-  """A runner for one FedAvg round as a PyTorch loop over clients."""
+def torch_fedavg(net, x, y, clients: int, samples: int, batch_size: int):
+  """A runner for FedAvg rounds as a PyTorch loop over clients: `x [K*S, C, H, W]`, `y [K*S]`
+  int64 tensors, client k owning rows k*S...; each call trains every client from the global state
+  (one SGD step per batch) and makes their mean the new global state."""
   import torch  # pylint: disable=import-outside-toplevel
-  torch.set_num_threads(args.threads)
-  x, y = make_data(args.model, args.clients, args.samples, args.seed)
-  x = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
-  y = torch.from_numpy(y.astype(np.int64))
-  net = torch_net(args.model, args.width)
   global_state = {k: v.clone() for k, v in net.state_dict().items()}
   loss_fn = torch.nn.CrossEntropyLoss()
-  s, b = args.samples, args.batch_size
+  s, b = samples, batch_size
 
   def run():
     acc = {k: torch.zeros_like(v) for k, v in global_state.items()}
-    for c in range(args.clients):
+    for c in range(clients):
       net.load_state_dict(global_state)
       opt = torch.optim.SGD(net.parameters(), lr=LR)
       for i in range(0, s, b):
@@ -108,9 +104,20 @@ def torch_loop_round(args):
         loss_fn(net(x[c * s + i:c * s + i + b]), y[c * s + i:c * s + i + b]).backward()
         opt.step()
       for k, v in net.state_dict().items():
-        acc[k] += v / args.clients
+        acc[k] += v / clients
     global_state.update(acc)
   return run
+
+
+def torch_loop_round(args):
+  """A runner for one FedAvg round as a PyTorch loop over clients."""
+  import torch  # pylint: disable=import-outside-toplevel
+  torch.set_num_threads(args.threads)
+  x, y = make_data(*SHAPES[args.model], args.clients, args.samples, args.seed)
+  return torch_fedavg(torch_net(args.model, args.width),
+                      torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))),
+                      torch.from_numpy(y.astype(np.int64)), args.clients, args.samples,
+                      args.batch_size)
 
 
 def pfl_round(args):
@@ -142,7 +149,7 @@ def pfl_round(args):
       with torch.no_grad():
         return {"loss": Weighted(float(self.loss(x, y, eval)) * len(y), len(y))}
 
-  x, y = make_data(args.model, args.clients, args.samples, args.seed)
+  x, y = make_data(*SHAPES[args.model], args.clients, args.samples, args.seed)
   x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
   s = args.samples
   users = {u: [torch.from_numpy(x[u * s:(u + 1) * s]),
@@ -176,13 +183,12 @@ def ours_round(args):
   import optax
 
   import fedjax_sel as fs
-  from fedjax_sel.data.federated import ClientPool, device_pool
+  from benchmarks.round_throughput import make_pool
+  from fedjax_sel.data.federated import device_pool
   from fedjax_sel.local_training import auto_chunk_size, default_memory_budget, step_cost
   shape, classes = SHAPES[args.model]
-  x, y = make_data(args.model, args.clients, args.samples, args.seed)
-  k, s = args.clients, args.samples
-  pool = ClientPool(x, y, np.repeat(np.arange(k, dtype=np.int32), s),
-                    (np.arange(k) * s).astype(np.int32), np.full(k, s, np.int32))
+  k = args.clients
+  pool = make_pool(k, args.samples, shape, classes, args.seed)
   model = fs.build_model(args.model, shape, classes, width=args.width)
   params = model.init(jax.random.PRNGKey(args.seed))
   sgd = lambda lr: optax.sgd(lr)

@@ -29,6 +29,7 @@ from absl import app, flags
 
 import fedjax_sel as fs
 from benchmarks.common import markdown_table, median_time, peak_gflops, write_results
+from benchmarks.peer_worker import SHAPES, make_data, torch_fedavg, torch_net
 from fedjax_sel.compiled_cost import planned_bytes
 from fedjax_sel.data.federated import ClientPool, device_pool
 from fedjax_sel.local_training import auto_chunk_size, default_memory_budget, step_cost
@@ -39,7 +40,6 @@ flags.DEFINE_integer("samples_per_client", 64, "S.")
 flags.DEFINE_integer("batch_size", 32, "B.")
 flags.DEFINE_integer("reps", 3, "Timed repetitions (median).")
 
-SHAPES = {"logreg": ((28, 28, 1), 10), "mlp": ((28, 28, 1), 10), "leaf_cnn": ((28, 28, 1), 62)}
 LR = 0.05
 
 
@@ -51,9 +51,7 @@ def grid(quick: bool):
 
 
 def make_pool(k, s, shape, classes, seed=0):
-  rng = np.random.default_rng(seed)
-  x = rng.random((k * s, *shape), dtype=np.float32)
-  y = rng.integers(0, classes, k * s).astype(np.int32)
+  x, y = make_data(shape, classes, k, s, seed)  # The arrays every framework of peers.py trains.
   return ClientPool(x, y, np.repeat(np.arange(k, dtype=np.int32), s),
                     (np.arange(k) * s).astype(np.int32), np.full(k, s, np.int32))
 
@@ -112,40 +110,14 @@ def central(model, params, pool, batch):
   return run
 
 
-def torch_loop(name, pool, k, s, b, classes):
-  """Returns a runner, or None when torch is not installed."""
+def torch_loop(name, pool, k, s, b):
+  """Returns a runner (the peers' PyTorch loop on these arrays), or None without torch."""
   try:
     import torch  # pylint: disable=import-outside-toplevel
   except ImportError:
     return None
-  nn = torch.nn
-  if name == "logreg":
-    net = nn.Sequential(nn.Flatten(), nn.Linear(784, classes))
-  elif name == "mlp":
-    net = nn.Sequential(nn.Flatten(), nn.Linear(784, 200), nn.ReLU(), nn.Linear(200, 200), nn.ReLU(),
-                        nn.Linear(200, classes))
-  else:
-    net = nn.Sequential(nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-                        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                        nn.Linear(3136, 2048), nn.ReLU(), nn.Linear(2048, classes))
-  x = torch.from_numpy(np.ascontiguousarray(pool.x.transpose(0, 3, 1, 2)))
-  y = torch.from_numpy(pool.y.astype(np.int64))
-  global_state = {kk: v.clone() for kk, v in net.state_dict().items()}
-  loss_fn = nn.CrossEntropyLoss()
-
-  def run():
-    acc = {kk: torch.zeros_like(v) for kk, v in global_state.items()}
-    for c in range(k):
-      net.load_state_dict(global_state)
-      opt = torch.optim.SGD(net.parameters(), lr=LR)
-      for i in range(0, s, b):
-        opt.zero_grad()
-        loss_fn(net(x[c * s + i:c * s + i + b]), y[c * s + i:c * s + i + b]).backward()
-        opt.step()
-      for kk, v in net.state_dict().items():
-        acc[kk] += v / k
-    return None
-  return run
+  return torch_fedavg(torch_net(name, 16), torch.from_numpy(np.ascontiguousarray(
+      pool.x.transpose(0, 3, 1, 2))), torch.from_numpy(pool.y.astype(np.int64)), k, s, b)
 
 
 def chunk_ablation(s: int, b: int, reps: int) -> list[dict]:
@@ -214,7 +186,7 @@ def main(argv):
     loop_pool = make_pool(loop_clients, s, shape, classes)
     row["jax_loop"] = loop_clients * s / median_time(jax_loop(model, params, loop_pool,
                                                               loop_clients, s, b), reps)
-    t = torch_loop(name, loop_pool, loop_clients, s, b, classes)
+    t = torch_loop(name, loop_pool, loop_clients, s, b)
     row["torch_loop"] = None if t is None else loop_clients * s / median_time(t, reps)
     row["central_B"] = n / median_time(central(model, params, pool, b), reps)
     row["central_KB"] = n / median_time(central(model, params, pool, k * b), reps)
