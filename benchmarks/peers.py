@@ -88,14 +88,14 @@ def has_pfl(python: str) -> bool:
                         check=False).returncode == 0
 
 
-def measure(model: str, clients: int, python: str | None, reps: int) -> tuple[dict, dict]:
-  """One table row (samples/s per framework, ratios) and our round's time split."""
+def measure(model: str, clients: int, python: str | None, peers: list[str],
+            reps: int) -> tuple[dict, dict]:
+  """One table row (samples/s per framework, ratios) and our round's time split; `peers` are the
+  frameworks `python` runs."""
   samples = clients * 64
   threads = sorted({1, os.cpu_count() or 1})
   workers = [Worker(sys.executable, "ours", model, clients, 1, FLAGS.width)]
-  if python is not None:
-    peers = ["torch_loop"] + (["pfl"] if has_pfl(python) else [])
-    workers += [Worker(python, f, model, clients, t, FLAGS.width) for f in peers for t in threads]
+  workers += [Worker(python, f, model, clients, t, FLAGS.width) for f in peers for t in threads]
   times = {w.label: [] for w in workers}
   for _ in range(reps):
     for w in workers:
@@ -118,13 +118,14 @@ def main(argv):
   python = peer_python()
   if python is None:
     print("No torch in this or a peers environment: peer columns left empty (see --help).")
+  peers = [] if python is None else ["torch_loop"] + (["pfl"] if has_pfl(python) else [])
   models, ks = (["leaf_cnn"], [4]) if FLAGS.quick else (FLAGS.models, [int(k) for k in FLAGS.clients])
   reps = 2 if FLAGS.quick else FLAGS.reps
   peak = peak_gflops()
   rows, splits = [], []
   for model in models:
     for k in ks:
-      row, split = measure(model, k, python, reps)
+      row, split = measure(model, k, python, peers, reps)
       time_s = split.get("gemm_s", 0.0) + split.get("other_s", 0.0)
       splits.append({"model": model, "K": k, "gemm_share": split.get("gemm_s", 0.0) / time_s,
                      "gemm_gflops": split["flops"] / split["gemm_s"] / 1e9,
