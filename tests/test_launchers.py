@@ -170,6 +170,7 @@ def bad_flag_results(tmp_path_factory):
           for launcher in sorted({c[0] for c in BAD_FLAGS})}
 
 
+@pytest.mark.xdist_group("bad_flags")  # One worker runs the module fixture's processes, once.
 @pytest.mark.parametrize("index", range(len(BAD_FLAGS)),
                          ids=[f"{c[0]}:{' '.join(c[1])}" for c in BAD_FLAGS])
 def test_bad_flags_fail_before_compute(bad_flag_results, index):

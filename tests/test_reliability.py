@@ -205,6 +205,7 @@ def launcher_results(tmp_path_factory):
   return results
 
 
+@pytest.mark.xdist_group("bad_launcher_input")  # One worker runs the fixture's processes, once.
 @pytest.mark.parametrize("index", range(len(LAUNCHER_CASES)),
                          ids=[f"{c[0]}:{' '.join(c[1])}" for c in LAUNCHER_CASES])
 def test_bad_launcher_input_fails_early_naming_it(launcher_results, index):
