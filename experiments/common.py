@@ -29,7 +29,7 @@ from fedjax_sel.data import sources
 from fedjax_sel.data.corruption import KINDS as CORRUPTION_KINDS
 from fedjax_sel.data.corruption import corrupt_clients, corruption_kinds
 from fedjax_sel.data.partition import PARTITIONS
-from fedjax_sel.models.conv import CONV_IMPLS
+from fedjax_sel.models import CONV_IMPLS, CONV_MODELS, resolve_conv_impl
 from fedjax_sel.runner import NonFiniteError
 from fedjax_sel.server_optimizers import SERVER_OPTIMIZERS, make_server_optimizer
 
@@ -82,8 +82,10 @@ flags.DEFINE_enum("norm", "group", ("group", "batch"), "Normalization layers of 
                   "during local training, averaged like the weights).")
 flags.DEFINE_integer("resnet_width", 64, "Channels of ResNet18's first stage (64 in the paper; "
                      "smaller for quick CPU runs).", lower_bound=2)
-flags.DEFINE_enum("conv_impl", "patches", CONV_IMPLS, "Convolution lowering (patches is fast "
-                  "under vmap on CPU).")
+flags.DEFINE_enum("conv_impl", "auto", CONV_IMPLS, "Convolution lowering: auto (oneDNN's CPU "
+                  "kernels on a single CPU device where the onednn extra is installed, else "
+                  "patches), patches (shifted slices and a matmul), lax (XLA's convolution) or "
+                  "onednn.")
 flags.DEFINE_float("lr", 0.1, "Client learning rate (eta_l), a finite number >= 0.",
                    lower_bound=0.0)
 flags.DEFINE_float("lr_decay", 1.0, "Multiply lr by this every --lr_decay_every rounds.",
@@ -239,6 +241,8 @@ def settings() -> dict:
     for flag in module_flags:
       if flag.name not in NOT_RESULTS:
         out[flag.name] = flag.value
+  if out.get("model") in CONV_MODELS and out.get("conv_impl") == "auto":
+    out["conv_impl"] = resolve_conv_impl("auto")  # What it stood for: lowerings round differently.
   return out
 
 
@@ -859,9 +863,12 @@ def model_for(data: fs.FederatedDataset) -> fs.Model:
     raise app.UsageError(f"--model={FLAGS.model} does not fit --dataset={FLAGS.dataset} "
                          f"({kind}); accepted: " + ", ".join(
                              m for m, ok in MODEL_INPUTS.items() if ok(data.feature_shape, text)))
-  return fs.build_model(FLAGS.model, data.feature_shape, data.num_classes,
-                        conv_impl=FLAGS.conv_impl, hidden=hidden, norm=FLAGS.norm,
-                        width=FLAGS.resnet_width)
+  try:
+    conv_impl = resolve_conv_impl(FLAGS.conv_impl) if FLAGS.model in CONV_MODELS else "patches"
+  except ValueError as e:
+    raise app.UsageError(f"--conv_impl={FLAGS.conv_impl}: {e}") from e
+  return fs.build_model(FLAGS.model, data.feature_shape, data.num_classes, conv_impl=conv_impl,
+                        hidden=hidden, norm=FLAGS.norm, width=FLAGS.resnet_width)
 
 
 def availability(redraw_first_period: bool = False) -> fs.Availability:

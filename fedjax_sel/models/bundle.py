@@ -18,9 +18,11 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_sel.models import modules
+from fedjax_sel.models.conv import CONV_IMPLS, resolve_conv_impl
 
 Params = Any
 MODELS = ("logreg", "mlp", "leaf_cnn", "cifar_cnn", "resnet18", "char_lstm")
+CONV_MODELS = ("leaf_cnn", "cifar_cnn", "resnet18")  # The ones `conv_impl` applies to.
 
 
 class Model(NamedTuple):
@@ -140,12 +142,16 @@ def from_flax(module: nn.Module, input_shape: tuple[int, ...], num_classes: int,
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *,
-                conv_impl: str = "patches", hidden: tuple[int, ...] = (200, 200),
+                conv_impl: str = "auto", hidden: tuple[int, ...] = (200, 200),
                 norm: str = "group", width: int = 64) -> Model:
   """Builds one of `MODELS` for inputs of `input_shape` (without the batch axis).
 
-  `norm` ("group" or "batch") and `width` (channels of the first stage) apply to resnet18.
+  `norm` ("group" or "batch") and `width` (channels of the first stage) apply to resnet18;
+  `conv_impl` (`conv.CONV_IMPLS`) to the convolutional models, resolved here (`resolve_conv_impl`:
+  "auto" is oneDNN's kernels on a single CPU device where installed, else the patches).
   """
+  if conv_impl not in CONV_IMPLS:
+    raise ValueError(f"conv impl must be one of {CONV_IMPLS}, got {conv_impl!r}")
   if norm not in modules.NORMS:
     raise ValueError(f"norm must be one of {modules.NORMS}, got {norm!r}")
   if width < 2:
@@ -155,12 +161,14 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *,
   if name == "mlp":
     return from_flax(modules.MLP(num_classes, tuple(hidden)), input_shape, num_classes, name)
   if name == "leaf_cnn":
-    return from_flax(modules.LeafCNN(num_classes, conv_impl), input_shape, num_classes, name)
+    return from_flax(modules.LeafCNN(num_classes, resolve_conv_impl(conv_impl)), input_shape,
+                     num_classes, name)
   if name == "cifar_cnn":
-    return from_flax(modules.CifarCNN(num_classes, conv_impl), input_shape, num_classes, name)
+    return from_flax(modules.CifarCNN(num_classes, resolve_conv_impl(conv_impl)), input_shape,
+                     num_classes, name)
   if name == "resnet18":
-    return from_flax(modules.ResNet18(num_classes, width, conv_impl, norm), input_shape,
-                     num_classes, name, stateful=norm == "batch")
+    return from_flax(modules.ResNet18(num_classes, width, resolve_conv_impl(conv_impl), norm),
+                     input_shape, num_classes, name, stateful=norm == "batch")
   if name == "char_lstm":
     return from_flax(modules.CharLSTM(num_classes), input_shape, num_classes, name, jnp.int32)
   raise ValueError(f"unknown model {name!r}; accepted: {', '.join(MODELS)}")

@@ -45,7 +45,7 @@ class MLP(nn.Module):
 
 class LeafCNN(nn.Module):
   num_classes: int = 62
-  conv_impl: str = "patches"
+  conv_impl: str = "auto"
 
   @nn.compact
   def __call__(self, x):
@@ -57,7 +57,7 @@ class LeafCNN(nn.Module):
 
 class CifarCNN(nn.Module):
   num_classes: int = 10
-  conv_impl: str = "patches"
+  conv_impl: str = "auto"
 
   @nn.compact
   def __call__(self, x):
@@ -112,7 +112,7 @@ class _Block(nn.Module):
 class ResNet18(nn.Module):
   num_classes: int = 10
   width: int = 64
-  conv_impl: str = "patches"
+  conv_impl: str = "auto"
   norm: str = "group"
 
   @nn.compact
