@@ -193,6 +193,11 @@ def ours_round(args):
   params = model.init(jax.random.PRNGKey(args.seed))
   sgd = lambda lr: optax.sgd(lr)
   cost = step_cost(model, sgd, fs.LocalHParams(args.batch_size), params, shape)
+  # XLA counts no FLOPs in oneDNN's custom calls: count the step's FLOPs on the patches lowering
+  # (the same products), lowered only.
+  patches = fs.build_model(args.model, shape, classes, width=args.width, conv_impl="patches")
+  step_flops = step_cost(patches, sgd, fs.LocalHParams(args.batch_size), params, shape,
+                         bytes_from_flops=float("inf")).flops
   hp = fs.LocalHParams(batch_size=args.batch_size, num_epochs=1,
                        chunk_size=auto_chunk_size(cost, default_memory_budget(), k))
   clients = jnp.arange(k, dtype=jnp.int32)
@@ -210,9 +215,10 @@ def ours_round(args):
     state[0] = jax.block_until_ready(one_round(state[0]))
 
   def profile():
-    """Seconds per round in XLA's GEMM kernels (dot and library fusions) and in everything else
-    (patch copies, pooling, elementwise updates), from a profiler trace of 2 rounds, and the
-    round's FLOPs (XLA's count of a client step, times K steps)."""
+    """Seconds per round in GEMM and convolution kernels (XLA's dots and library fusions,
+    oneDNN's custom calls) and in everything else (patch copies, pooling, elementwise updates),
+    from a profiler trace of 2 rounds, and the round's FLOPs (XLA's count of a client step on the
+    patches lowering, times K steps)."""
     import collections, glob, gzip, json, tempfile  # pylint: disable=import-outside-toplevel
     folder = tempfile.mkdtemp()
     with jax.profiler.trace(folder, create_perfetto_trace=True):
@@ -224,10 +230,12 @@ def ours_round(args):
       name = e.get("name", "")
       if e.get("ph") != "X" or name.startswith(("$", "Thunk", "Pjit", "Slinky", "while")):
         continue
-      gemm = name.startswith(("dot", "ynn_fusion", "xnn_fusion", "onednn", "convolution"))
+      gemm = name.startswith(("dot", "ynn_fusion", "xnn_fusion", "onednn", "convolution",
+                              "custom-call", "ffi_call"))
       kinds["gemm_s" if gemm else "other_s"] += e.get("dur", 0) / 2e6
     steps = -(-args.samples // args.batch_size)
-    return {**kinds, "flops": cost.flops * k * steps}
+    return {**kinds, "flops": step_flops * k * steps,
+            "conv_impl": fs.models.resolve_conv_impl("auto")}
   run.profile = profile
   return run
 

@@ -18,8 +18,11 @@ pins absl-py 1.x and this project needs absl-py 2:
 (`pip install -e '.[peers]'` adds torch alone to this project's environment, enough for the
 PyTorch loop.) Without a torch-capable `--peer_python` the peer columns are left empty.
 
-For our round, a profiler trace splits the time into XLA's GEMM kernels and everything else, and
-gives the GEMMs' FLOP rate against the machine's peak (a 2048^3 float32 GEMM).
+Our round uses the library's default convolution lowering (`conv_impl="auto"`: oneDNN's kernels
+where the `onednn` extra is installed, else the patches; the table says which). A profiler trace
+splits its time into GEMM and convolution kernels (XLA's dots, oneDNN's custom calls) and
+everything else, and gives those kernels' FLOP rate against the machine's peak (a 2048^3 float32
+GEMM).
 """
 
 from __future__ import annotations
@@ -129,7 +132,8 @@ def main(argv):
       time_s = split.get("gemm_s", 0.0) + split.get("other_s", 0.0)
       splits.append({"model": model, "K": k, "gemm_share": split.get("gemm_s", 0.0) / time_s,
                      "gemm_gflops": split["flops"] / split["gemm_s"] / 1e9,
-                     "round_gflops": row["ours"] * split["flops"] / (k * 64) / 1e9})
+                     "round_gflops": row["ours"] * split["flops"] / (k * 64) / 1e9,
+                     "conv_impl": split["conv_impl"]})
       print(row, splits[-1], flush=True)
       rows.append(row)
   thr = os.cpu_count() or 1
@@ -138,14 +142,16 @@ def main(argv):
              (f"torch_loop ({thr} thr)", f"PyTorch loop, {thr} threads"),
              ("pfl (1 thr)", "pfl, 1 thread"), (f"pfl ({thr} thr)", f"pfl, {thr} threads"),
              ("vs_best_peer", "ours / best peer")]
-  table = ("Training samples/s (S = 64 samples per client, B = 32, E = 1, FedAvg over all K)\n\n"
+  impl = ", ".join(sorted({split["conv_impl"] for split in splits}))
+  table = ("Training samples/s (S = 64 samples per client, B = 32, E = 1, FedAvg over all K; our "
+           f"convolutions: {impl})\n\n"
            + markdown_table(rows, columns))
   table += f"\n\nPeak float32 GEMM rate of this machine: {peak:.0f} GFLOP/s."
-  table += ("\n\nWhere our round's time goes (profiler trace; GEMM = XLA's dot and library "
-            "fusions)\n\n" + markdown_table(splits, [
-                ("model", "model"), ("K", "K"), ("gemm_share", "share of op time in GEMMs"),
-                ("gemm_gflops", "GEMM GFLOP/s"), ("round_gflops", "round GFLOP/s")]))
-  write_results("peers", rows, table, {"time_split": splits, "peak_gflops": peak,
+  table += ("\n\nWhere our round's time goes (profiler trace; kernels = XLA's dots and library "
+            "fusions, oneDNN's convolutions)\n\n" + markdown_table(splits, [
+                ("model", "model"), ("K", "K"), ("gemm_share", "share of op time in kernels"),
+                ("gemm_gflops", "kernel GFLOP/s"), ("round_gflops", "round GFLOP/s")]))
+  write_results("peers", rows, table, {"time_split": splits, "peak_gflops": peak, "conv_impl": impl,
                                        "peer_python": python, "width": FLAGS.width})
 
 
