@@ -863,12 +863,14 @@ def model_for(data: fs.FederatedDataset) -> fs.Model:
     raise app.UsageError(f"--model={FLAGS.model} does not fit --dataset={FLAGS.dataset} "
                          f"({kind}); accepted: " + ", ".join(
                              m for m, ok in MODEL_INPUTS.items() if ok(data.feature_shape, text)))
-  try:
-    conv_impl = resolve_conv_impl(FLAGS.conv_impl) if FLAGS.model in CONV_MODELS else "patches"
-  except ValueError as e:
-    raise app.UsageError(f"--conv_impl={FLAGS.conv_impl}: {e}") from e
-  return fs.build_model(FLAGS.model, data.feature_shape, data.num_classes, conv_impl=conv_impl,
-                        hidden=hidden, norm=FLAGS.norm, width=FLAGS.resnet_width)
+  if FLAGS.model in CONV_MODELS:
+    try:
+      resolve_conv_impl(FLAGS.conv_impl)
+    except ValueError as e:
+      raise app.UsageError(f"--conv_impl={FLAGS.conv_impl}: {e}") from e
+  return fs.build_model(FLAGS.model, data.feature_shape, data.num_classes,
+                        conv_impl=FLAGS.conv_impl, hidden=hidden, norm=FLAGS.norm,
+                        width=FLAGS.resnet_width)
 
 
 def availability(redraw_first_period: bool = False) -> fs.Availability:

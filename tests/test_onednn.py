@@ -12,7 +12,7 @@ import pytest
 
 from fedjax_sel.local_training import LocalHParams
 from fedjax_sel.models import PatchConv, build_model, from_flax, onednn, resolve_conv_impl
-from fedjax_sel.models.conv import same_pads
+from fedjax_sel.models.conv import spatial_pads
 from tests.test_launchers import REPO
 from tests import test_local_training
 
@@ -26,8 +26,7 @@ def lax_conv(x, kernel, strides, padding):
 
 
 def onednn_conv(x, kernel, strides, padding):
-  pads = (tuple(same_pads(x.shape[i], k, s) for i, k, s in zip((-3, -2), kernel.shape[:2], strides))
-          if padding == "SAME" else ((0, 0), (0, 0)))
+  pads = spatial_pads(x.shape, kernel.shape[:2], strides, padding)
   return onednn.conv(x, kernel, strides, pads)
 
 

@@ -152,6 +152,8 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *,
   """
   if conv_impl not in CONV_IMPLS:
     raise ValueError(f"conv impl must be one of {CONV_IMPLS}, got {conv_impl!r}")
+  if name in CONV_MODELS:
+    conv_impl = resolve_conv_impl(conv_impl)
   if norm not in modules.NORMS:
     raise ValueError(f"norm must be one of {modules.NORMS}, got {norm!r}")
   if width < 2:
@@ -161,14 +163,12 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *,
   if name == "mlp":
     return from_flax(modules.MLP(num_classes, tuple(hidden)), input_shape, num_classes, name)
   if name == "leaf_cnn":
-    return from_flax(modules.LeafCNN(num_classes, resolve_conv_impl(conv_impl)), input_shape,
-                     num_classes, name)
+    return from_flax(modules.LeafCNN(num_classes, conv_impl), input_shape, num_classes, name)
   if name == "cifar_cnn":
-    return from_flax(modules.CifarCNN(num_classes, resolve_conv_impl(conv_impl)), input_shape,
-                     num_classes, name)
+    return from_flax(modules.CifarCNN(num_classes, conv_impl), input_shape, num_classes, name)
   if name == "resnet18":
-    return from_flax(modules.ResNet18(num_classes, width, resolve_conv_impl(conv_impl), norm),
-                     input_shape, num_classes, name, stateful=norm == "batch")
+    return from_flax(modules.ResNet18(num_classes, width, conv_impl, norm), input_shape,
+                     num_classes, name, stateful=norm == "batch")
   if name == "char_lstm":
     return from_flax(modules.CharLSTM(num_classes), input_shape, num_classes, name, jnp.int32)
   raise ValueError(f"unknown model {name!r}; accepted: {', '.join(MODELS)}")

@@ -43,11 +43,22 @@ def resolve_conv_impl(impl: str) -> str:
   return "onednn" if single_cpu and onednn.unavailable_reason() is None else "patches"
 
 
-def same_pads(size: int, k: int, stride: int) -> tuple[int, int]:
-  """Padding (before, after) of "SAME" for one spatial dimension."""
+def _same_pads(size: int, k: int, stride: int) -> tuple[int, int]:
   out = -(-size // stride)
   total = max((out - 1) * stride + k - size, 0)
   return total // 2, total - total // 2
+
+
+def spatial_pads(x_shape: tuple[int, ...], kernel_size: tuple[int, int],
+                 strides: tuple[int, int], padding: str) -> tuple[tuple[int, int], ...]:
+  """`((top, bottom), (left, right))` zero padding of `padding` ("SAME" or "VALID") for an NHWC
+  input of shape `x_shape`."""
+  if padding == "SAME":
+    return tuple(_same_pads(size, k, s)
+                 for size, k, s in zip(x_shape[-3:-1], kernel_size, strides))
+  if padding == "VALID":
+    return ((0, 0), (0, 0))
+  raise ValueError(f"padding must be SAME or VALID, got {padding!r}")
 
 
 def extract_patches(x: jax.Array, kernel_size: tuple[int, int], strides: tuple[int, int],
@@ -55,10 +66,7 @@ def extract_patches(x: jax.Array, kernel_size: tuple[int, int], strides: tuple[i
   """`[B, H, W, C] -> [B, Ho, Wo, kh*kw*C]`, patch features ordered (kh, kw, C) like a kernel."""
   kh, kw = kernel_size
   sh, sw = strides
-  if padding == "SAME":
-    x = jnp.pad(x, ((0, 0), same_pads(x.shape[1], kh, sh), same_pads(x.shape[2], kw, sw), (0, 0)))
-  elif padding != "VALID":
-    raise ValueError(f"padding must be SAME or VALID, got {padding!r}")
+  x = jnp.pad(x, ((0, 0), *spatial_pads(x.shape, kernel_size, strides, padding), (0, 0)))
   ho = (x.shape[1] - kh) // sh + 1
   wo = (x.shape[2] - kw) // sw + 1
   cols = [x[:, i:i + (ho - 1) * sh + 1:sh, j:j + (wo - 1) * sw + 1:sw, :]
@@ -86,14 +94,8 @@ class PatchConv(nn.Module):
       patches = extract_patches(x, self.kernel_size, self.strides, self.padding)
       y = patches @ kernel.reshape(kh * kw * cin, self.features)
     elif impl == "onednn":
-      if self.padding == "SAME":
-        pads = tuple(same_pads(x.shape[i], k, s)
-                     for i, k, s in zip((-3, -2), self.kernel_size, self.strides))
-      elif self.padding == "VALID":
-        pads = ((0, 0), (0, 0))
-      else:
-        raise ValueError(f"padding must be SAME or VALID, got {self.padding!r}")
-      y = onednn.conv(x, kernel, self.strides, pads)
+      y = onednn.conv(x, kernel, self.strides,
+                      spatial_pads(x.shape, self.kernel_size, self.strides, self.padding))
     else:
       y = jax.lax.conv_general_dilated(x, kernel, self.strides, self.padding,
                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))

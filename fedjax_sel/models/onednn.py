@@ -94,8 +94,8 @@ def build() -> pathlib.Path:
     fcntl.flock(lock, fcntl.LOCK_EX)  # Concurrent processes (test workers) build it once.
     if not out.exists():
       partial = out.with_suffix(f".{os.getpid()}.tmp")
-      cmd = [compiler, "-O2", "-w", "-std=c++17", "-shared", "-fPIC", str(SOURCE), "-o", str(partial),
-             f"-I{jax.ffi.include_dir()}", f"-I{header.parents[2]}", f"-L{library.parent}",
+      cmd = [compiler, "-O2", "-w", "-std=c++17", "-shared", "-fPIC", str(SOURCE),
+             "-o", str(partial), f"-I{jax.ffi.include_dir()}", f"-I{header.parents[2]}", f"-L{library.parent}",
              "-ldnnl", f"-Wl,-rpath,{library.parent}"]
       proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
       if proc.returncode:

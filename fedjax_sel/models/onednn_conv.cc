@@ -4,7 +4,8 @@
 // leading dimension before the last four is a group (a client of a vmapped chunk, a run of a
 // batch), convolved with its own kernel. Attributes: strides (sh, sw) and explicit paddings
 // (pt, pb, pl, pr).
-//   fedjax_sel_conv_fwd:         (x [..., N, H, W, C], w [..., KH, KW, C, O]) -> y [..., N, OH, OW, O]
+//   fedjax_sel_conv_fwd:         (x [..., N, H, W, C], w [..., KH, KW, C, O])
+//                                -> y [..., N, OH, OW, O]
 //   fedjax_sel_conv_bwd_data:    (dy, w) -> dx
 //   fedjax_sel_conv_bwd_weights: (x, dy) -> dw
 #include <cstdint>
@@ -128,74 +129,90 @@ ffi::ErrorOr<Geometry> Shape(Dims x, Dims w, Dims y, int64_t sh, int64_t sw, int
   return g;
 }
 
-ffi::Error Forward(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
-                   ffi::ResultBuffer<ffi::F32> y, int64_t sh, int64_t sw, int64_t pt, int64_t pb,
-                   int64_t pl, int64_t pr) {
-  auto shape = Shape(x.dimensions(), w.dimensions(), y->dimensions(), sh, sw, pt, pb, pl, pr);
+enum class Direction { kForward, kBackwardData, kBackwardWeights };
+
+// One direction over every group. x, w, y: the convolution's activations, kernel and output, of
+// which `out` names the result (y forward, x for the input gradient, w for the kernel gradient).
+ffi::Error Convolve(Direction direction, Dims x_dims, Dims w_dims, Dims y_dims, const float* x,
+                    const float* w, const float* y, float* out, int64_t sh, int64_t sw,
+                    int64_t pt, int64_t pb, int64_t pl, int64_t pr) {
+  auto shape = Shape(x_dims, w_dims, y_dims, sh, sw, pt, pb, pl, pr);
   if (shape.has_error()) return shape.error();
   const Geometry& g = shape.value();
   Primitives& p = Lookup(g);
   dnnl::engine& e = Engine();
   dnnl::stream s(e);
-  memory weights(p.fwd_pd.weights_desc(), e);
-  memory scratch = Scratchpad(p.fwd_pd.scratchpad_desc());
+  // The kernel in the direction's own layout, and its primitive's scratchpad.
+  memory::desc blocked_desc, scratch_desc;
+  switch (direction) {
+    case Direction::kForward:
+      blocked_desc = p.fwd_pd.weights_desc();
+      scratch_desc = p.fwd_pd.scratchpad_desc();
+      break;
+    case Direction::kBackwardData:
+      blocked_desc = p.bwd_data_pd.weights_desc();
+      scratch_desc = p.bwd_data_pd.scratchpad_desc();
+      break;
+    case Direction::kBackwardWeights:
+      blocked_desc = p.bwd_weights_pd.diff_weights_desc();
+      scratch_desc = p.bwd_weights_pd.scratchpad_desc();
+      break;
+  }
+  memory blocked(blocked_desc, e);
+  memory scratch = Scratchpad(scratch_desc);
+  // Each group's result is written through `out`, its operands read through the others.
+  float* xs = direction == Direction::kBackwardData ? out : const_cast<float*>(x);
+  float* ws = direction == Direction::kBackwardWeights ? out : const_cast<float*>(w);
+  float* ys = direction == Direction::kForward ? out : const_cast<float*>(y);
   for (int64_t i = 0; i < g.groups; ++i) {
-    memory src(g.Src(), e, x.typed_data() + i * g.SrcSize());
-    memory dst(g.Dst(), e, y->typed_data() + i * g.DstSize());
-    memory given(g.Weights(), e, w.typed_data() + i * g.WeightsSize());
-    p.to_fwd_weights.execute(s, given, weights);
-    p.fwd.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst},
-                      {DNNL_ARG_SCRATCHPAD, scratch}});
+    memory src(g.Src(), e, xs + i * g.SrcSize());
+    memory dst(g.Dst(), e, ys + i * g.DstSize());
+    memory kernel(g.Weights(), e, ws + i * g.WeightsSize());
+    switch (direction) {
+      case Direction::kForward:
+        p.to_fwd_weights.execute(s, kernel, blocked);
+        p.fwd.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, blocked}, {DNNL_ARG_DST, dst},
+                          {DNNL_ARG_SCRATCHPAD, scratch}});
+        break;
+      case Direction::kBackwardData:
+        p.to_bwd_data_weights.execute(s, kernel, blocked);
+        p.bwd_data.execute(s, {{DNNL_ARG_DIFF_DST, dst}, {DNNL_ARG_WEIGHTS, blocked},
+                               {DNNL_ARG_DIFF_SRC, src}, {DNNL_ARG_SCRATCHPAD, scratch}});
+        break;
+      case Direction::kBackwardWeights:
+        p.bwd_weights.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, dst},
+                                  {DNNL_ARG_DIFF_WEIGHTS, blocked},
+                                  {DNNL_ARG_SCRATCHPAD, scratch}});
+        p.from_bwd_weights.execute(s, blocked, kernel);
+        break;
+    }
   }
   s.wait();
   return ffi::Error::Success();
+}
+
+ffi::Error Forward(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                   ffi::ResultBuffer<ffi::F32> y, int64_t sh, int64_t sw, int64_t pt, int64_t pb,
+                   int64_t pl, int64_t pr) {
+  return Convolve(Direction::kForward, x.dimensions(), w.dimensions(), y->dimensions(),
+                  x.typed_data(), w.typed_data(), nullptr, y->typed_data(), sh, sw, pt, pb, pl,
+                  pr);
 }
 
 ffi::Error BackwardData(ffi::Buffer<ffi::F32> dy, ffi::Buffer<ffi::F32> w,
                         ffi::ResultBuffer<ffi::F32> dx, int64_t sh, int64_t sw, int64_t pt,
                         int64_t pb, int64_t pl, int64_t pr) {
-  auto shape = Shape(dx->dimensions(), w.dimensions(), dy.dimensions(), sh, sw, pt, pb, pl, pr);
-  if (shape.has_error()) return shape.error();
-  const Geometry& g = shape.value();
-  Primitives& p = Lookup(g);
-  dnnl::engine& e = Engine();
-  dnnl::stream s(e);
-  memory weights(p.bwd_data_pd.weights_desc(), e);
-  memory scratch = Scratchpad(p.bwd_data_pd.scratchpad_desc());
-  for (int64_t i = 0; i < g.groups; ++i) {
-    memory diff_dst(g.Dst(), e, dy.typed_data() + i * g.DstSize());
-    memory diff_src(g.Src(), e, dx->typed_data() + i * g.SrcSize());
-    memory given(g.Weights(), e, w.typed_data() + i * g.WeightsSize());
-    p.to_bwd_data_weights.execute(s, given, weights);
-    p.bwd_data.execute(s, {{DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_WEIGHTS, weights},
-                           {DNNL_ARG_DIFF_SRC, diff_src}, {DNNL_ARG_SCRATCHPAD, scratch}});
-  }
-  s.wait();
-  return ffi::Error::Success();
+  return Convolve(Direction::kBackwardData, dx->dimensions(), w.dimensions(), dy.dimensions(),
+                  nullptr, w.typed_data(), dy.typed_data(), dx->typed_data(), sh, sw, pt, pb, pl,
+                  pr);
 }
 
 ffi::Error BackwardWeights(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> dy,
                            ffi::ResultBuffer<ffi::F32> dw, int64_t sh, int64_t sw, int64_t pt,
                            int64_t pb, int64_t pl, int64_t pr) {
-  auto shape = Shape(x.dimensions(), dw->dimensions(), dy.dimensions(), sh, sw, pt, pb, pl, pr);
-  if (shape.has_error()) return shape.error();
-  const Geometry& g = shape.value();
-  Primitives& p = Lookup(g);
-  dnnl::engine& e = Engine();
-  dnnl::stream s(e);
-  memory diff_weights(p.bwd_weights_pd.diff_weights_desc(), e);
-  memory scratch = Scratchpad(p.bwd_weights_pd.scratchpad_desc());
-  for (int64_t i = 0; i < g.groups; ++i) {
-    memory src(g.Src(), e, x.typed_data() + i * g.SrcSize());
-    memory diff_dst(g.Dst(), e, dy.typed_data() + i * g.DstSize());
-    p.bwd_weights.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst},
-                              {DNNL_ARG_DIFF_WEIGHTS, diff_weights},
-                              {DNNL_ARG_SCRATCHPAD, scratch}});
-    memory result(g.Weights(), e, dw->typed_data() + i * g.WeightsSize());
-    p.from_bwd_weights.execute(s, diff_weights, result);
-  }
-  s.wait();
-  return ffi::Error::Success();
+  return Convolve(Direction::kBackwardWeights, x.dimensions(), dw->dimensions(), dy.dimensions(),
+                  x.typed_data(), nullptr, dy.typed_data(), dw->typed_data(), sh, sw, pt, pb, pl,
+                  pr);
 }
 
 }  // namespace
