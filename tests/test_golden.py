@@ -1,0 +1,21 @@
+"""The launchers' tiny jobs give the records recorded before the launcher redesign, bit for bit
+(`tests/golden_jobs.py` defines the jobs and says how to record them again)."""
+
+import pytest
+
+from tests.golden_jobs import JOBS, expected, run_job
+
+DEFAULT = {"run_robust"}  # One composition of every kind of part; the rest: pytest -m slow.
+
+
+@pytest.mark.parametrize("name", [n if n in DEFAULT else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in JOBS])
+def test_job_gives_the_recorded_metrics(name, tmp_path):
+  runs = run_job(name, str(tmp_path / name))
+  want = expected(name)
+  assert sorted(runs) == sorted(want)
+  for folder, records in want.items():
+    assert len(runs[folder]) == len(records), folder
+    for got, rec in zip(runs[folder], records):
+      assert got == rec, (folder, rec["round"],
+                          {k: (got.get(k), v) for k, v in rec.items() if got.get(k) != v})
