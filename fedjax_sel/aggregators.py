@@ -15,9 +15,12 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
+from fedjax_sel import registry
 from fedjax_sel.components import AggregateInputs, Aggregator
 
 WEIGHTINGS = ("uniform", "examples")
@@ -262,3 +265,133 @@ def fedasl(alpha: float = 1.0, beta: float = 0.2) -> Aggregator:
 
 
 AGGREGATORS = ("fedavg", "median", "trimmed_mean", "krum", "multi_krum", "fedasl")
+
+
+# --- Registered names (fedjax_sel.registry) ------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class FedAvgSettings:
+  """FedAvg's weights."""
+
+  weighting: str = registry.setting("examples", "FedAvg weights of the trained models: uniform, "
+                                    "or examples (each by its m_k).", flag="weighting",
+                                    choices=WEIGHTINGS)
+
+
+@registry.register("aggregator", "fedavg", FedAvgSettings)
+def _fedavg(settings: FedAvgSettings, context: registry.BuildContext) -> Aggregator:
+  """Weighted mean of the aggregated models (McMahan et al. 2017)."""
+  del context
+  return fedavg(settings.weighting)
+
+
+@registry.register("aggregator", "median")
+def _median(settings, context: registry.BuildContext) -> Aggregator:
+  """Coordinate-wise median (Yin et al. 2018)."""
+  del settings, context
+  return coordinate_median()
+
+
+@dataclasses.dataclass(frozen=True)
+class TrimmedMeanSettings:
+  """The trimmed mean's share and rounding."""
+
+  beta: float = registry.setting(0.3, "Trimmed mean: share trimmed per side, in [0, 0.5).",
+                                 flag="trim_beta")
+  rounding: str = registry.setting("floor", "Trimmed mean: int(beta*n) (floor, textbook) or "
+                                   "ceil(beta*n) (the reference code's) per side.",
+                                   flag="trim_rounding", choices=TRIM_ROUNDINGS)
+
+  def check(self, context: registry.BuildContext) -> None:
+    del context
+    try:
+      trimmed_mean(self.beta, self.rounding)
+    except ValueError as e:
+      raise registry.SettingError("beta", f"is refused: {e}") from e
+
+
+@registry.register("aggregator", "trimmed_mean", TrimmedMeanSettings)
+def _trimmed_mean(settings: TrimmedMeanSettings, context: registry.BuildContext) -> Aggregator:
+  """Coordinate-wise trimmed mean (Yin et al. 2018)."""
+  del context
+  return trimmed_mean(settings.beta, settings.rounding)
+
+
+def parse_f(text: str) -> float | int:
+  """Krum's f as the command line gives it: a count ("2") or a fraction ("0.3")."""
+  try:
+    return float(text) if "." in text else int(text)
+  except ValueError as e:
+    raise registry.SettingError("f", f"must be a count or a fraction, got {text!r}") from e
+
+
+@dataclasses.dataclass(frozen=True)
+class KrumSettings:
+  """Krum's assumed Byzantine count and distance (Blanchard et al. 2017)."""
+
+  f: str = registry.setting("0.3", "Krum's assumed Byzantine models f: a count (e.g. 2) or a "
+                            "fraction of the aggregated models (e.g. 0.3); needs n >= 2f + 3.",
+                            flag="krum_f")
+  normalized: bool = registry.setting(False, "Krum on L2-normalized models (the FedSRC reference "
+                                      "code's distance).", flag="krum_normalized")
+
+  def check(self, context: registry.BuildContext) -> None:
+    f = parse_f(self.f)
+    try:
+      krum(f, normalize=self.normalized)
+      check_krum(context.k, f)
+    except ValueError as e:
+      raise registry.SettingError("f", f"is refused with K = {context.k}: {e}") from e
+
+
+@registry.register("aggregator", "krum", KrumSettings)
+def _krum(settings: KrumSettings, context: registry.BuildContext) -> Aggregator:
+  """Krum: the model closest to its n - f - 2 nearest neighbours."""
+  del context
+  return krum(parse_f(settings.f), normalize=settings.normalized)
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiKrumSettings(KrumSettings):
+  """Multi-Krum: Krum's settings and the number of models averaged."""
+
+  m: int = registry.setting(0, "Multi-Krum: models averaged (0 = n - f).", flag="multi_krum_m")
+
+  def check(self, context: registry.BuildContext) -> None:
+    super().check(context)
+    most = context.k - byzantine_count(context.k, parse_f(self.f))
+    if not 0 <= self.m <= most:
+      raise registry.SettingError("m", f"={self.m} cannot apply: Multi-Krum averages at most n - "
+                                  f"f = {most} of the K={context.k} models; accepted 0 (= n - f) "
+                                  f"to {most}")
+
+
+@registry.register("aggregator", "multi_krum", MultiKrumSettings)
+def _multi_krum(settings: MultiKrumSettings, context: registry.BuildContext) -> Aggregator:
+  """Multi-Krum: the mean of the m best-scored models."""
+  del context
+  return krum(parse_f(settings.f), multi=settings.m, normalize=settings.normalized)
+
+
+@dataclasses.dataclass(frozen=True)
+class FedASLSettings:
+  """FedASL's band and in-band weight."""
+
+  alpha: float = registry.setting(1.0, "FedASL: band around the median loss, in sigmas.",
+                                  flag="fedasl_alpha")
+  beta: float = registry.setting(0.2, "FedASL: weight v_k of a client inside the band, in sigmas "
+                                 "of the losses, >= 0.", flag="fedasl_beta")
+
+  def check(self, context: registry.BuildContext) -> None:
+    del context
+    try:
+      fedasl(self.alpha, self.beta)
+    except ValueError as e:
+      raise registry.SettingError("alpha", f"/ beta refused: {e}") from e
+
+
+@registry.register("aggregator", "fedasl", FedASLSettings)
+def _fedasl(settings: FedASLSettings, context: registry.BuildContext) -> Aggregator:
+  """FedASL: models weighted by their loss's distance to the median loss."""
+  del context
+  return fedasl(settings.alpha, settings.beta)

@@ -34,12 +34,14 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_sel import registry
 from fedjax_sel.components import Participation, RoundInputs
 
 SCHEDULES = ("linear", "constant", "inverse")
@@ -236,3 +238,67 @@ def choose_priority(num_clients: int, *, count: int = 0, ids=(), classes=(), lab
     mask[perm[:count]] = True
   check_priority(mask)
   return mask
+
+
+# --- Registered names (fedjax_sel.registry) ------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class FedALIGNSettings:
+  """FedALIGN's priority set and alignment schedule."""
+
+  num_priority: int = registry.setting(2, "Number of priority clients, drawn by seed (unless "
+                                       "--priority_ids or --priority_classes is given).",
+                                       flag="num_priority")
+  priority_ids: tuple[int, ...] = registry.setting((), "Explicit priority client ids (instead of a "
+                                                   "random draw).", flag="priority_ids")
+  priority_classes: tuple[int, ...] = registry.setting((), "Priority clients: those holding any "
+                                                       "of these classes.",
+                                                       flag="priority_classes")
+  eps0: float = registry.setting(0.2, "eps_0, the initial alignment tolerance: a non-priority "
+                                 "client joins when its loss (or accuracy) is within eps_t of the "
+                                 "priority clients'.", flag="eps0")
+  schedule: str = registry.setting("linear", "How eps_t decays from eps_0 to 0 at the last round "
+                                   "after the warm-up.", flag="eps_schedule", choices=SCHEDULES)
+  warmup_fraction: float = registry.setting(0.1, "Share of the rounds at the start with priority "
+                                            "clients only, in [0, 1).", flag="warmup_fraction")
+  metric: str = registry.setting("loss", "What clients compare with the priority clients: loss, "
+                                 "or accuracy (the paper's experiments' proxy).",
+                                 flag="align_metric", choices=METRICS)
+  split: str = registry.setting("train", "Data a client evaluates the global model on to decide: "
+                                "its training data or its validation split (--val_fraction).",
+                                flag="align_split", choices=SPLITS)
+
+  def check(self, context: registry.BuildContext) -> None:
+    if not (np.isfinite(self.eps0) and self.eps0 >= 0):
+      raise registry.SettingError("eps0", f"must be >= 0, got {self.eps0}")
+    if not 0.0 <= self.warmup_fraction < 1.0:
+      raise registry.SettingError("warmup_fraction", f"must be in [0, 1), got "
+                                  f"{self.warmup_fraction}")
+    if self.priority_ids and self.priority_classes:
+      raise registry.SettingError("priority_ids", "and priority_classes: give at most one")
+    if not self.priority_classes or context.data is not None:  # Classes need the data.
+      self.priority(context)
+
+  def priority(self, context: registry.BuildContext) -> np.ndarray:
+    """`[N]` the priority clients (drawn with seed + 7 unless given)."""
+    label_hist = None if context.data is None else context.data.label_hist
+    field = ("priority_ids" if self.priority_ids else "priority_classes"
+             if self.priority_classes else "num_priority")
+    try:
+      if self.priority_ids:
+        return choose_priority(context.num_clients, ids=list(self.priority_ids))
+      if self.priority_classes:
+        return choose_priority(context.num_clients, classes=list(self.priority_classes),
+                               label_hist=label_hist)
+      return choose_priority(context.num_clients, count=self.num_priority,
+                             seed=context.seed + 7, label_hist=label_hist)
+    except ValueError as e:
+      raise registry.SettingError(field, f"is refused: {e}") from e
+
+
+@registry.register("rule", "fedalign", FedALIGNSettings)
+def _fedalign(settings: FedALIGNSettings, context: registry.BuildContext) -> Participation:
+  """FedALIGN: non-priority clients join when aligned with the priority clients."""
+  return fedalign_rule(settings.priority(context), context.rounds, eps0=settings.eps0,
+                       schedule=settings.schedule, warmup_fraction=settings.warmup_fraction,
+                       metric=settings.metric, split=settings.split)

@@ -38,6 +38,7 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -45,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel import keys as keylib
+from fedjax_sel import registry
 from fedjax_sel.aggregators import median_spread
 from fedjax_sel.components import Participation, RoundInputs, RoundOutcome
 
@@ -114,28 +116,28 @@ class FedSRCConfig(NamedTuple):
 
 
 def check_config(cfg: FedSRCConfig) -> None:
-  """Raises ValueError naming the bad field and its accepted range, before any compute."""
-  if cfg.mode not in MODES:
-    raise ValueError(f"fedsrc_mode must be one of {MODES}, got {cfg.mode!r}")
-  if cfg.reported_loss not in REPORTED_LOSSES:
-    raise ValueError(f"reported_loss must be one of {REPORTED_LOSSES}, got {cfg.reported_loss!r}")
-  if cfg.decision_stat not in DECISION_STATS:
-    raise ValueError(f"decision_stat must be one of {DECISION_STATS}, got {cfg.decision_stat!r}")
+  """Raises `registry.SettingError` (a ValueError) naming the bad field and its accepted range,
+  before any compute."""
+  fail = registry.SettingError
+  for name, accepted in (("mode", MODES), ("reported_loss", REPORTED_LOSSES),
+                         ("decision_stat", DECISION_STATS)):
+    if getattr(cfg, name) not in accepted:
+      raise fail(name, f"must be one of {accepted}, got {getattr(cfg, name)!r}")
   ranges = {"beta": (cfg.beta, 0.0, 0.9), "kappa": (cfg.kappa, 0.0, 1.0),
             "reinclude_prob": (cfg.reinclude_prob, 0.0, 1.0), "alpha0": (cfg.alpha0, 0.0, np.inf),
             "alpha_gain": (cfg.alpha_gain, 0.0, np.inf), "alpha_max": (cfg.alpha_max, 0.0, np.inf),
             "ref_beta": (cfg.ref_beta, 0.0, np.inf)}
   for name, (v, lo, hi) in ranges.items():
     if not (np.isfinite(v) and lo <= v <= hi):
-      raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
+      raise fail(name, f"must be in [{lo}, {hi}], got {v}")
   if not (np.isfinite(cfg.target) and 0.0 < cfg.target <= 1.0):
-    raise ValueError(f"participation target must be in (0, 1], got {cfg.target}")
+    raise fail("target", f"(participation target) must be in (0, 1], got {cfg.target}")
   if cfg.alpha0 > cfg.alpha_max:
-    raise ValueError(f"alpha0 ({cfg.alpha0}) must be <= alpha_max ({cfg.alpha_max})")
+    raise fail("alpha0", f"({cfg.alpha0}) must be <= alpha_max ({cfg.alpha_max})")
   if cfg.reinclude_after < 0:
-    raise ValueError(f"reinclude_after must be >= 0, got {cfg.reinclude_after}")
+    raise fail("reinclude_after", f"must be >= 0, got {cfg.reinclude_after}")
   if np.isnan(cfg.cut) or cfg.cut == -np.inf:
-    raise ValueError(f"cut must be a number or +inf (every client passes), got {cfg.cut}")
+    raise fail("cut", f"must be a number or +inf (every client passes), got {cfg.cut}")
 
 
 def sample_std(values: jax.Array, mask: jax.Array) -> jax.Array:
@@ -303,3 +305,65 @@ def exclusions(records: list[dict], kinds: np.ndarray) -> dict[str, np.ndarray]:
       excluded.append(int((sel & ~tr & members).sum()))
     out[f"{kind}_sampled"], out[f"{kind}_excluded"] = np.array(sampled), np.array(excluded)
   return out
+
+
+# --- Registered names (fedjax_sel.registry) ------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class FedSRCSettings:
+  """FedSRC's settings as the launchers set them (`FedSRCConfig`'s fields, the paper's decision on
+  the validation split by default)."""
+
+  mode: str = registry.setting("paper", "paper: phi = median + alpha*sigma with alpha adapted to "
+                               "the participation target; reference: the reference code's rule "
+                               "(median + ref_beta*std, floor --ref_cut).", flag="fedsrc_mode",
+                               choices=MODES)
+  beta: float = registry.setting(0.5, "beta: how much a client's heterogeneity index lowers its "
+                                 "threshold, Phi_k = phi*(1 - beta*RHI_k), in [0, 0.9].",
+                                 flag="fedsrc_beta")
+  kappa: float = registry.setting(0.7, "kappa: RHI's weight of the class-count index against the "
+                                  "label entropy, in [0, 1].", flag="kappa")
+  target: float = registry.setting(0.7, "Share of the sampled clients that should train; alpha "
+                                   "adapts to hold it on average, in (0, 1].",
+                                   flag="participation_target")
+  alpha0: float = registry.setting(1.0, "Initial alpha (spread multiplier of the server "
+                                   "threshold).", flag="alpha0")
+  alpha_gain: float = registry.setting(1.0, "Alpha's step per unit of participation shortfall.",
+                                       flag="alpha_gain")
+  alpha_max: float = registry.setting(5.0, "FedSRC: upper bound of alpha, the spread multiplier "
+                                      "of the server threshold, >= 0.", flag="alpha_max")
+  decision_stat: str = registry.setting("val_loss", "The loss a client checks against its "
+                                        "threshold: on its own held-out data drawn like its "
+                                        "training data (val_loss: the validation split, corrupted "
+                                        "like the training data of a bad client; default), its "
+                                        "test split (kept clean for global scoring, so blind to "
+                                        "corruption), one mini-batch, or all its training data.",
+                                        flag="decision_stat", choices=DECISION_STATS)
+  reinclude_prob: float = registry.setting(0.1, "q: probability that an abstaining client trains "
+                                           "anyway, in [0, 1].", flag="reinclude_prob")
+  reinclude_after: int = registry.setting(0, "An abstaining client trains anyway after this many "
+                                          "consecutive abstentions (0 = never).",
+                                          flag="reinclude_after")
+  reported_loss: str = registry.setting("train", "What participants report for the next "
+                                        "threshold: their mean loss over local training (the "
+                                        "paper) or the loss they checked at the global model "
+                                        "(same scale as the decision).", flag="reported_loss",
+                                        choices=REPORTED_LOSSES)
+  ref_beta: float = registry.setting(1.0, "Reference mode: multiplier of the losses' sample std.",
+                                     flag="ref_beta")
+  cut: float = registry.setting(0.0, "FedSRC reference mode: floor of the cutoff, in loss units.",
+                                flag="ref_cut")
+
+  def config(self) -> FedSRCConfig:
+    return FedSRCConfig(**dataclasses.asdict(self))
+
+  def check(self, context: registry.BuildContext) -> None:
+    del context
+    check_config(self.config())
+
+
+@registry.register("rule", "fedsrc", FedSRCSettings)
+def _fedsrc(settings: FedSRCSettings, context: registry.BuildContext) -> Participation:
+  """FedSRC: clients abstain when their loss at the global model exceeds their threshold."""
+  del context
+  return fedsrc_rule(settings.config())

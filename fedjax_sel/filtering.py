@@ -25,6 +25,7 @@ Example (three one-vector "models"; the public loss is the distance to a target)
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any, Callable, NamedTuple
 
@@ -32,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_sel import registry
 from fedjax_sel.components import Filter
 
 Params = Any
@@ -304,3 +306,67 @@ def filfl_filter(public_loss: Callable[[Params, jax.Array, jax.Array], jax.Array
   return Filter(init=lambda n: (), apply=apply, period=config.period, trains_available=True,
                 uses_public=True, spec={"name": "filfl", **config._asdict(),
                                         "public_loss": getattr(public_loss, "__qualname__", "?")})
+
+
+# --- Registered names (fedjax_sel.registry) ------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class FilFLSettings:
+  """FilFL's filter settings (the mode is the registered name, dgf or rgf)."""
+
+  period: int = registry.setting(5, "h: filter every h rounds (and when availability changes).",
+                                 flag="filter_period")
+  empty_value: str = registry.setting("zero", "R of the empty set: zero (the reference code's, "
+                                      "default) or global (C - F^P(w_t): the unchanged model).",
+                                      flag="empty_value", choices=EMPTY_VALUES)
+  const: float = registry.setting(10.0, "FilFL: the constant C of the filter objective R(S) = C "
+                                  "- F^P(w_S).", flag="filter_const")
+  order: str = registry.setting("random", "FilFL: the greedy pass's client order, random or "
+                                "index.", flag="filter_order", choices=ORDERS)
+  opt: bool = registry.setting(False, "Also run OPT on each filtering round (n <= 16) and report "
+                               "R(greedy)/R(OPT).", flag="opt")
+  submod_samples: int = registry.setting(0, "Weak-submodularity check samples per filtering "
+                                         "round, >= 0.", flag="submod_samples")
+  gammas: tuple[float, ...] = registry.setting((0.5, 0.75, 0.9, 1.0), "Comma-separated gammas in "
+                                               "(0, 1] of the weak-submodularity check "
+                                               "(--submod_samples).", flag="gammas")
+
+  def check(self, context: registry.BuildContext) -> None:
+    if self.period < 1:
+      raise registry.SettingError("period", f"must be >= 1, got {self.period}")
+    if not np.isfinite(self.const):
+      raise registry.SettingError("const", f"must be a finite number, got {self.const}")
+    if self.submod_samples < 0:
+      raise registry.SettingError("submod_samples", f"must be >= 0, got {self.submod_samples}")
+    if not all(0 < g <= 1 for g in self.gammas):  # Also refuses NaN.
+      raise registry.SettingError("gammas", f"must be in (0, 1], got {list(self.gammas)}")
+    if self.opt and context.num_available > 16:
+      raise registry.SettingError("opt", f"enumerates 2^n subsets: needs at most 16 clients "
+                                  f"available, got n = {context.num_available}")
+
+  def config(self, mode: str) -> FilterConfig:
+    return FilterConfig(mode=mode, period=self.period, empty_value=self.empty_value,
+                        const=self.const, order=self.order, opt=self.opt,
+                        submod_samples=self.submod_samples, gammas=tuple(self.gammas))
+
+
+def _public_filter(mode: str, settings: FilFLSettings, context: registry.BuildContext) -> Filter:
+  from fedjax_sel.models import per_example_loss  # pylint: disable=import-outside-toplevel
+  model = context.model
+
+  def public_loss(p, x, y):
+    return jnp.mean(per_example_loss(model, p, x, y))
+
+  return filfl_filter(public_loss, settings.config(mode))
+
+
+@registry.register("filter", "dgf", FilFLSettings)
+def _dgf(settings: FilFLSettings, context: registry.BuildContext) -> Filter:
+  """FilFL's deterministic greedy filter on the server's public set."""
+  return _public_filter("dgf", settings, context)
+
+
+@registry.register("filter", "rgf", FilFLSettings)
+def _rgf(settings: FilFLSettings, context: registry.BuildContext) -> Filter:
+  """FilFL's randomized greedy filter on the server's public set."""
+  return _public_filter("rgf", settings, context)

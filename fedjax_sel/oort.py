@@ -46,12 +46,14 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_sel import registry
 from fedjax_sel.components import RoundInputs, RoundOutcome, Selector
 
 
@@ -236,3 +238,37 @@ def oort_selector(k: int, durations=None, config: OortConfig = OortConfig()) -> 
   return Selector(init=init, select=select, observe=observe, report=report,
                   spec={"name": "oort", "k": k, **config._asdict(),
                         "durations": "given" if given is not None else "equal"})
+
+
+# --- Registered names (fedjax_sel.registry) ------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class OortSettings:
+  """The Oort settings a launcher sets (the rest: `OortConfig`'s FedScale defaults)."""
+
+  exploration: float = registry.setting(0.9, "Oort: initial exploration factor (decays by 0.98 "
+                                        "to 0.3), in [0, 1].", flag="oort_exploration")
+  round_threshold: float = registry.setting(30.0, "Oort: initial preferred-duration percentile "
+                                            "(the pacer moves it), in [0, 100].",
+                                            flag="oort_round_threshold")
+
+  def config(self) -> OortConfig:
+    return OortConfig(exploration_factor=self.exploration, round_threshold=self.round_threshold)
+
+  def check(self, context: registry.BuildContext) -> None:
+    del context
+    for field, value, hi in (("exploration", self.exploration, 1.0),
+                             ("round_threshold", self.round_threshold, 100.0)):
+      if not (np.isfinite(value) and 0.0 <= value <= hi):
+        raise registry.SettingError(field, f"must be in [0, {hi:g}], got {value}")
+
+
+@registry.register("selector", "oort", OortSettings)
+def _oort(settings: OortSettings, context: registry.BuildContext) -> Selector:
+  """Oort: statistical utility and duration, explored and exploited (FedScale's getTopK); its
+  first durations from the clients' system profile and data sizes, when the run has a clock."""
+  durations = None
+  if context.profile is not None and context.data is not None:
+    durations = np.maximum(np.asarray(context.data.train.counts) * context.local_epochs
+                           / np.asarray(context.profile.speed), 1e-3)
+  return oort_selector(context.k, durations, settings.config())

@@ -14,10 +14,13 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_sel import registry
 from fedjax_sel.components import Selector
 
 
@@ -220,3 +223,50 @@ def group_random_selector(groups, sizes: tuple[int, ...]) -> Selector:
   return Selector(init=lambda n, params: {"groups": jnp.asarray(groups)}, select=select,
                   spec={"name": "group_random", "sizes": [int(s) for s in sizes],
                         "groups": groups.tolist()})
+
+
+# --- Registered names (fedjax_sel.registry) ------------------------------------------------------
+
+@registry.register("selector", "random")
+def _random(settings, context: registry.BuildContext) -> Selector:
+  """Uniform K clients without replacement (RS)."""
+  del settings
+  return random_selector(context.k)
+
+
+@dataclasses.dataclass(frozen=True)
+class PowerOfChoiceSettings:
+  """Power of choice (Cho et al. 2022)."""
+
+  d: int | None = registry.setting(None, "Power-of-choice candidates d (default 2K).",
+                                   flag="poc_d")
+  variant: str = registry.setting("pow", "Power of choice: the loss a candidate reports: pow "
+                                  "(all its training data), cpow (one mini-batch), rpow (its last "
+                                  "reported training loss).", flag="poc_variant",
+                                  choices=POC_VARIANTS)
+
+  def check(self, context: registry.BuildContext) -> None:
+    if self.d is not None and not context.k <= self.d <= context.num_available:
+      raise registry.SettingError("d", f"must be in {context.k}..{context.num_available} (K to "
+                                  f"the clients available at once), got {self.d}")
+
+
+@registry.register("selector", "poc", PowerOfChoiceSettings)
+def _poc(settings: PowerOfChoiceSettings, context: registry.BuildContext) -> Selector:
+  """Power of choice: d candidates by data size, the K with the highest loss."""
+  return power_of_choice(context.k, settings.d, settings.variant)
+
+
+@dataclasses.dataclass(frozen=True)
+class DivFLSettings:
+  """DivFL (Balakrishnan et al. 2022)."""
+
+  proxy: str = registry.setting("gradient", "DivFL: how a trained client's row of the gradient "
+                                "table is refreshed: gradient (at w_t) or update (w^k - w_t).",
+                                flag="divfl_proxy", choices=DIVFL_PROXIES)
+
+
+@registry.register("selector", "divfl", DivFLSettings)
+def _divfl(settings: DivFLSettings, context: registry.BuildContext) -> Selector:
+  """DivFL: facility location over the clients' gradients."""
+  return divfl(context.k, settings.proxy)

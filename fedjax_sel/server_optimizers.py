@@ -36,11 +36,14 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
+
+from fedjax_sel import registry
 
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adam", "yogi", "adagrad")
 DEFAULT_LR = {"sgd": 1.0, "momentum": 1.0, "adam": 0.01, "yogi": 0.01, "adagrad": 0.01}
@@ -64,8 +67,9 @@ class AdaptiveState(NamedTuple):
 def _check(name: str, lr: float, **ranges) -> None:
   for key, (value, lo, hi) in {"lr": (lr, 0.0, float("inf")), **ranges}.items():
     if not (jnp.isfinite(value) and lo <= value <= hi) or (key in ("lr", "tau") and value <= 0):
-      raise ValueError(f"{name}: server_{key} must be a finite number in "
-                       f"{'(' if key in ('lr', 'tau') else '['}{lo}, {hi}], got {value}")
+      raise registry.SettingError(key, f"must be a finite number in "
+                                  f"{'(' if key in ('lr', 'tau') else '['}{lo}, {hi}], got "
+                                  f"{value} ({name})")
 
 
 def server_sgd(lr: float = 1.0) -> ServerOptimizer:
@@ -135,3 +139,70 @@ def make_server_optimizer(name: str, lr: float | None = None, *, momentum: float
   if name == "adagrad":
     return fedadagrad(lr, beta1, tau)
   return (fedadam if name == "adam" else fedyogi)(lr, beta1, beta2, tau)
+
+
+# --- Registered names (fedjax_sel.registry) ------------------------------------------------------
+
+_LR_HELP = ("Server learning rate (eta); default 1.0 for sgd and momentum, 0.01 for adam, yogi and "
+            "adagrad (tune it per task).")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSGDSettings:
+  """Server SGD's step size."""
+
+  lr: float | None = registry.setting(None, _LR_HELP, flag="server_lr")
+
+  def check(self, context: registry.BuildContext) -> None:
+    del context
+    self.build(type(self).NAME)
+
+  def build(self, name: str) -> ServerOptimizer:
+    return make_server_optimizer(name, self.lr, **{
+        f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "lr"})
+
+  NAME = "sgd"
+
+
+@dataclasses.dataclass(frozen=True)
+class FedAvgMSettings(ServerSGDSettings):
+  """FedAvgM's step size and momentum."""
+
+  momentum: float = registry.setting(0.9, "FedAvgM's server momentum (beta), in [0, 1].",
+                                     flag="server_momentum")
+  NAME = "momentum"
+
+
+@dataclasses.dataclass(frozen=True)
+class FedAdagradSettings(ServerSGDSettings):
+  """FedAdagrad's step size, first-moment decay and adaptivity."""
+
+  beta1: float = registry.setting(0.9, "Adaptive server optimizers' first-moment decay (beta_1), "
+                                  "in [0, 1].", flag="server_beta1")
+  tau: float = registry.setting(1e-3, "Adaptive server optimizers' adaptivity (tau), in (0, 1].",
+                                flag="server_tau")
+  NAME = "adagrad"
+
+
+@dataclasses.dataclass(frozen=True)
+class FedAdamSettings(FedAdagradSettings):
+  """FedAdam's and FedYogi's settings: FedAdagrad's and the second-moment decay."""
+
+  beta2: float = registry.setting(0.99, "FedAdam / FedYogi second-moment decay (beta_2), in "
+                                  "[0, 1].", flag="server_beta2")
+  NAME = "adam"
+
+
+def _register(name: str, settings: type, doc: str) -> None:
+  def factory(s, context: registry.BuildContext) -> ServerOptimizer:
+    del context
+    return s.build(name)
+  factory.__qualname__ = f"server_optimizer_{name}"
+  registry.register("server_optimizer", name, settings, doc)(factory)
+
+
+_register("sgd", ServerSGDSettings, "Server SGD on the pseudo-gradient.")
+_register("momentum", FedAvgMSettings, "FedAvgM: server SGD with momentum (Hsu et al. 2019).")
+_register("adam", FedAdamSettings, "FedAdam (Reddi et al. 2021, Algorithm 2).")
+_register("yogi", FedAdamSettings, "FedYogi (Reddi et al. 2021, Algorithm 2).")
+_register("adagrad", FedAdagradSettings, "FedAdagrad (Reddi et al. 2021, Algorithm 2).")

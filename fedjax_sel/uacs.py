@@ -26,9 +26,12 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
+from fedjax_sel import registry
 from fedjax_sel.components import Selector
 from fedjax_sel.selectors import top_k_mask
 
@@ -71,3 +74,32 @@ def grad_norm_selector(m: int) -> Selector:
 
   return Selector(init=lambda n, params: (), select=select, needs=("grad_norm",),
                   spec={"name": "grad_norm", "m": m})
+
+
+# --- Registered names (fedjax_sel.registry) ------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class EntropySettings:
+  """UACS-FL's Entropy+Eps-Greedy."""
+
+  explore_prob: float = registry.setting(0.1, "eps of Entropy+Eps-Greedy: probability of picking "
+                                         "the m clients uniformly at random in a round, in "
+                                         "[0, 1].", flag="explore_prob")
+
+  def check(self, context: registry.BuildContext) -> None:
+    del context
+    if not 0.0 <= self.explore_prob <= 1.0:
+      raise registry.SettingError("explore_prob", f"must be in [0, 1], got {self.explore_prob}")
+
+
+@registry.register("selector", "entropy", EntropySettings)
+def _entropy(settings: EntropySettings, context: registry.BuildContext) -> Selector:
+  """UACS-FL: eps-greedy top K by predictive entropy."""
+  return entropy_selector(context.k, settings.explore_prob)
+
+
+@registry.register("selector", "grad_norm")
+def _grad_norm(settings, context: registry.BuildContext) -> Selector:
+  """Top K by the norm of the full-batch gradient."""
+  del settings
+  return grad_norm_selector(context.k)

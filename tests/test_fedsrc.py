@@ -159,7 +159,7 @@ def test_alpha_holds_the_participation_target_on_average():
 
 @pytest.mark.parametrize("kw,match", [
     (dict(beta=0.95), "beta"), (dict(target=0.0), "target"), (dict(target=1.5), "target"),
-    (dict(reinclude_prob=-0.1), "reinclude_prob"), (dict(mode="ref"), "fedsrc_mode"),
+    (dict(reinclude_prob=-0.1), "reinclude_prob"), (dict(mode="ref"), "mode must be one of"),
     (dict(decision_stat="val"), "decision_stat"), (dict(kappa=2.0), "kappa"),
     (dict(alpha0=float("nan")), "alpha0")])
 def test_bad_config_raises(kw, match):

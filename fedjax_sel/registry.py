@@ -1,0 +1,212 @@
+"""One registry of names: every part of a round by kind and name, its factory and its settings.
+
+A part (selector, filter, participation rule, aggregator, server optimizer) is registered once,
+beside its code, with a typed settings class (a frozen dataclass whose fields say their help text,
+their command-line flag and their accepted values). The launchers' choices, `--help`, the job
+config, fingerprints and the docs' tables read the registry, so a new method is one module:
+
+  @dataclasses.dataclass(frozen=True)
+  class TopLossSettings:
+    temperature: float = registry.setting(1.0, "Softmax temperature, > 0.")
+
+    def check(self, context):
+      if not self.temperature > 0:
+        raise registry.SettingError("temperature", f"must be > 0, got {self.temperature}")
+
+  @registry.register("selector", "top_loss", TopLossSettings)
+  def top_loss(settings, context):
+    return my_selector(context.k, settings.temperature)
+
+Parts can be registered from outside the package: `lookup("selector", "my_pkg.parts:top_loss")`
+imports `my_pkg.parts` (whose import registers its parts) and finds `top_loss` among them; a
+package may also name its modules in the `fedjax_sel.parts` entry-point group, imported the first
+time a name is not found.
+
+Example:
+  >>> from fedjax_sel import registry
+  >>> registry.lookup("selector", "poc").settings().variant
+  'pow'
+  >>> "oort" in registry.names("selector")
+  True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+from typing import Any, Callable, NamedTuple
+
+KINDS = ("selector", "filter", "rule", "aggregator", "server_optimizer")
+ENTRY_POINT_GROUP = "fedjax_sel.parts"
+# The package's modules that register parts, in the order their names are listed.
+BUILTIN_MODULES = ("fedjax_sel.selectors", "fedjax_sel.uacs", "fedjax_sel.oort",
+                   "fedjax_sel.filtering", "fedjax_sel.fedalign", "fedjax_sel.fedsrc",
+                   "fedjax_sel.aggregators", "fedjax_sel.server_optimizers")
+
+
+class SettingError(ValueError):
+  """A setting's value is refused: `field` names it (the launchers map it to its flag)."""
+
+  def __init__(self, field: str, message: str):
+    super().__init__(f"{field} {message}")
+    self.field = field
+    self.message = message
+
+
+class BuildContext(NamedTuple):
+  """What a part's factory may read besides its settings.
+
+  Attributes:
+    k: clients per round (K), held by the simulator; selectors choose at most K.
+    rounds: rounds of the run (T), for schedules over the run.
+    seed: the run's seed (draws that describe the run, e.g. FedALIGN's priority clients).
+    num_clients: N.
+    num_available: the most clients available at once (the availability model's).
+    data: the run's `FederatedDataset` (None when settings are checked before the data exist).
+    model: the run's `Model` (None likewise).
+    profile: the clients' `system.SystemProfile` on the simulated clock, or None.
+    local_epochs: E, local passes per round (a duration estimate for clock-aware parts).
+  """
+
+  k: int
+  rounds: int
+  seed: int = 0
+  num_clients: int = 0
+  num_available: int = 0
+  data: Any = None
+  model: Any = None
+  profile: Any = None
+  local_epochs: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class NoSettings:
+  """The settings of a part that has none."""
+
+  def check(self, context: BuildContext) -> None:
+    del context
+
+
+class Entry(NamedTuple):
+  """A registered part: `factory(settings, context) -> part`."""
+
+  kind: str
+  name: str
+  factory: Callable[[Any, BuildContext], Any]
+  settings: type
+  doc: str
+
+
+_ENTRIES: dict[tuple[str, str], Entry] = {}
+_LOADED_ENTRY_POINTS = False
+
+
+def setting(default: Any, help: str, *, flag: str | None = None,  # pylint: disable=redefined-builtin
+            choices: tuple | None = None) -> Any:
+  """A settings field: its default, help text, command-line flag (default `<part>_<field>`) and,
+  for a string among fixed values, the accepted `choices`."""
+  metadata = {"help": help, "flag": flag, "choices": choices}
+  if isinstance(default, (list, dict)):
+    raise TypeError("settings defaults must be immutable (use a tuple)")
+  return dataclasses.field(default=default, metadata=metadata)
+
+
+def register(kind: str, name: str, settings: type = NoSettings, doc: str | None = None):
+  """Decorator registering `factory(settings, context) -> part` as part `name` of `kind`.
+
+  Registering a name twice with another factory is refused (a module imported twice registers
+  the same factory again, which is allowed)."""
+  if kind not in KINDS:
+    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+  if not dataclasses.is_dataclass(settings):
+    raise TypeError(f"settings of {kind} {name!r} must be a frozen dataclass, got {settings}")
+
+  def wrap(factory):
+    key = (kind, name)
+    old = _ENTRIES.get(key)
+    if old is not None and old.factory.__qualname__ != factory.__qualname__:
+      raise ValueError(f"{kind} {name!r} is registered already ({old.factory.__module__}."
+                       f"{old.factory.__qualname__})")
+    text = doc if doc is not None else (factory.__doc__ or "").strip().split("\n")[0]
+    _ENTRIES[key] = Entry(kind, name, factory, settings, text)
+    return factory
+
+  return wrap
+
+
+def _load_builtin() -> None:
+  for module in BUILTIN_MODULES:
+    importlib.import_module(module)
+
+
+def _load_entry_points() -> None:
+  global _LOADED_ENTRY_POINTS  # pylint: disable=global-statement
+  if _LOADED_ENTRY_POINTS:
+    return
+  _LOADED_ENTRY_POINTS = True
+  for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+    point.load()
+
+
+def names(kind: str) -> tuple[str, ...]:
+  """The names registered for `kind`: the package's (by `BUILTIN_MODULES`), then the others in
+  registration order."""
+  _load_builtin()
+  _load_entry_points()
+  entries = [e for e in _ENTRIES.values() if e.kind == kind]
+  rank = {m: i for i, m in enumerate(BUILTIN_MODULES)}
+  entries.sort(key=lambda e: rank.get(e.factory.__module__, len(rank)))  # Stable: then in order.
+  return tuple(e.name for e in entries)
+
+
+def lookup(kind: str, name: str) -> Entry:
+  """The entry of part `name` of `kind`; `module:name` imports `module` first. An unknown name
+  raises ValueError listing the accepted ones."""
+  _load_builtin()
+  if ":" in name:
+    module, _, short = name.partition(":")
+    try:
+      importlib.import_module(module)
+    except ImportError as e:
+      raise ValueError(f"{kind} {name!r}: cannot import {module} ({e})") from e
+    entry = next((e for e in _ENTRIES.values() if e.kind == kind
+                  and (e.name == short or e.name == name)
+                  and e.factory.__module__ == module), None)
+    if entry is None:
+      raise ValueError(f"{kind} {name!r}: {module} registers no {kind} named {short!r} "
+                       f"(register it with fedjax_sel.registry.register({kind!r}, {short!r}, ...))")
+    return entry
+  if (kind, name) not in _ENTRIES:
+    _load_entry_points()
+  if (kind, name) not in _ENTRIES:
+    raise ValueError(f"unknown {kind} {name!r}; accepted: {', '.join(names(kind))}, or "
+                     "module:name of one registered outside the package")
+  return _ENTRIES[(kind, name)]
+
+
+def settings_fields(settings: type) -> tuple[dataclasses.Field, ...]:
+  """The fields of a settings class, in order."""
+  return dataclasses.fields(settings)
+
+
+def check(kind: str, name: str, settings: Any, context: BuildContext) -> None:
+  """Checks `settings` of part `name`: choices, then the settings' own `check` (if any)."""
+  entry = lookup(kind, name)
+  if not isinstance(settings, entry.settings):
+    raise TypeError(f"{kind} {name!r} takes {entry.settings.__name__}, got "
+                    f"{type(settings).__name__}")
+  for f in settings_fields(entry.settings):
+    choices = f.metadata.get("choices")
+    value = getattr(settings, f.name)
+    if choices is not None and value not in choices:
+      raise SettingError(f.name, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
+  own = getattr(settings, "check", None)
+  if own is not None:
+    own(context)
+
+
+def build(kind: str, name: str, settings: Any, context: BuildContext) -> Any:
+  """The part `name` of `kind` with `settings`, checked first."""
+  check(kind, name, settings, context)
+  return lookup(kind, name).factory(settings, context)
