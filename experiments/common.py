@@ -23,7 +23,8 @@ import optax
 from absl import app, flags
 
 import fedjax_sel as fs
-from fedjax_sel import folder_lock
+from experiments import config, flag_binding
+from fedjax_sel import folder_lock, registry
 from fedjax_sel.checkpoint import CheckpointError, WriteError
 from fedjax_sel.data import sources
 from fedjax_sel.data.corruption import KINDS as CORRUPTION_KINDS
@@ -31,186 +32,15 @@ from fedjax_sel.data.corruption import corrupt_clients, corruption_kinds
 from fedjax_sel.data.partition import PARTITIONS
 from fedjax_sel.models import CONV_IMPLS, CONV_MODELS, resolve_conv_impl
 from fedjax_sel.runner import NonFiniteError
-from fedjax_sel.server_optimizers import SERVER_OPTIMIZERS, make_server_optimizer
 
 FLAGS = flags.FLAGS
 
-# Data.
-flags.DEFINE_enum("dataset", "digits", fs.DATASETS, "Dataset (digits ships with scikit-learn).")
-flags.DEFINE_enum("partition", "dirichlet", PARTITIONS, "How a centralized pool is split.")
-flags.DEFINE_integer("num_clients", 50, "Total clients in the population (N), >= 1.", lower_bound=1)
-flags.DEFINE_float("dirichlet_alpha", 0.5, "Concentration of the Dirichlet label partition "
-                   "(alpha); smaller is more skewed, > 0.", lower_bound=1e-6)
-flags.DEFINE_integer("classes_per_client", 2, "Classes each client holds under "
-                     "--partition=k_classes (k), 1..C.", lower_bound=1)
-flags.DEFINE_float("dominant_fraction", 0.8, "Dominant-class share of the dominant partition.",
-                   lower_bound=0.0, upper_bound=1.0)
-flags.DEFINE_float("test_fraction", 0.2, "Share of each client's examples held out as its test "
-                   "split, in [0, 0.9].", lower_bound=0.0, upper_bound=0.9)
-flags.DEFINE_float("val_fraction", 0.0, "Share of each client's examples held out as its "
-                   "validation split, in [0, 0.9].", lower_bound=0.0,
-                   upper_bound=0.9)
-flags.DEFINE_float("public_fraction", 0.0, "Server public set: stratified share of the pool (or of "
-                   "each client for synth/leaf).", lower_bound=0.0, upper_bound=0.9)
-flags.DEFINE_string("data_dir", sources.FASHION_MNIST_DIR, "Folder of the Fashion-MNIST IDX "
-                    "files, or the TFDS data dir holding ArrayRecord files.")
-flags.DEFINE_list("leaf_files", [], "LEAF JSON files or glob patterns for --dataset=leaf.")
-flags.DEFINE_string("tfds_name", "mnist", "TFDS dataset name for --dataset=tfds (e.g. cifar10), "
-                    "read from --data_dir, never downloaded.")
-flags.DEFINE_float("synth_alpha", 1.0, "SYNTH(alpha, beta): spread of the clients' models "
-                   "(alpha), >= 0.", lower_bound=0.0)
-flags.DEFINE_float("synth_beta", 1.0, "SYNTH(alpha, beta): spread of the clients' feature means "
-                   "(beta), >= 0.", lower_bound=0.0)
-flags.DEFINE_integer("max_examples", None, "Keep at most this many examples of the centralized "
-                     "pool (a seeded sample), >= 1.", lower_bound=1)
-
-# Bad clients (FilFL, FedSRC, run.py; the training and validation data of the bad clients are
-# corrupted, their test data stay clean and the clean_* metrics leave them out).
-flags.DEFINE_float("corrupt_fraction", 0.0, "Share of the clients whose data are corrupted (bad "
-                   "clients), in [0, 1].", lower_bound=0.0, upper_bound=1.0)
-flags.DEFINE_list("corrupt_kinds", list(CORRUPTION_KINDS), "How the bad clients' data are "
-                  "corrupted, split evenly among them: shuffle (random labels), flip (one wrong "
-                  f"class per client), noise (Gaussian features); values among {CORRUPTION_KINDS}.")
-
-# Model and local training.
-flags.DEFINE_enum("model", "mlp", fs.MODELS, "Model the clients train (its size follows "
-                  "--hidden, --resnet_width, --norm).")
-flags.DEFINE_list("hidden", ["200", "200"], "Hidden layer widths of --model=mlp (e.g. 200,100 for "
-                  "FedSRC's MNIST MLP 784-200-100-10, 64 for its FEMNIST MLP).")
-flags.DEFINE_enum("norm", "group", ("group", "batch"), "Normalization layers of --model=resnet18: "
-                  "group (GroupNorm) or batch (BatchNorm; each client keeps running statistics "
-                  "during local training, averaged like the weights).")
-flags.DEFINE_integer("resnet_width", 64, "Channels of ResNet18's first stage (64 in the paper; "
-                     "smaller for quick CPU runs).", lower_bound=2)
-flags.DEFINE_enum("conv_impl", "auto", CONV_IMPLS, "Convolution lowering: auto (oneDNN's CPU "
-                  "kernels on a single CPU device where the onednn extra is installed, else "
-                  "patches), patches (shifted slices and a matmul), lax (XLA's convolution) or "
-                  "onednn.")
-flags.DEFINE_float("lr", 0.1, "Client learning rate (eta_l), a finite number >= 0.",
-                   lower_bound=0.0)
-flags.DEFINE_float("lr_decay", 1.0, "Multiply lr by this every --lr_decay_every rounds.",
-                   lower_bound=0.0, upper_bound=1.0)
-flags.DEFINE_integer("lr_decay_every", 10, "Rounds between multiplications of the learning rate "
-                     "by --lr_decay, >= 1.", lower_bound=1)
-flags.DEFINE_float("momentum", 0.0, "Client SGD momentum (heavy ball), in [0, 1); 0 is plain SGD.",
-                   lower_bound=0.0, upper_bound=0.999)
-flags.DEFINE_float("weight_decay", 0.0, "Client decoupled weight decay (AdamW-style, per step), "
-                   ">= 0.", lower_bound=0.0)
-flags.DEFINE_integer("batch_size", 16, "Examples per local training step (B), >= 1.", lower_bound=1)
-flags.DEFINE_integer("local_epochs", 2, "Passes over its data each client makes per round (E), >= "
-                     "1.", lower_bound=1)
-flags.DEFINE_integer("local_steps", None, "A fixed number of local steps per client and round "
-                     "instead of --local_epochs, >= 1.", lower_bound=1)
-flags.DEFINE_float("prox_mu", 0.0, "FedProx proximal coefficient (mu), >= 0; 0 is FedAvg.",
-                   lower_bound=0.0)
-flags.DEFINE_integer("chunk_size", None, "Clients vmapped together (default: from the step's "
-                     "cost: 1-4 on CPU, what fits a quarter of device memory on accelerators).",
-                     lower_bound=1)
-
-# Where the clients' data live, and multi-host runs.
-flags.DEFINE_enum("store", "auto", ("auto", "device", "host"), "Clients' data on the device "
-                  "(fast while they fit), in host memory / a memory-mapped store with each "
-                  "round's available clients' rows sent to the device, or auto (host when the "
-                  "data exceed a share of device memory).")
-flags.DEFINE_string("store_dir", None, "Read the federated dataset from a memory-mapped store "
-                    "folder (fedjax_sel.data.store.write_store / synth_store) instead of "
-                    "--dataset.")
-flags.DEFINE_string("coordinator_address", None, "host:port of process 0 of a multi-host run "
-                    "(jax.distributed); set --num_processes and --process_id too.")
-flags.DEFINE_integer("num_processes", 1, "Processes of a multi-host run (1: one host).",
-                     lower_bound=1)
-flags.DEFINE_integer("process_id", 0, "This process's index, 0..--num_processes-1.", lower_bound=0)
-flags.DEFINE_bool("distributed_auto", False, "Join a multi-host run by jax.distributed's cluster "
-                  "detection (SLURM, Cloud TPU, ...) instead of the three flags above.")
-flags.DEFINE_integer("distributed_timeout", 60, "Seconds to wait for every process to join a "
-                     "multi-host run before failing.", lower_bound=1)
-
-# Rounds.
-flags.DEFINE_integer("rounds", 30, "Communication rounds to run (T), >= 1; a resumed job runs up "
-                     "to this many in total.", lower_bound=1)
-flags.DEFINE_integer("clients_per_round", 10, "Clients trained per round (K), 1..n "
-                     "(--num_available).", lower_bound=1)
-flags.DEFINE_integer("num_available", 25, "n, clients available per round (0: all clients).",
-                     lower_bound=0)
-flags.DEFINE_integer("avail_period", 5, "Rounds between redraws of the available clients (uniform "
-                     "and probability models), >= 1.", lower_bound=1)
-flags.DEFINE_enum("availability", "uniform", ("uniform", "probability", "diurnal", "trace"),
-                  "Availability model: uniform (exactly --num_available clients, redrawn every "
-                  "--avail_period rounds), probability (client k available with its own "
-                  "probability, drawn once in --avail_prob_range), diurnal (a day cycle of "
-                  "--diurnal_period rounds, each client with its own phase), trace (read from "
-                  "--avail_trace). The last three vary the number available by round, at most "
-                  "--avail_capacity.")
-flags.DEFINE_list("avail_prob_range", ["0.2", "0.8"], "probability model: each client's "
-                  "availability probability is drawn uniformly in [low, high] (within [0, 1]).")
-flags.DEFINE_integer("diurnal_period", 24, "diurnal model: rounds in one day, >= 1.", lower_bound=1)
-flags.DEFINE_float("diurnal_mean", 0.5, "diurnal model: mean availability probability, in [0, 1].")
-flags.DEFINE_float("diurnal_amplitude", 0.4, "diurnal model: swing of the probability over the "
-                   "day, in [0, 1] (clipped to [0, 1] at each round).")
-flags.DEFINE_string("avail_trace", None, "trace model: a CSV (header client,start,end: client "
-                    "available in rounds start <= t < end) or JSON ({\"available\": {\"<client>\": "
-                    "[[start, end], ...]}, \"rounds\": T}) file; cycled past its end.")
-flags.DEFINE_integer("avail_capacity", 0, "Most clients available at once under the probability, "
-                     "diurnal and trace models (sizes FilFL's training slots; 0: the number of "
-                     "clients, or the trace's largest round).", lower_bound=0)
-flags.DEFINE_enum("weighting", "examples", ("uniform", "examples"), "FedAvg weights of the "
-                  "trained models: uniform, or examples (each by its m_k).")
-flags.DEFINE_enum("server_opt", "none", ("none", *SERVER_OPTIMIZERS),
-                  "Server optimizer stepping the global model with the pseudo-gradient (global "
-                  "minus aggregate): none (the aggregate is the new model), sgd, momentum "
-                  "(FedAvgM), adam, yogi, adagrad (FedAdam, FedYogi, FedAdagrad as Reddi et al. "
-                  "2021's Algorithm 2).")
-flags.DEFINE_float("server_lr", None, "Server learning rate (eta); default 1.0 for sgd and "
-                   "momentum, 0.01 for adam, yogi and adagrad (tune it per task).")
-flags.DEFINE_float("server_momentum", 0.9, "FedAvgM's server momentum (beta), in [0, 1].")
-flags.DEFINE_float("server_beta1", 0.9, "Adaptive server optimizers' first-moment decay (beta_1), "
-                   "in [0, 1].")
-flags.DEFINE_float("server_beta2", 0.99, "FedAdam / FedYogi second-moment decay (beta_2), in "
-                   "[0, 1].")
-flags.DEFINE_float("server_tau", 1e-3, "Adaptive server optimizers' adaptivity (tau), in (0, 1].")
-flags.DEFINE_string("system_profile", "none", "Clients' speeds and bandwidths for the simulated "
-                    "clock: none (rounds take no time), lognormal (drawn around --speed_median and "
-                    "--bandwidth_median, the same population for every seed), or a CSV file with "
-                    "the header client,speed,bandwidth. Rounds then report round_time_s and "
-                    "sim_time_s.")
-flags.DEFINE_float("speed_median", 100.0, "lognormal profile: median compute speed, training "
-                   "samples per second (> 0).")
-flags.DEFINE_float("speed_sigma", 0.8, "lognormal profile: sigma of log speed (>= 0).")
-flags.DEFINE_float("bandwidth_median", 1e6, "lognormal profile: median bandwidth, bytes per "
-                   "second (> 0).")
-flags.DEFINE_float("bandwidth_sigma", 0.8, "lognormal profile: sigma of log bandwidth (>= 0).")
-flags.DEFINE_float("deadline_s", 0.0, "Round deadline in simulated seconds: clients that finish "
-                   "later are stragglers, left out of the aggregate (0: no deadline; needs "
-                   "--system_profile).", lower_bound=0.0)
-flags.DEFINE_list("seeds", ["0"], "Comma-separated seeds, one run each (distinct integers >= 0), "
-                  "run as one batch.")
-flags.DEFINE_integer("eval_every", 1, "Evaluate the global model every this many rounds.",
-                     lower_bound=1)
-flags.DEFINE_integer("checkpoint_every", 10, "Rounds between checkpoints of each run (a resumed "
-                     "run continues from its last), >= 1.", lower_bound=1)
-flags.DEFINE_integer("last_k", 10, "Rounds of the summaries' last-k mean (the final round alone is "
-                     "noisy), >= 1.", lower_bound=1)
-flags.DEFINE_enum("figure_format", "png", ("png", "pdf", "svg"), "File format of the --plot "
-                  "figures: png, or pdf / svg (vector, for papers).")
-flags.DEFINE_bool("tensorboard", False, "Also write each run's per-round scalars as TensorBoard "
-                  "events under its folder (tensorboard --logdir=<out_dir>); needs the "
-                  "tensorboard extra, pip install -e '.[tensorboard]'.")
-flags.DEFINE_bool("resume", False, "Continue each run from its checkpoint in --out_dir (refused, "
-                  "naming the settings, if they changed; runs without one start fresh).")
-flags.DEFINE_bool("overwrite", False, "Replace the previous runs in --out_dir (without it or "
-                  "--resume, an --out_dir holding a run is refused).")
-flags.DEFINE_string("out_dir", "runs/run", "Folder of the job: per-run metrics and checkpoints, "
-                    "summary, figures, flags.txt and job.json.")
-flags.DEFINE_enum("nonfinite", "stop", ("stop", "exclude"), "When a model or loss is not finite: "
-                  "stop the run naming the round, or exclude the diverged client updates from "
-                  "aggregation and count them (nonfinite_clients).")
-flags.DEFINE_bool("plot", False, "Draw the figures after the runs (needs matplotlib).")
-flags.DEFINE_string("sweep", None, "Sweep one continuous setting: NAME:V1,V2,... adds a run per "
-                    "value to each method (labelled NAME=V), batched with its seeds. NAME: lr, "
-                    "prox_mu, or the launcher's own (an unknown NAME lists them).")
-flags.DEFINE_bool("batch_runs", True, "Advance a method's runs (its seeds, and --sweep values) "
-                  "together as one batched compiled program (device store); --nobatch_runs runs "
-                  "them one after another, still sharing one compiled round.")
+# The flags of the job config's fields (experiments/config.py: one place for each flag's help,
+# type, accepted values and default) and of the server optimizers' settings.
+for _section in config.SECTIONS:
+  flag_binding.define_section(_section)
+flag_binding.define_job()
+flag_binding.define_parts(("server_optimizer",))
 
 
 def seeds() -> list[int]:
@@ -444,14 +274,15 @@ def check_out_dir() -> None:
 
 def server_optimizer():
   """The --server_opt flags as a `ServerOptimizer` (None for none); bad values name the flag."""
-  if FLAGS.server_opt == "none":
+  name = FLAGS.server_opt
+  if name == "none":
     return None
   try:
-    return make_server_optimizer(FLAGS.server_opt, FLAGS.server_lr,
-                                 momentum=FLAGS.server_momentum, beta1=FLAGS.server_beta1,
-                                 beta2=FLAGS.server_beta2, tau=FLAGS.server_tau)
+    settings = flag_binding.part_settings("server_optimizer", name)
+    return registry.build("server_optimizer", name, settings, registry.BuildContext(
+        k=FLAGS.clients_per_round, rounds=FLAGS.rounds))
   except ValueError as e:
-    raise app.UsageError(f"--server_opt={FLAGS.server_opt}: {e}") from e
+    raise flag_binding.part_error("server_optimizer", name, e) from e
 
 
 def system_profile():
@@ -499,9 +330,10 @@ def check_corruption() -> tuple[str, ...]:
 
 
 def refuse_corruption(launcher: str) -> None:
-  """For launchers with their own notion of noisy clients: --corrupt_* cannot apply."""
+  """For launchers with their own notion of noisy clients: --corrupt_* cannot apply (a value other
+  than the default is refused; the default, as a job's flags.txt holds it, is no corruption)."""
   for flag in ("corrupt_fraction", "corrupt_kinds"):
-    if FLAGS[flag].present:
+    if FLAGS[flag].value != FLAGS[flag].default:
       raise app.UsageError(f"--{flag} does not apply to {launcher}, which builds its own clients "
                            "(see its --help); use experiments.run, filfl or fedsrc")
 
@@ -554,21 +386,31 @@ def launcher_name() -> str:
   return spec.name if spec is not None else os.path.basename(sys.argv[0])
 
 
+def launcher_module(module: str) -> bool:
+  """Whether absl's `module` key is a launcher's or experiments' module: under `python -m`, the
+  running launcher's own flags are registered under its file path."""
+  main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+  return (module.startswith(("experiments", "__main__"))
+          or (main_file is not None and os.path.abspath(module) == os.path.abspath(main_file)))
+
+
 def flag_lines() -> list[str]:
   """The launcher's flags as `--name=value` lines (absl's flagfile format), the flags of JAX,
   absl and TFDS left out."""
   lines = []
+  skip = NOT_REPLAYED | flag_binding.unused_setting_flags()
   for module, module_flags in FLAGS.flags_by_module_dict().items():
-    if not module.startswith(("experiments", "__main__")):
+    if not launcher_module(module):
       continue
     for flag in module_flags:
       text = flag.serialize()
-      if flag.name not in NOT_REPLAYED and text:
+      if flag.name not in skip and text:
         lines.append(text)
   return sorted(set(lines))
 
 
-def _write_atomically(path: str, text: str) -> None:
+def write_text(path: str, text: str) -> None:
+  """Writes `text` to `path` atomically (a temporary file renamed over it)."""
   tmp = path + ".tmp"
   try:
     with open(tmp, "w", encoding="utf-8") as f:
@@ -587,7 +429,7 @@ def write_provenance() -> None:
   import jax  # pylint: disable=import-outside-toplevel
   import flax  # pylint: disable=import-outside-toplevel
   os.makedirs(FLAGS.out_dir, exist_ok=True)
-  _write_atomically(os.path.join(FLAGS.out_dir, FLAGS_FILE), "\n".join(flag_lines()) + "\n")
+  write_text(os.path.join(FLAGS.out_dir, FLAGS_FILE), "\n".join(flag_lines()) + "\n")
   info = {"launcher": launcher_name(), "command": [sys.executable, *sys.argv],
           "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
           "host": socket.gethostname(),
@@ -597,7 +439,7 @@ def write_provenance() -> None:
                        "numpy": np.__version__, "python": sys.version.split()[0]},
           "devices": [f"{d.platform}:{d.device_kind}" for d in jax.devices()],
           "processes": jax.process_count()}
-  _write_atomically(os.path.join(FLAGS.out_dir, RUN_INFO_FILE), json.dumps(info, indent=1) + "\n")
+  write_text(os.path.join(FLAGS.out_dir, RUN_INFO_FILE), json.dumps(info, indent=1) + "\n")
 
 
 def record_runs(runs) -> None:
@@ -610,7 +452,7 @@ def record_runs(runs) -> None:
                 "sweep": tag, "folder": os.path.join(*r.path)})
   if writer():
     os.makedirs(FLAGS.out_dir, exist_ok=True)
-    _write_atomically(os.path.join(FLAGS.out_dir, JOB_FILE),
+    write_text(os.path.join(FLAGS.out_dir, JOB_FILE),
                       json.dumps({"runs": job}, indent=1) + "\n")
 
 

@@ -30,15 +30,9 @@ from fedjax_sel.data import sources
 FLAGS = flags.FLAGS
 flags.adopt_module_key_flags(common)  # --help lists the shared flags too.
 for _flag in ("selector", "poc_variant", "poc_d", "divfl_proxy", "filter_period",
-              "empty_value", "filter_const", "filter_order"):
+              "empty_value", "filter_const", "filter_order", "opt", "submod_samples", "gammas"):
   flags.declare_key_flag(_flag)  # The parts' flags FilFL uses, in its --help.
 flags.DEFINE_list("filters", ["none", "dgf", "rgf"], "Runs to compare: none (FedAvg/FedProx), dgf, rgf.")
-flags.DEFINE_bool("opt", False, "Also run OPT on each filtering round (n <= 16) and report "
-                  "R(greedy)/R(OPT).")
-flags.DEFINE_integer("submod_samples", 0, "Weak-submodularity check samples per filtering round.",
-                     lower_bound=0)
-flags.DEFINE_list("gammas", ["0.5", "0.75", "0.9", "1.0"], "Comma-separated gammas in (0, 1] of "
-                  "the weak-submodularity check (--submod_samples).")
 flags.DEFINE_bool("avail_reference", False, "Redraw availability every round during the first "
                   "--avail_period rounds (FilFL reference mode).")
 flags.DEFINE_enum("public_mode", "stratified", ("stratified", "per_client"), "Public set source: "
@@ -110,13 +104,8 @@ def check_flags():
     raise app.UsageError(f"--selector: FilFL selects with random, poc or divfl, got "
                          f"{FLAGS.selector} (experiments/run.py composes the others)")
   parts.check_selector(FLAGS.clients_per_round, FLAGS.num_available or FLAGS.num_clients)
-  try:
-    gammas = tuple(float(g) for g in FLAGS.gammas)
-  except ValueError as e:
-    raise app.UsageError(f"--gammas must be numbers, got {FLAGS.gammas}") from e
-  if not all(0 < g <= 1 for g in gammas):  # Also refuses NaN.
-    raise app.UsageError(f"--gammas must be in (0, 1], got {FLAGS.gammas}")
-  return gammas
+  for name in set(FLAGS.filters) - {"none"}:
+    parts.check("filter", name, parts.context(FLAGS.clients_per_round))
 
 
 def load(seed):
@@ -131,7 +120,7 @@ def main(argv):
   del argv
   common.init_distributed()
   apply_preset()
-  gammas = check_flags()
+  check_flags()
   seeds = common.seeds()
   loaded = {s: load(s) for s in seeds}  # All data errors surface before any training.
   runs = {}
@@ -147,7 +136,7 @@ def main(argv):
         for seed in seeds:
           data, bad = loaded[seed]
           model = common.model_for(data)
-          filt = parts.make_filter(filt_name, model, gammas, FLAGS.opt, FLAGS.submod_samples)
+          filt = parts.make_filter(filt_name, model)
           sim = fs.Simulator(model, data, common.optimizer(), common.local_hparams(),
                              common.availability(FLAGS.avail_reference),
                              parts.make_selector(FLAGS.clients_per_round),

@@ -27,22 +27,16 @@ import os
 from absl import app, flags
 
 import fedjax_sel as fs
-from experiments import common, parts
+from experiments import common, config, flag_binding, parts
 from fedjax_sel import fedsrc
 
 FLAGS = flags.FLAGS
 flags.adopt_module_key_flags(common)  # --help lists the shared flags too.
 flags.adopt_module_key_flags(parts)  # And every part's settings.
-flags.DEFINE_enum("filter", "none", parts.FILTERS, "Client filter before selection: none, or "
-                  "FilFL's greedy filter on the server's public set, dgf (deterministic) or rgf "
-                  "(random).")
-flags.DEFINE_enum("rule", "none", parts.RULES, "Participation rule of the selected clients: none "
-                  "(everyone trains), fedalign (non-priority clients join when aligned with the "
-                  "priority clients), fedsrc (clients abstain above their loss threshold).")
-flags.DEFINE_enum("aggregator", "fedavg", parts.AGGREGATORS, "How the server combines the trained "
-                  "models: fedavg (--weighting), median, trimmed_mean (--trim_beta), krum and "
-                  "multi_krum (--krum_f, --multi_krum_m), fedasl (--fedasl_alpha, --fedasl_beta).")
+flag_binding.define_choices(("filter", "rule", "aggregator"))
 
+SWEEPABLE = {"lr": "local.lr", "prox_mu": "local.prox_mu"}  # --sweep NAME: config field.
+CONFIG_FILE = "config.json"
 DEFAULT_PUBLIC_FRACTION = 0.05
 DEFAULT_VAL_FRACTION = 0.1
 
@@ -90,7 +84,10 @@ def main(argv):
   check_parts()
   seeds = common.seeds()
   common.check_corruption()
+  job = flag_binding.job_config(sweepable=SWEEPABLE)
   datasets = {s: common.corrupt(common.load_data(s), s)[:2] for s in seeds}  # Data errors first.
+  if common.writer():  # The typed job, resolved (the part defaults above applied).
+    common.write_text(os.path.join(FLAGS.out_dir, CONFIG_FILE), config.to_json(job))
   options = common.engine_options([data for data, _ in datasets.values()])
   name = label()
   jobs = []

@@ -301,13 +301,22 @@ def test_no_flag_help_is_only_a_symbol():
     tree = ast.parse(open(os.path.join(REPO, "experiments", name), encoding="utf-8").read())
     for node in ast.walk(tree):
       if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-          and node.func.attr.startswith("DEFINE_") and node.args):
+          and node.func.attr.startswith("DEFINE_") and node.args
+          and isinstance(node.args[0], ast.Constant)):  # flag_binding's: checked below.
         index = 3 if node.func.attr == "DEFINE_enum" else 2
         help_node = node.args[index] if len(node.args) > index else next(
             (k.value for k in node.keywords if k.arg == "help"), None)
         words = _help_words(help_node) if help_node is not None else []
         if len(words) < 4:
           short.append(f"{name}: --{node.args[0].value}: {' '.join(words)!r}")
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  from experiments import config  # pylint: disable=import-outside-toplevel
+  from fedjax_sel import registry  # pylint: disable=import-outside-toplevel
+  bound = [(s.__name__, f) for s in config.SECTIONS.values() for f in dataclasses.fields(s)]
+  bound += [(f"{kind} {name}", f) for kind in registry.KINDS for name in registry.names(kind)
+            for f in dataclasses.fields(registry.lookup(kind, name).settings)]
+  short += [f"{where}: {f.name}: {f.metadata.get('help')!r}" for where, f in bound
+            if len((f.metadata.get("help") or "").split()) < 4]
   assert not short, "\n".join(short)
 
 

@@ -1,0 +1,30 @@
+"""A selector defined outside the package, as a researcher would write one: registered on import,
+run by `experiments.run --selector=tests.toy_selector:lowest_index` (test_registry.py)."""
+
+import dataclasses
+
+import jax.numpy as jnp
+
+import fedjax_sel as fs
+from fedjax_sel import registry
+
+
+@dataclasses.dataclass(frozen=True)
+class LowestIndexSettings:
+  """Settings of the toy selector."""
+
+  offset: int = registry.setting(0, "Skip this many of the lowest-index available clients.")
+
+
+@registry.register("selector", "lowest_index", LowestIndexSettings)
+def lowest_index(settings: LowestIndexSettings, context: registry.BuildContext) -> fs.Selector:
+  """The K available clients of lowest index (after `offset` of them)."""
+  k, offset = context.k, settings.offset
+
+  def select(state, key, inputs, mask):
+    del key, inputs
+    rank = jnp.cumsum(mask) - 1
+    return mask & (rank >= offset) & (rank < offset + k), state
+
+  return fs.Selector(init=lambda n, params: (), select=select,
+                     spec={"name": "lowest_index", "k": k, "offset": offset})
