@@ -29,8 +29,7 @@ from fedjax_sel.checkpoint import CheckpointError, WriteError
 from fedjax_sel.data import sources
 from fedjax_sel.data.corruption import KINDS as CORRUPTION_KINDS
 from fedjax_sel.data.corruption import corrupt_clients, corruption_kinds
-from fedjax_sel.data.partition import PARTITIONS
-from fedjax_sel.models import CONV_IMPLS, CONV_MODELS, resolve_conv_impl
+from fedjax_sel.models import CONV_MODELS, resolve_conv_impl
 from fedjax_sel.runner import NonFiniteError
 
 FLAGS = flags.FLAGS

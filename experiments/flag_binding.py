@@ -6,14 +6,13 @@ part (`fedjax_sel.registry`); `job_config()` reads them back into one `JobConfig
 this module and the launchers' entry points reads `FLAGS`. Since a field and its flag share one
 name, an error about a field names its flag without parsing any text.
 
-`--config=FILE` starts from a job's `config.json` (a replay); flags given beside it override it.
-A flag of a part the job does not use is refused, as is any flag the launcher does not define.
+A setting flag of a part the job does not use is refused. A job replays from its folder's
+`flags.txt` (`--flagfile=<out_dir>/flags.txt`); `config.json` beside it is the resolved config.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import typing
 from typing import Any
@@ -120,12 +119,6 @@ def define_job() -> None:
                       "or prox_mu.")
 
 
-def define_replay() -> None:
-  """`--config`, the job's config.json to start from."""
-  flags.DEFINE_string("config", None, "Start from a job's config.json (e.g. <out_dir>/config.json "
-                      "to replay it exactly); flags given beside it override its values.")
-
-
 # --- Reading the flags back ---------------------------------------------------------------------
 
 def _convert(flag: str, hint, value: Any) -> Any:
@@ -141,18 +134,17 @@ def _convert(flag: str, hint, value: Any) -> Any:
                          f"{','.join(value)}") from e
 
 
-def _value(flag: str, hint, base_value: Any, has_base: bool) -> Any:
+def _value(flag: str, hint, base_value: Any) -> Any:
+  """The flag's value as the field's type, or `base_value` where this launcher has no such flag."""
   if flag not in FLAGS:
-    return base_value
-  if has_base and not FLAGS[flag].present:
     return base_value
   return _convert(flag, hint, FLAGS[flag].value)
 
 
-def _section(section: str, base: Any, has_base: bool) -> Any:
+def _section(section: str, base: Any) -> Any:
   cls = cfglib.SECTIONS[section]
   hints = typing.get_type_hints(cls)
-  return cls(**{f.name: _value(f.name, hints[f.name], getattr(base, f.name), has_base)
+  return cls(**{f.name: _value(f.name, hints[f.name], getattr(base, f.name))
                 for f in dataclasses.fields(cls)})
 
 
@@ -173,18 +165,15 @@ def part_settings(kind: str, name: str) -> Any:
   """The settings of part `name` of `kind` as the flags give them."""
   entry = registry.lookup(kind, name)
   hints = typing.get_type_hints(entry.settings)
-  return entry.settings(**{f.name: _value(setting_flag(kind, name, f), hints[f.name], f.default,
-                                          False) for f in dataclasses.fields(entry.settings)})
+  return entry.settings(**{f.name: _value(setting_flag(kind, name, f), hints[f.name], f.default)
+                                 for f in dataclasses.fields(entry.settings)})
 
 
-def _part(kind: str, base: cfglib.Part | None, has_base: bool) -> cfglib.Part | None:
+def _part(kind: str, base: cfglib.Part | None) -> cfglib.Part | None:
   flag = PART_FLAGS[kind]
   if flag not in FLAGS:
     return base
-  if has_base and not FLAGS[flag].present:
-    name = NONE if base is None else base.name
-  else:
-    name = FLAGS[flag].value
+  name = FLAGS[flag].value
   chosen = {(k, n) for k, n in [(kind, name)]}
   for setting, owners in _SETTING_FLAGS.items():
     if FLAGS[setting].present and owners[0][0] == kind and not chosen & {o[:2] for o in owners}:
@@ -202,7 +191,7 @@ def _part(kind: str, base: cfglib.Part | None, has_base: bool) -> cfglib.Part | 
   values = {}
   for f in dataclasses.fields(entry.settings):
     old = getattr(base.settings, f.name) if same else f.default
-    values[f.name] = _value(setting_flag(kind, name, f), hints[f.name], old, has_base and same)
+    values[f.name] = _value(setting_flag(kind, name, f), hints[f.name], old)
   return cfglib.Part(name, entry.settings(**values))
 
 
@@ -241,16 +230,6 @@ def _sweep(sweepable: dict[str, str]) -> cfglib.Sweep | None:
   return cfglib.Sweep(sweepable[name], parsed)
 
 
-def _read_config_file(path: str) -> cfglib.JobConfig:
-  try:
-    with open(path, encoding="utf-8") as f:
-      return cfglib.from_dict(json.load(f), where=path)
-  except FileNotFoundError as e:
-    raise app.UsageError(f"--config={path}: no such file") from e
-  except (OSError, ValueError, KeyError, TypeError) as e:
-    raise app.UsageError(f"--config={path}: {e}") from e
-
-
 def check_finite(cfg: cfglib.JobConfig) -> None:
   """Every float of the config (sections and part settings) finite, naming its flag; a part's
   setting may be +inf where its own check accepts it."""
@@ -263,15 +242,13 @@ def check_finite(cfg: cfglib.JobConfig) -> None:
 
 def job_config(defaults: cfglib.JobConfig | None = None,
                sweepable: dict[str, str] | None = None) -> cfglib.JobConfig:
-  """The job the command line describes: `--config`'s file (or `defaults`), with the flags given
-  on the command line over it."""
-  has_base = "config" in FLAGS and FLAGS.config is not None
-  base = _read_config_file(FLAGS.config) if has_base else (defaults or cfglib.JobConfig())
-  sections = {name: _section(name, getattr(base, name), has_base) for name in cfglib.SECTIONS}
-  parts = {kind: _part(kind, getattr(base.parts, kind), has_base) for kind in registry.KINDS}
-  seeds = _seeds() if "seeds" in FLAGS and (FLAGS["seeds"].present or not has_base) else base.seeds
+  """The job the command line describes (`defaults` for what this launcher does not define)."""
+  base = defaults or cfglib.JobConfig()
+  sections = {name: _section(name, getattr(base, name)) for name in cfglib.SECTIONS}
+  parts = {kind: _part(kind, getattr(base.parts, kind)) for kind in registry.KINDS}
+  seeds = _seeds() if "seeds" in FLAGS else base.seeds
   sweep = base.sweep
-  if "sweep" in FLAGS and (FLAGS["sweep"].present or not has_base):
+  if "sweep" in FLAGS:
     sweep = None if FLAGS.sweep is None else _sweep(sweepable or {})
   cfg = cfglib.JobConfig(**sections, parts=cfglib.PartsConfig(**parts), seeds=seeds, sweep=sweep)
   check_finite(cfg)
