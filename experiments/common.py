@@ -43,14 +43,8 @@ flag_binding.define_parts(("server_optimizer",))
 
 
 def seeds() -> list[int]:
-  try:
-    values = [int(s) for s in FLAGS.seeds]
-  except ValueError as e:
-    raise app.UsageError(f"--seeds must be a comma-separated list of integers, got "
-                         f"{FLAGS.seeds}") from e
-  if not values or min(values) < 0 or len(set(values)) != len(values):
-    raise app.UsageError(f"--seeds must be distinct integers >= 0, got {FLAGS.seeds}")
-  return values
+  """The --seeds, checked (flag_binding.seeds)."""
+  return list(flag_binding.seeds())
 
 
 # Flags that do not change a run's results: left out of its checkpoint fingerprint.

@@ -195,7 +195,8 @@ def _part(kind: str, base: cfglib.Part | None) -> cfglib.Part | None:
   return cfglib.Part(name, entry.settings(**values))
 
 
-def _seeds() -> tuple[int, ...]:
+def seeds() -> tuple[int, ...]:
+  """--seeds as distinct integers >= 0 (a usage error naming the flag otherwise)."""
   try:
     values = [int(s) for s in FLAGS.seeds]
   except ValueError as e:
@@ -246,11 +247,12 @@ def job_config(defaults: cfglib.JobConfig | None = None,
   base = defaults or cfglib.JobConfig()
   sections = {name: _section(name, getattr(base, name)) for name in cfglib.SECTIONS}
   parts = {kind: _part(kind, getattr(base.parts, kind)) for kind in registry.KINDS}
-  seeds = _seeds() if "seeds" in FLAGS else base.seeds
+  run_seeds = seeds() if "seeds" in FLAGS else base.seeds
   sweep = base.sweep
   if "sweep" in FLAGS:
     sweep = None if FLAGS.sweep is None else _sweep(sweepable or {})
-  cfg = cfglib.JobConfig(**sections, parts=cfglib.PartsConfig(**parts), seeds=seeds, sweep=sweep)
+  cfg = cfglib.JobConfig(**sections, parts=cfglib.PartsConfig(**parts), seeds=run_seeds,
+                         sweep=sweep)
   check_finite(cfg)
   return cfg
 
