@@ -3,7 +3,7 @@ r"""Runs a launcher and writes where its wall time went (used by `benchmarks.tim
   python -m benchmarks.timed_launch OUT.json experiments.filfl --out_dir=... [launcher flags]
 
 Splits the process's wall time into: import (the launcher module and the library), data (the
-launchers' `load_data`), set-up (building `Simulator`s and `RunBatch`es, compilation excluded),
+launchers' `build.load_data`), set-up (building `Simulator`s and `RunBatch`es, compilation excluded),
 compile (XLA compilation and persistent-cache loads, from JAX's monitoring events, wherever they
 happen), rounds (running the rounds, compilation excluded) and other (what is left: flag parsing,
 summaries, figures). Also counts the round programs compiled and the persistent cache hits.
@@ -27,7 +27,7 @@ def main():
   compile_in = {"set-up": 0.0, "rounds": 0.0, "data": 0.0}
   module = importlib.import_module(module_name)
   import fedjax_sel as fs  # pylint: disable=import-outside-toplevel
-  from experiments import common  # pylint: disable=import-outside-toplevel
+  from experiments import build, job  # pylint: disable=import-outside-toplevel
   imported = time.perf_counter() - START
 
   def timed(owner, name, phase):
@@ -43,7 +43,7 @@ def main():
         compile_in[phase] += sum(log.snapshot().seconds.values()) - compiled
     setattr(owner, name, wrapper)
 
-  timed(common, "load_data", "data")
+  timed(build, "load_data", "data")
   timed(fs, "Simulator", "set-up")
   timed(fs, "RunBatch", "set-up")
   timed(fs, "run", "rounds")
@@ -51,7 +51,7 @@ def main():
   from absl import app  # pylint: disable=import-outside-toplevel
   status = 0
   try:
-    app.run(common.cli(module.main), argv=[module_name, *argv])
+    app.run(job.cli(module.main), argv=[module_name, *argv])
   except SystemExit as e:
     status = e.code or 0
   total = time.perf_counter() - START

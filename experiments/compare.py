@@ -24,6 +24,10 @@ import re
 import numpy as np
 from absl import app, flags
 
+from fedjax_sel.checkpoint import CheckpointError
+from fedjax_sel.plotting import mean_std
+from fedjax_sel.runner import read_history
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "Prefix of the files to write (PREFIX.md, PREFIX_<metric>.png); "
                     "without it the table is only printed.")
@@ -34,18 +38,6 @@ flags.DEFINE_integer("last_k", 10, "Rounds of the table's last-k mean, >= 1.", l
 flags.DEFINE_enum("figure_format", "png", ("png", "pdf", "svg"), "File format of the figures.")
 flags.DEFINE_list("plot_metrics", ["test_accuracy", "test_loss"], "Metrics drawn, one figure each "
                   "(keys of the records).")
-
-
-def read_records(path: str) -> list[dict]:
-  """A metrics file's records (a torn line skipped)."""
-  with open(path, encoding="utf-8") as f:
-    records = []
-    for line in f:
-      try:
-        records.append(json.loads(line))
-      except json.JSONDecodeError:
-        continue
-  return records
 
 
 def read_job(folder: str) -> dict[str, list[list[dict]]]:
@@ -65,17 +57,13 @@ def read_job(folder: str) -> dict[str, list[list[dict]]]:
     path = os.path.join(run_folder, "metrics.jsonl")
     if not os.path.exists(path):
       raise app.UsageError(f"{folder}: the run folder {run_folder} holds no metrics.jsonl")
-    methods.setdefault(method, []).append(read_records(path))
+    try:
+      methods.setdefault(method, []).append(read_history(path, math.inf))
+    except CheckpointError as e:
+      raise app.UsageError(f"{folder}: {e}") from e
   if not methods:
     raise app.UsageError(f"{folder}: no job.json and no metrics.jsonl under it")
   return methods
-
-
-def spread(values) -> str:
-  values = np.asarray(values, float)
-  if len(values) == 1:
-    return f"{values[0]:.4f}"
-  return f"{values.mean():.4f} +- {values.std(ddof=1):.4f}"
 
 
 def first_reach(records: list[dict], metric: str, target: float):
@@ -94,8 +82,8 @@ def row(job: str, method: str, runs: list[list[dict]], metric: str, target: floa
   hits = [h for h in (first_reach(recs, metric, target) for recs in runs) if h is not None]
   rounds = f"{np.mean([h[0] for h in hits]):.1f} ({len(hits)}/{len(runs)})" if hits else "never"
   seconds = f"{np.mean([h[1] for h in hits]):.0f}" if hits and any(h[1] for h in hits) else "-"
-  return (f"| {job} | {method} | {len(runs)} | {spread([s[-1] for s in series])} | "
-          f"{spread([np.mean(s[-last_k:]) for s in series])} | {spread([max(s) for s in series])} | "
+  return (f"| {job} | {method} | {len(runs)} | {mean_std([s[-1] for s in series])} | "
+          f"{mean_std([np.mean(s[-last_k:]) for s in series])} | {mean_std([max(s) for s in series])} | "
           f"{rounds} | {seconds} |")
 
 

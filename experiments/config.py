@@ -28,14 +28,16 @@ from fedjax_sel.data.corruption import KINDS as CORRUPTION_KINDS
 from fedjax_sel.data.partition import PARTITIONS
 from fedjax_sel.models import CONV_IMPLS
 
-VERSION = 1  # Of the config.json layout; a file of another version is refused, naming both.
+VERSION = 2  # Of the config.json layout; a file of another version is refused, naming both.
 
 
 def option(default: Any, help: str, *, choices: tuple | None = None,  # pylint: disable=redefined-builtin
-           lower: float | None = None, upper: float | None = None) -> Any:
-  """A config field that is also a flag of the same name: default, help text, accepted values."""
+           lower: float | None = None, upper: float | None = None, result: bool = True) -> Any:
+  """A config field that is also a flag of the same name: default, help text, accepted values;
+  `result=False` for a field that does not change a run's results (left out of fingerprints)."""
   return dataclasses.field(default=default, metadata={"help": help, "choices": choices,
-                                                      "lower": lower, "upper": upper})
+                                                      "lower": lower, "upper": upper,
+                                                      "result": result})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,13 +110,14 @@ class LocalConfig:
                                    "instead of --local_epochs, >= 1.", lower=1)
   prox_mu: float = option(0.0, "FedProx proximal coefficient (mu), >= 0; 0 is FedAvg.", lower=0.0)
   chunk_size: int | None = option(None, "Clients vmapped together (default: from the step's "
-                                  "cost: 1-4 on CPU, what fits a quarter of device memory on accelerators).", lower=1)
+                                  "cost: 1-4 on CPU, what fits a quarter of device memory on accelerators).", lower=1,
+                                  result=False)
 
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
   rounds: int = option(30, "Communication rounds to run (T), >= 1; a resumed job runs up "
-                       "to this many in total.", lower=1)
+                       "to this many in total.", lower=1, result=False)
   clients_per_round: int = option(10, "Clients trained per round (K), 1..n "
                                   "(--num_available).", lower=1)
   num_available: int = option(25, "n, clients available per round (0: all clients).", lower=0)
@@ -158,8 +161,10 @@ class EngineConfig:
   store: str = option("auto", "Clients' data on the device "
                       "(fast while they fit), in host memory / a memory-mapped store with each "
                       "round's available clients' rows sent to the device, or auto (host when the "
-                      "data exceed a share of device memory).", choices=("auto", "device", "host"))
-  eval_every: int = option(1, "Evaluate the global model every this many rounds.", lower=1)
+                      "data exceed a share of device memory).", choices=("auto", "device", "host"),
+                      result=False)
+  eval_every: int = option(1, "Evaluate the global model every this many rounds.", lower=1,
+                           result=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +202,6 @@ class DistributedConfig:
                                     "multi-host run before failing.", lower=1)
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Part:
   """A part of the round by its registered name (`fedjax_sel.registry`) and typed settings."""
@@ -209,6 +213,11 @@ class Part:
 def part(kind: str, name: str, **settings) -> Part:
   """Part `name` of `kind` with its registered settings type (defaults, then `settings`)."""
   return Part(name, registry.lookup(kind, name).settings(**settings))
+
+
+def setting_flag(name: str, field: dataclasses.Field) -> str:
+  """The flag of a part's setting: as the field names it, else `<part>_<field>`."""
+  return field.metadata.get("flag") or f"{name}_{field.name}"
 
 
 OPTIONAL_KINDS = ("filter", "rule", "server_optimizer")  # None: the round has no such part.
@@ -227,25 +236,38 @@ class PartsConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class Method:
+  """One method of a job: its runs' folder `key`, display `label` and the parts it puts in place
+  of the job's (`parts`: kind -> `Part`, or None for no such part)."""
+
+  key: str
+  label: str
+  parts: tuple[tuple[str, Part | None], ...] = ()
+
+  def apply(self, cfg: "JobConfig") -> "JobConfig":
+    """`cfg` with this method's parts."""
+    return dataclasses.replace(cfg, parts=dataclasses.replace(cfg.parts, **dict(self.parts)))
+
+
+@dataclasses.dataclass(frozen=True)
 class Sweep:
   """One continuous setting swept: a run per value for each seed (`field` is a config field's
-  dotted path, e.g. `local.lr`)."""
+  dotted path, e.g. `local.lr` or `parts.rule.settings.beta`)."""
 
   field: str
   values: tuple[float, ...]
-
-  @property
-  def name(self) -> str:
-    return self.field.rsplit(".", 1)[-1]
+  name: str = ""  # The flag that sets it (the folder and label tag); default: the last field.
 
   def tag(self, value: float) -> str:
     """"NAME=V": the folder and label suffix of a value's runs."""
-    return f"{self.name}={value:g}"
+    return f"{self.name or self.field.rsplit('.', 1)[-1]}={value:g}"
 
 
 @dataclasses.dataclass(frozen=True)
 class JobConfig:
-  """A whole job."""
+  """A whole job: what every run shares, the launcher's own `options` (a frozen dataclass of
+  `option` fields, or None), its `methods` (none: one method of the job's parts), seeds and sweep.
+  """
 
   data: DataConfig = dataclasses.field(default_factory=DataConfig)
   model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -256,16 +278,30 @@ class JobConfig:
   sweep: Sweep | None = None
   output: OutputConfig = dataclasses.field(default_factory=OutputConfig)
   distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
+  launcher: str = "experiments.run"
+  options: Any = None
+  methods: tuple[Method, ...] = ()
+
+  def runs(self) -> list[tuple[Method, float | None, "JobConfig"]]:
+    """(method, swept value or None, the run's config) per method and swept value, in that
+    order (a run per seed of each)."""
+    methods = self.methods or (Method("", ""),)
+    values = self.sweep.values if self.sweep is not None else (None,)
+    out = []
+    for method in methods:
+      for value in values:
+        cfg = self if value is None else replace(self, self.sweep.field, value)
+        out.append((method, value, method.apply(cfg)))
+    return out
 
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "local": LocalConfig,
             "engine": EngineConfig, "output": OutputConfig, "distributed": DistributedConfig}
-# Fields that do not change a run's results: left out of its fingerprint.
-NOT_RESULTS = ("output", "distributed", "seeds", "sweep", "engine.rounds", "engine.eval_every",
-               "engine.store", "local.chunk_size")
+# Sections that do not change a run's results: left out of its fingerprint (and fields marked so).
+NOT_RESULTS = ("output", "distributed")
 
 
-def get(cfg: JobConfig, path: str) -> Any:
+def get(cfg: Any, path: str) -> Any:
   """The value of a dotted field path, e.g. `get(cfg, "local.lr")`."""
   value = cfg
   for name in path.split("."):
@@ -274,16 +310,82 @@ def get(cfg: JobConfig, path: str) -> Any:
 
 
 def replace(cfg: Any, path: str, value: Any) -> Any:
-  """`cfg` with the dotted field `path` set to `value`."""
+  """`cfg` with the dotted field `path` set to `value` (unchanged where a part on the path is
+  None: a method without that part)."""
   head, _, rest = path.partition(".")
   if not rest:
     return dataclasses.replace(cfg, **{head: value})
-  return dataclasses.replace(cfg, **{head: replace(getattr(cfg, head), rest, value)})
+  inner = getattr(cfg, head)
+  if inner is None:
+    return cfg
+  return dataclasses.replace(cfg, **{head: replace(inner, rest, value)})
 
 
-def field_paths(section: str) -> tuple[str, ...]:
-  """The dotted paths of a section's fields."""
-  return tuple(f"{section}.{f.name}" for f in dataclasses.fields(SECTIONS[section]))
+def field_names(section: str) -> tuple[str, ...]:
+  """The names of a section's fields (its flags)."""
+  return tuple(f.name for f in dataclasses.fields(SECTIONS[section]))
+
+
+def field_section(name: str, options: type | None = None) -> str | None:
+  """The section ("data", ..., or "options") whose field `name` is, or None."""
+  for section, cls in SECTIONS.items():
+    if name in {f.name for f in dataclasses.fields(cls)}:
+      return section
+  if options is not None and name in {f.name for f in dataclasses.fields(options)}:
+    return "options"
+  return None
+
+
+def updated(cfg: JobConfig, skip: set[str] | frozenset = frozenset(), **values) -> JobConfig:
+  """`cfg` with fields set by their flag names (a section's or the options' field, or a setting
+  of one of the job's parts), lists as tuples; the names in `skip` are left as they are.
+
+    >>> updated(JobConfig(), rounds=5, lr=0.5).engine.rounds
+    5
+  """
+  for name, value in values.items():
+    if name in skip:
+      continue
+    value = tuple(value) if isinstance(value, list) else value
+    section = field_section(name, type(cfg.options) if cfg.options is not None else None)
+    if section is not None:
+      cfg = replace(cfg, f"{section}.{name}", value)
+      continue
+    for kind in registry.KINDS:
+      p = getattr(cfg.parts, kind)
+      fields = [] if p is None else dataclasses.fields(p.settings)
+      owned = next((f for f in fields if setting_flag(p.name, f) == name), None)
+      if owned is not None:
+        cfg = replace(cfg, f"parts.{kind}.settings.{owned.name}", value)
+        break
+    else:
+      raise ValueError(f"{name!r} is not a field of the job config nor a setting of its parts")
+  return cfg
+
+
+def _plain(value: Any) -> Any:
+  return list(value) if isinstance(value, tuple) else value
+
+
+def fingerprint(cfg: JobConfig) -> dict:
+  """What in a run's config determines its results, flat by flag name: the sections' fields (not
+  the output or distributed ones, nor those marked `result=False`), each part's name (under the
+  flag choosing it) and settings, the options' fields."""
+  out = {}
+  for section, cls in SECTIONS.items():
+    if section not in NOT_RESULTS:
+      out.update({f.name: _plain(getattr(getattr(cfg, section), f.name))
+                  for f in dataclasses.fields(cls) if f.metadata.get("result", True)})
+  for kind in registry.KINDS:
+    p = getattr(cfg.parts, kind)
+    out[f"part_{kind}"] = None if p is None else p.name
+    if p is not None:
+      out.update({setting_flag(p.name, f): _plain(getattr(p.settings, f.name))
+                  for f in dataclasses.fields(p.settings)})
+  if cfg.options is not None:
+    out.update({f.name: _plain(getattr(cfg.options, f.name))
+                for f in dataclasses.fields(cfg.options) if f.metadata.get("result", True)})
+  return out
 
 
 def to_dict(cfg: JobConfig) -> dict:
@@ -293,6 +395,9 @@ def to_dict(cfg: JobConfig) -> dict:
       settings = (dataclasses.asdict(value.settings)
                   if dataclasses.is_dataclass(value.settings) else None)
       return {"name": value.name, "settings": settings}
+    if isinstance(value, Method):
+      return {"key": value.key, "label": value.label,
+              "parts": {kind: encode(p) for kind, p in value.parts}}
     if dataclasses.is_dataclass(value):
       return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, tuple):
@@ -320,7 +425,8 @@ def _decode(cls: type, data: Any, where: str) -> Any:
     if isinstance(value, list):
       value = tuple(value)
     if hint == (Sweep | None):
-      value = None if value is None else Sweep(value["field"], tuple(value["values"]))
+      value = None if value is None else Sweep(value["field"], tuple(value["values"]),
+                                               value.get("name", ""))
     elif dataclasses.is_dataclass(hint):
       value = _decode(hint, value, f"{where}.{name}")
     values[name] = value
@@ -330,26 +436,51 @@ def _decode(cls: type, data: Any, where: str) -> Any:
 def _decode_part(kind: str, data: Any, where: str) -> Part | None:
   if data is None:
     return None
-  entry = registry.lookup(kind, data["name"])
+  try:
+    entry = registry.lookup(kind, data["name"])
+  except (KeyError, TypeError, ValueError) as e:
+    raise ValueError(f"{where}: {e}") from e
   settings = data.get("settings")
   settings = entry.settings() if settings is None else _decode(entry.settings, settings, where)
   return Part(data["name"], settings)
 
 
-def from_dict(data: dict, where: str = "config") -> JobConfig:
-  """The `JobConfig` of `to_dict`'s output; ValueError naming the field at fault."""
+def _decode_method(data: Any, where: str) -> Method:
+  if not isinstance(data, dict) or set(data) != {"key", "label", "parts"}:
+    raise ValueError(f"{where}: expected an object with key, label and parts")
+  parts = tuple((kind, _decode_part(kind, p, f"{where}.parts.{kind}"))
+                for kind, p in data["parts"].items())
+  return Method(data["key"], data["label"], parts)
+
+
+def from_dict(data: dict, where: str = "config", options: type | None = None) -> JobConfig:
+  """The `JobConfig` of `to_dict`'s output (`options`: the launcher's options type); ValueError
+  naming the field at fault."""
   data = dict(data)
   version = data.pop("version", None)
   if version != VERSION:
     raise ValueError(f"{where}: config version {version}, this fedjax_sel reads version "
                      f"{VERSION}; rerun the job from its command line")
   parts = data.pop("parts", {})
+  methods = data.pop("methods", [])
+  opts = data.pop("options", None)
   cfg = _decode(JobConfig, data, where)
   decoded = {kind: _decode_part(kind, parts[kind], f"{where}.parts.{kind}")
              for kind in registry.KINDS if kind in parts}
-  return dataclasses.replace(cfg, parts=dataclasses.replace(cfg.parts, **decoded),
-                             seeds=tuple(int(s) for s in cfg.seeds))
+  if (opts is None) != (options is None):
+    raise ValueError(f"{where}: options for {cfg.launcher} do not match this launcher's")
+  return dataclasses.replace(
+      cfg, parts=dataclasses.replace(cfg.parts, **decoded),
+      seeds=tuple(int(s) for s in cfg.seeds),
+      options=None if opts is None else _decode(options, opts, f"{where}.options"),
+      methods=tuple(_decode_method(m, f"{where}.methods[{i}]") for i, m in enumerate(methods)))
 
 
-def from_json(text: str, where: str = "config") -> JobConfig:
-  return from_dict(json.loads(text), where)
+def from_json(text: str, where: str = "config", options: type | None = None) -> JobConfig:
+  try:
+    data = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{where}: not JSON ({e})") from e
+  if not isinstance(data, dict):
+    raise ValueError(f"{where}: expected a JSON object")
+  return from_dict(data, where, options)

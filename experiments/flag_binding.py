@@ -1,13 +1,16 @@
 """The command line bound to the job config: each config field is the flag of the same name.
 
-`define(...)` declares absl flags from the fields of `experiments.config` (help text, type,
-accepted values and bounds as the fields state them) and from the settings of every registered
-part (`fedjax_sel.registry`); `job_config()` reads them back into one `JobConfig`. Nothing below
-this module and the launchers' entry points reads `FLAGS`. Since a field and its flag share one
-name, an error about a field names its flag without parsing any text.
+A launcher calls `define(defaults, ...)` once, at import, with its default `JobConfig`: absl flags
+are declared from the config fields it uses (help text, type, accepted values and bounds as the
+fields state them, defaults from `defaults`), from the settings of the parts it uses
+(`fedjax_sel.registry`) and from its own options dataclass. `job_config(resolve)` reads them back
+into one `JobConfig`: the flags given on the command line over `--config=<out_dir>/config.json`
+(a finished job's resolved config: it replays the job exactly) or over the launcher's defaults.
+This module and the launchers' entry points are the only readers of `FLAGS`. Since a field and its
+flag share one name, an error about a field names its flag without parsing any text.
 
-A setting flag of a part the job does not use is refused. A job replays from its folder's
-`flags.txt` (`--flagfile=<out_dir>/flags.txt`); `config.json` beside it is the resolved config.
+A setting flag of a part the job does not use is refused. `flag_lines(cfg)` is the job's flagfile
+(`flags.txt`): `--flagfile=<out_dir>/flags.txt` replays it too.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from typing import Any
+from typing import Any, Callable
 
 from absl import app, flags
 
@@ -23,6 +26,7 @@ from experiments import config as cfglib
 from fedjax_sel import registry
 
 FLAGS = flags.FLAGS
+flags.disclaim_key_flags()  # The flags `define` declares are the calling launcher's (its --help).
 # The flag choosing each kind of part, and the value meaning "no such part".
 PART_FLAGS = {"selector": "selector", "filter": "filter", "rule": "rule",
               "aggregator": "aggregator", "server_optimizer": "server_opt"}
@@ -35,21 +39,34 @@ PART_HELP = {
     "server_optimizer": "Server optimizer stepping the global model with the pseudo-gradient "
                         "(global minus aggregate); none: the aggregate is the new model",
 }
-_SETTING_FLAGS: dict[str, list[tuple[str, str, str]]] = {}  # flag -> [(kind, part, field)]
+NOT_REPLAYED = ("resume", "overwrite", "config")  # A replay decides these itself.
 
 
-def _base_type(hint) -> tuple[Any, bool]:
-  """(the type inside Optional, whether None is allowed)."""
+@dataclasses.dataclass
+class _Bound:
+  """What `define` declared: the launcher's defaults and the flags of each config field."""
+
+  defaults: cfglib.JobConfig
+  fields: dict[str, tuple[str, Any]]  # flag -> (section or "options", type hint)
+  choices: tuple[str, ...]  # Kinds with a flag choosing the part.
+  settings: dict[str, list[tuple[str, str, str]]]  # flag -> [(kind, part, field)]
+  sweepable: dict[str, str]
+
+
+_BOUND: _Bound | None = None
+
+
+def _base_type(hint) -> Any:
+  """The type inside Optional."""
   args = typing.get_args(hint)
   if type(None) in args:
-    inner = [a for a in args if a is not type(None)]
-    return inner[0], True
-  return hint, False
+    return [a for a in args if a is not type(None)][0]
+  return hint
 
 
 def _define(name: str, hint, default: Any, meta: dict) -> None:
   """One absl flag for a field of type `hint`."""
-  base, _ = _base_type(hint)
+  base = _base_type(hint)
   help_text = meta.get("help") or name
   bounds = {k: v for k, v in (("lower_bound", meta.get("lower")),
                               ("upper_bound", meta.get("upper"))) if v is not None}
@@ -67,63 +84,75 @@ def _define(name: str, hint, default: Any, meta: dict) -> None:
     flags.DEFINE_string(name, default, help_text)
 
 
-def define_section(section: str, exclude: tuple[str, ...] = ()) -> None:
-  """Flags for the fields of a config section (`data`, `model`, ...)."""
-  cls = cfglib.SECTIONS[section]
-  hints = typing.get_type_hints(cls)
-  for f in dataclasses.fields(cls):
-    if f.name not in exclude:
-      _define(f.name, hints[f.name], f.default, dict(f.metadata))
+def define(defaults: cfglib.JobConfig, *, exclude: tuple[str, ...] = (),
+           choose: tuple[str, ...] = (), parts: dict[str, tuple[str, ...] | None] | None = None,
+           sweepable: dict[str, str] | None = None, replay: bool = True) -> None:
+  """Declares a launcher's flags, with `defaults` (its default job) as their defaults.
 
-
-def define_choices(kinds: tuple[str, ...]) -> None:
-  """`--selector`, `--filter`, ...: the flag choosing the part of each of `kinds`."""
-  defaults = {"selector": "random", "aggregator": "fedavg"}
-  for kind in kinds:
-    optional = kind in cfglib.OPTIONAL_KINDS
-    accepted = ", ".join(((NONE,) if optional else ()) + registry.names(kind))
-    flags.DEFINE_string(PART_FLAGS[kind], defaults.get(kind, NONE),
+  Args:
+    defaults: the launcher's default `JobConfig` (its `options` type gives its own flags).
+    exclude: fields of the shared sections this launcher does not use (no flag).
+    choose: kinds of part the command line chooses (`--selector`, `--filter`, ...).
+    parts: kind -> the names of the parts whose settings are flags (None: every registered
+      one); kinds in `choose` default to every registered part.
+    sweepable: `--sweep` names -> config field paths (no `--sweep` without them).
+    replay: define `--config` (a job's config.json to run again).
+  """
+  global _BOUND  # pylint: disable=global-statement
+  fields = {}
+  sections = [(s, cls, getattr(defaults, s)) for s, cls in cfglib.SECTIONS.items()]
+  if defaults.options is not None:
+    sections.append(("options", type(defaults.options), defaults.options))
+  for section, cls, values in sections:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+      if f.name not in exclude:
+        _define(f.name, hints[f.name], getattr(values, f.name), dict(f.metadata))
+        fields[f.name] = (section, hints[f.name])
+  for kind in choose:
+    chosen = getattr(defaults.parts, kind)
+    accepted = ", ".join(((NONE,) if kind in cfglib.OPTIONAL_KINDS else ()) + registry.names(kind))
+    flags.DEFINE_string(PART_FLAGS[kind], NONE if chosen is None else chosen.name,
                         f"{PART_HELP[kind]}: {accepted}, or module:name of one registered "
                         "outside the package (fedjax_sel.registry).")
-
-
-def define_parts(kinds: tuple[str, ...] = registry.KINDS, choose: bool = True) -> None:
-  """A flag for every setting of every registered part of `kinds` (one flag for parts sharing a
-  setting, as `--krum_f`), and with `choose` the flags choosing the parts (`define_choices`)."""
-  if choose:
-    define_choices(kinds)
-  for kind in kinds:
-    for name in registry.names(kind):
+  wanted = {kind: None for kind in choose}
+  wanted.update(parts or {})
+  settings: dict[str, list[tuple[str, str, str]]] = {}
+  for kind, names in wanted.items():
+    chosen = getattr(defaults.parts, kind)
+    for name in names or registry.names(kind):
       entry = registry.lookup(kind, name)
       hints = typing.get_type_hints(entry.settings)
+      base = chosen.settings if chosen is not None and chosen.name == name else entry.settings()
       for f in dataclasses.fields(entry.settings):
-        flag = setting_flag(kind, name, f)
-        if flag not in _SETTING_FLAGS:
-          _SETTING_FLAGS[flag] = []
-          _define(flag, hints[f.name], f.default, dict(f.metadata))
-        _SETTING_FLAGS[flag].append((kind, name, f.name))
+        flag = cfglib.setting_flag(name, f)
+        if flag not in settings:
+          settings[flag] = []
+          _define(flag, hints[f.name], getattr(base, f.name), dict(f.metadata))
+        settings[flag].append((kind, name, f.name))
+  flags.DEFINE_list("seeds", [str(s) for s in defaults.seeds], "Comma-separated seeds, one run "
+                    "each (distinct integers >= 0), run as one batch.")
+  if sweepable:
+    flags.DEFINE_string("sweep", None, "Sweep one continuous setting: NAME:V1,V2,... adds a run "
+                        "per value to each method (labelled NAME=V), batched with its seeds. "
+                        f"NAME: {', '.join(sorted(sweepable))}.")
+  if replay:
+    flags.DEFINE_string("config", None, "A job's config.json (in its --out_dir): run that job "
+                        "again exactly; flags given beside it override its values.")
+  _BOUND = _Bound(defaults, fields, tuple(choose), settings, dict(sweepable or {}))
 
 
-def setting_flag(kind: str, name: str, field: dataclasses.Field) -> str:
-  """The flag of a part's setting: as the field names it, else `<part>_<field>`."""
-  del kind
-  return field.metadata.get("flag") or f"{name}_{field.name}"
-
-
-def define_job() -> None:
-  """`--seeds` and `--sweep`."""
-  flags.DEFINE_list("seeds", ["0"], "Comma-separated seeds, one run each (distinct integers >= 0), "
-                    "run as one batch.")
-  flags.DEFINE_string("sweep", None, "Sweep one continuous setting: NAME:V1,V2,... adds a run per "
-                      "value to each method (labelled NAME=V), batched with its seeds. NAME: lr "
-                      "or prox_mu.")
+def _bound() -> _Bound:
+  if _BOUND is None:
+    raise RuntimeError("flag_binding.define(...) was not called by this launcher")
+  return _BOUND
 
 
 # --- Reading the flags back ---------------------------------------------------------------------
 
 def _convert(flag: str, hint, value: Any) -> Any:
   """A flag's value as the field's type (list flags of numbers parsed, naming the flag)."""
-  base, _ = _base_type(hint)
+  base = _base_type(hint)
   if value is None or typing.get_origin(base) is not tuple:
     return value
   item = typing.get_args(base)[0]
@@ -134,65 +163,55 @@ def _convert(flag: str, hint, value: Any) -> Any:
                          f"{','.join(value)}") from e
 
 
-def _value(flag: str, hint, base_value: Any) -> Any:
-  """The flag's value as the field's type, or `base_value` where this launcher has no such flag."""
-  if flag not in FLAGS:
-    return base_value
-  return _convert(flag, hint, FLAGS[flag].value)
+def given(flag: str) -> bool:
+  """Whether `flag` was given on the command line (or in a flagfile)."""
+  return flag in FLAGS and FLAGS[flag].present
 
 
-def _section(section: str, base: Any) -> Any:
-  cls = cfglib.SECTIONS[section]
-  hints = typing.get_type_hints(cls)
-  return cls(**{f.name: _value(f.name, hints[f.name], getattr(base, f.name))
-                for f in dataclasses.fields(cls)})
+def setting_owners(kind: str) -> dict[str, set[str]]:
+  """{setting flag: the names of the parts of `kind` it sets} of this launcher's flags."""
+  return {flag: {n for _, n, _ in owners} for flag, owners in _bound().settings.items()
+          if owners[0][0] == kind}
 
 
-def unused_setting_flags() -> set[str]:
-  """The setting flags at their defaults of parts that the chosen `--selector`, `--filter`, ...
-  are not: a job's flagfile leaves them out (given, they would be refused; left out, they keep
-  their defaults)."""
-  unused = set()
-  for flag, owners in _SETTING_FLAGS.items():
-    kind = owners[0][0]
-    chosen = PART_FLAGS[kind] in FLAGS and FLAGS[PART_FLAGS[kind]].value
-    if chosen not in {n for _, n, _ in owners} and FLAGS[flag].value == FLAGS[flag].default:
-      unused.add(flag)
-  return unused
-
-
-def part_settings(kind: str, name: str) -> Any:
-  """The settings of part `name` of `kind` as the flags give them."""
+def part_settings(kind: str, name: str, cfg: cfglib.JobConfig | None = None) -> Any:
+  """The settings of part `name` of `kind`: as `cfg` holds them (its parts or its methods'),
+  else the registered defaults, with the setting flags given on the command line over them."""
   entry = registry.lookup(kind, name)
+  base = None
+  if cfg is not None:
+    held = [getattr(cfg.parts, kind)] + [p for m in cfg.methods for k, p in m.parts if k == kind]
+    base = next((p.settings for p in held if p is not None and p.name == name), None)
+  base = base if base is not None else entry.settings()
   hints = typing.get_type_hints(entry.settings)
-  return entry.settings(**{f.name: _value(setting_flag(kind, name, f), hints[f.name], f.default)
-                                 for f in dataclasses.fields(entry.settings)})
+  values = {}
+  for f in dataclasses.fields(entry.settings):
+    flag = cfglib.setting_flag(name, f)
+    values[f.name] = (_convert(flag, hints[f.name], FLAGS[flag].value) if given(flag)
+                      else getattr(base, f.name))
+  return entry.settings(**values)
 
 
-def _part(kind: str, base: cfglib.Part | None) -> cfglib.Part | None:
+def _part(kind: str, base: cfglib.Part | None, cfg: cfglib.JobConfig) -> cfglib.Part | None:
+  """The part of `kind`: the chosen one (its flag, else `base`'s) with its settings."""
+  bound = _bound()
   flag = PART_FLAGS[kind]
-  if flag not in FLAGS:
-    return base
-  name = FLAGS[flag].value
-  chosen = {(k, n) for k, n in [(kind, name)]}
-  for setting, owners in _SETTING_FLAGS.items():
-    if FLAGS[setting].present and owners[0][0] == kind and not chosen & {o[:2] for o in owners}:
-      parts = sorted({n for _, n, _ in owners})
-      raise app.UsageError(f"--{setting} is a setting of --{flag}={'/'.join(parts)}, not of "
-                           f"--{flag}={name}: drop it or choose that {kind}")
+  name = base.name if base is not None else NONE
+  if kind in bound.choices and given(flag):
+    name = FLAGS[flag].value
+  if kind in bound.choices:
+    for setting, owners in bound.settings.items():
+      if given(setting) and owners[0][0] == kind and name not in {n for _, n, _ in owners}:
+        parts = sorted({n for _, n, _ in owners})
+        raise app.UsageError(f"--{setting} is a setting of --{flag}={'/'.join(parts)}, not of "
+                             f"--{flag}={name}: drop it or choose that {kind}")
   if name == NONE and kind in cfglib.OPTIONAL_KINDS:
     return None
   try:
-    entry = registry.lookup(kind, name)
+    registry.lookup(kind, name)
   except ValueError as e:
     raise app.UsageError(f"--{flag}: {e}") from e
-  hints = typing.get_type_hints(entry.settings)
-  same = base is not None and base.name == name
-  values = {}
-  for f in dataclasses.fields(entry.settings):
-    old = getattr(base.settings, f.name) if same else f.default
-    values[f.name] = _value(setting_flag(kind, name, f), hints[f.name], old)
-  return cfglib.Part(name, entry.settings(**values))
+  return cfglib.Part(name, part_settings(kind, name, cfg))
 
 
 def seeds() -> tuple[int, ...]:
@@ -207,8 +226,8 @@ def seeds() -> tuple[int, ...]:
   return tuple(values)
 
 
-def _sweep(sweepable: dict[str, str]) -> cfglib.Sweep | None:
-  """--sweep=NAME:V1,V2 as a `Sweep`, each value checked like the flag NAME itself."""
+def _sweep(sweepable: dict[str, str]) -> cfglib.Sweep:
+  """--sweep=NAME:V1,V2 as a `Sweep` (each value is checked with the config)."""
   text = FLAGS.sweep
   name, _, values = text.partition(":")
   if name not in sweepable or not values:
@@ -220,51 +239,125 @@ def _sweep(sweepable: dict[str, str]) -> cfglib.Sweep | None:
     raise app.UsageError(f"--sweep values must be numbers, got {values!r}") from e
   if len(set(parsed)) != len(parsed):
     raise app.UsageError(f"--sweep values must be distinct, got {values!r}")
-  section, field = sweepable[name].split(".")
-  meta = next(f.metadata for f in dataclasses.fields(cfglib.SECTIONS[section]) if f.name == field)
-  for v in parsed:
-    low, high = meta.get("lower"), meta.get("upper")
-    if not math.isfinite(v) or (low is not None and v < low) or (high is not None and v > high):
-      raise app.UsageError(f"--sweep={text}: {v} is not a valid --{name} (a finite number"
-                           + (f" >= {low}" if low is not None else "")
-                           + (f" <= {high}" if high is not None else "") + ")")
-  return cfglib.Sweep(sweepable[name], parsed)
+  return cfglib.Sweep(sweepable[name], parsed, name)
 
 
-def check_finite(cfg: cfglib.JobConfig) -> None:
-  """Every float of the config (sections and part settings) finite, naming its flag; a part's
-  setting may be +inf where its own check accepts it."""
-  for section in cfglib.SECTIONS:
-    for f in dataclasses.fields(cfglib.SECTIONS[section]):
-      value = getattr(getattr(cfg, section), f.name)
-      if isinstance(value, float) and not math.isfinite(value):
-        raise app.UsageError(f"--{f.name} must be a finite number, got {value}")
+def _field_meta(cfg: cfglib.JobConfig, path: str) -> dict:
+  """The metadata of the field at a dotted path (sections, options or part settings)."""
+  *head, name = path.split(".")
+  try:
+    owner = cfglib.get(cfg, ".".join(head)) if head else cfg
+  except AttributeError:  # A part the job's own parts lack (a method's).
+    return {}
+  if not dataclasses.is_dataclass(owner):
+    return {}
+  return next((dict(f.metadata) for f in dataclasses.fields(owner) if f.name == name), {})
 
 
-def job_config(defaults: cfglib.JobConfig | None = None,
-               sweepable: dict[str, str] | None = None) -> cfglib.JobConfig:
-  """The job the command line describes (`defaults` for what this launcher does not define)."""
-  base = defaults or cfglib.JobConfig()
-  sections = {name: _section(name, getattr(base, name)) for name in cfglib.SECTIONS}
-  parts = {kind: _part(kind, getattr(base.parts, kind)) for kind in registry.KINDS}
-  run_seeds = seeds() if "seeds" in FLAGS else base.seeds
-  sweep = base.sweep
-  if "sweep" in FLAGS:
-    sweep = None if FLAGS.sweep is None else _sweep(sweepable or {})
-  cfg = cfglib.JobConfig(**sections, parts=cfglib.PartsConfig(**parts), seeds=run_seeds,
-                         sweep=sweep)
-  check_finite(cfg)
+def check_values(cfg: cfglib.JobConfig) -> None:
+  """Every field of the sections and options within its bounds and choices and every float
+  finite, naming its flag (a config file passes no flag parser); each swept value likewise."""
+  groups = [getattr(cfg, s) for s in cfglib.SECTIONS]
+  groups += [cfg.options] if cfg.options is not None else []
+  for group in groups:
+    for f in dataclasses.fields(group):
+      _check_value(f.name, getattr(group, f.name), dict(f.metadata))
+  if cfg.sweep is not None:
+    meta = _field_meta(cfg, cfg.sweep.field)
+    for v in cfg.sweep.values:
+      try:
+        _check_value(cfg.sweep.name, v, meta)
+      except app.UsageError as e:
+        raise app.UsageError(f"--sweep={cfg.sweep.name}:...: {v} is not a valid "
+                             f"--{cfg.sweep.name} ({e})") from e
+
+
+def _check_value(flag: str, value: Any, meta: dict) -> None:
+  if isinstance(value, float) and not math.isfinite(value):
+    raise app.UsageError(f"--{flag} must be a finite number, got {value}")
+  low, high, choices = meta.get("lower"), meta.get("upper"), meta.get("choices")
+  if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if (low is not None and value < low) or (high is not None and value > high):
+      raise app.UsageError(f"--{flag} must be" + (f" >= {low}" if low is not None else "")
+                           + (" and" if low is not None and high is not None else "")
+                           + (f" <= {high}" if high is not None else "") + f", got {value}")
+  if choices is not None and isinstance(value, str) and value not in [str(c) for c in choices]:
+    raise app.UsageError(f"--{flag} must be one of {', '.join(map(str, choices))}, got {value!r}")
+
+
+Resolve = Callable[[cfglib.JobConfig, frozenset], cfglib.JobConfig]
+
+
+def job_config(resolve: Resolve | None = None) -> cfglib.JobConfig:
+  """The job the command line describes: the given flags over `--config`'s job or the launcher's
+  defaults, then `resolve(cfg, given)` (the launcher's presets, the defaults its parts need and
+  its methods; `given`: the flags set on the command line, every field with `--config`), checked.
+  """
+  bound = _bound()
+  base = bound.defaults
+  from_file = "config" in FLAGS and FLAGS.config is not None
+  if from_file:
+    try:
+      with open(FLAGS.config, encoding="utf-8") as f:
+        base = cfglib.from_json(f.read(), FLAGS.config, type(bound.defaults.options)
+                                if bound.defaults.options is not None else None)
+    except (OSError, ValueError) as e:
+      raise app.UsageError(f"--config={FLAGS.config}: {e}") from e
+    if base.launcher != bound.defaults.launcher:
+      raise app.UsageError(f"--config={FLAGS.config} is a job of {base.launcher}, not of "
+                           f"{bound.defaults.launcher}: run it with that launcher")
+  cfg = base
+  for flag, (section, hint) in bound.fields.items():
+    if given(flag):
+      cfg = cfglib.replace(cfg, f"{section}.{flag}", _convert(flag, hint, FLAGS[flag].value))
+  parts = {kind: _part(kind, getattr(cfg.parts, kind), cfg) for kind in registry.KINDS}
+  cfg = dataclasses.replace(cfg, parts=cfglib.PartsConfig(**parts))
+  if given("seeds"):
+    cfg = dataclasses.replace(cfg, seeds=seeds())
+  if given("sweep"):
+    cfg = dataclasses.replace(cfg, sweep=None if FLAGS.sweep is None else _sweep(bound.sweepable))
+  explicit = {name for name in FLAGS if given(name)}
+  if from_file:
+    explicit |= set(bound.fields) | set(bound.settings)
+  if resolve is not None:
+    cfg = resolve(cfg, frozenset(explicit))
+  check_values(cfg)
   return cfg
 
 
-def part_error(kind: str, name: str, error: ValueError) -> app.UsageError:
-  """A part's refusal as a usage error naming the flag of the setting at fault (or the part)."""
-  flag = PART_FLAGS[kind]
-  if isinstance(error, registry.SettingError):
-    field = next((f for f in dataclasses.fields(registry.lookup(kind, name).settings)
-                  if f.name == error.field), None)
-    if field is not None:
-      space = "" if error.message.startswith("=") else " "
-      return app.UsageError(f"--{setting_flag(kind, name, field)}{space}{error.message} "
-                            f"(--{flag}={name})")
-  return app.UsageError(f"--{flag}={name}: {error}")
+def _flag_values(cfg: cfglib.JobConfig) -> dict[str, Any]:
+  """The value of each of this launcher's flags that `cfg` holds."""
+  bound = _bound()
+  values = {flag: cfglib.get(cfg, f"{section}.{flag}")
+            for flag, (section, _) in bound.fields.items()}
+  held = [getattr(cfg.parts, kind) for kind in registry.KINDS]
+  held += [p for m in cfg.methods for _, p in m.parts]  # After the job's own: theirs first.
+  for p in held:
+    for f in [] if p is None else dataclasses.fields(p.settings):
+      flag = cfglib.setting_flag(p.name, f)
+      if flag in bound.settings:
+        values.setdefault(flag, getattr(p.settings, f.name))
+  for kind in bound.choices:
+    chosen = getattr(cfg.parts, kind)
+    values[PART_FLAGS[kind]] = NONE if chosen is None else chosen.name
+  values["seeds"] = cfg.seeds
+  if cfg.sweep is not None:
+    values["sweep"] = f"{cfg.sweep.name}:{','.join(repr(v) for v in cfg.sweep.values)}"
+  return values
+
+
+def flag_lines(cfg: cfglib.JobConfig) -> list[str]:
+  """The resolved job `cfg` as `--name=value` lines (absl's flagfile format): the job's flagfile,
+  `--flagfile=<out_dir>/flags.txt` replays it (a later `--out_dir` overriding). Settings of parts
+  the job does not use, and fields at None, are left out (they keep their defaults)."""
+  lines = []
+  for name, value in sorted(_flag_values(cfg).items()):
+    if name in NOT_REPLAYED or value is None:
+      continue
+    if isinstance(value, bool):
+      lines.append(f"--{'' if value else 'no'}{name}")
+    elif isinstance(value, tuple):
+      lines.append(f"--{name}={','.join(str(v) for v in value)}")
+    else:
+      lines.append(f"--{name}={value}")
+  return lines

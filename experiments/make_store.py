@@ -15,52 +15,64 @@ populations that would not fit in memory. Then, e.g.:
       --num_available=100 --clients_per_round=10 --rounds=20 --eval_every=10
 """
 
+import dataclasses
 import os
 import time
 
-from absl import app, flags
+from absl import app
 
 import fedjax_sel as fs
-from experiments import common
+from experiments import build, config, flag_binding, job
+from experiments.config import option
 from fedjax_sel.data import store
 
-FLAGS = flags.FLAGS
-# --help lists the flags this tool reads: the data flags, the seed and --overwrite.
+# The flags this tool reads: the data flags, the seed and --overwrite.
 USED = ("dataset", "partition", "num_clients", "dirichlet_alpha", "classes_per_client",
         "dominant_fraction", "test_fraction", "val_fraction", "public_fraction", "data_dir",
-        "leaf_files", "tfds_name", "synth_alpha", "synth_beta", "max_examples", "seeds",
-        "overwrite")
-for _flag in USED:
-  flags.declare_key_flag(_flag)
-flags.DEFINE_string("store_out", None, "Folder to write the store to (must not hold one).")
-flags.DEFINE_integer("synth_clients", None, "Generate a SYNTH population of this many clients "
-                     "instead of building --dataset.", lower_bound=1)
-flags.DEFINE_integer("synth_max_samples", None, "Cap on each generated client's examples.",
-                     lower_bound=2)
-flags.mark_flag_as_required("store_out")
+        "leaf_files", "tfds_name", "synth_alpha", "synth_beta", "max_examples", "overwrite")
+
+
+@dataclasses.dataclass(frozen=True)
+class MakeStoreOptions:
+  store_out: str | None = option(None, "Folder to write the store to (must not hold one; "
+                                 "required).")
+  synth_clients: int | None = option(None, "Generate a SYNTH population of this many clients "
+                                     "instead of building --dataset.", lower=1)
+  synth_max_samples: int | None = option(None, "Cap on each generated client's examples.",
+                                         lower=2)
+
+
+DEFAULTS = config.JobConfig(launcher="experiments.make_store", options=MakeStoreOptions())
+flag_binding.define(DEFAULTS, exclude=tuple(
+    f for section in config.SECTIONS for f in config.field_names(section) if f not in USED),
+    replay=False)
 
 
 def main(argv):
   del argv
-  out = FLAGS.store_out
-  if os.path.exists(os.path.join(out, store.STORE_FILE)) and not FLAGS.overwrite:
+  cfg = flag_binding.job_config()
+  opts = cfg.options
+  out = opts.store_out
+  if out is None:
+    raise app.UsageError("--store_out is required: the folder to write the store to")
+  if os.path.exists(os.path.join(out, store.STORE_FILE)) and not cfg.output.overwrite:
     raise app.UsageError(f"--store_out={out} already holds a store; pass --overwrite to replace it")
-  common.check_finite()
   start = time.perf_counter()
-  if FLAGS.synth_clients:
-    data = store.synth_store(out, FLAGS.synth_clients, alpha=FLAGS.synth_alpha,
-                             beta=FLAGS.synth_beta, seed=common.seeds()[0],
-                             max_samples=FLAGS.synth_max_samples,
-                             test_fraction=FLAGS.test_fraction)
+  seed = cfg.seeds[0]
+  if opts.synth_clients:
+    data = store.synth_store(out, opts.synth_clients, alpha=cfg.data.synth_alpha,
+                             beta=cfg.data.synth_beta, seed=seed,
+                             max_samples=opts.synth_max_samples,
+                             test_fraction=cfg.data.test_fraction)
   else:
     try:
-      data = fs.build_dataset(common.dataset_spec(), common.seeds()[0])
+      data = fs.build_dataset(build.dataset_spec(cfg), seed)
     except (FileNotFoundError, ValueError) as e:
-      raise app.UsageError(f"--dataset={FLAGS.dataset}: {e}") from e
+      raise app.UsageError(f"--dataset={cfg.data.dataset}: {e}") from e
     store.write_store(out, data)
   print(f"wrote {out}: {data.name}, N={data.num_clients}, {data.train.x.shape[0]} training rows, "
         f"{time.perf_counter() - start:.1f}s")
 
 
 if __name__ == "__main__":
-  app.run(common.cli(main))
+  app.run(job.cli(main))

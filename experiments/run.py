@@ -6,130 +6,95 @@ any dataset, model and partition.
   python -m experiments.run --selector=oort --system_profile=lognormal --deadline_s=20
   python -m experiments.run --selector=entropy --rule=fedsrc --aggregator=krum --server_opt=adam
   python -m experiments.run --filter=dgf --selector=poc --rule=fedalign
+  python -m experiments.run --config=runs/fedavg/config.json --out_dir=runs/again  # Replay.
 
-Parts (`experiments/parts.py` holds their settings' flags): `--selector` random, poc, divfl,
-entropy, grad_norm, oort; `--filter` none, dgf, rgf (FilFL; a 5% public set unless
-`--public_fraction` says otherwise); `--rule` none, fedalign (priority clients from
-`--num_priority` / `--priority_ids` / `--priority_classes`; the clean metrics are theirs), fedsrc
-(its `--decision_stat=val_loss` gets a 10% validation split unless `--val_fraction` is given);
-`--aggregator` fedavg, median, trimmed_mean, krum, multi_krum, fedasl; `--server_opt` none, sgd,
-momentum, adam, yogi, adagrad. The defaults are FedAvg (FedProx with `--prox_mu`) with random
-selection. `--corrupt_fraction` corrupts that share of the clients (`--corrupt_kinds`: shuffle,
-flip, noise), as FilFL's and FedSRC's launchers do; the clean_* metrics then leave them out.
+Parts (registered in `fedjax_sel.registry`; each setting is a flag): `--selector` random, poc,
+divfl, entropy, grad_norm, oort, or `module:name` of one registered outside the package;
+`--filter` none, dgf, rgf (FilFL; a 5% public set unless `--public_fraction` says otherwise);
+`--rule` none, fedalign (priority clients from `--num_priority` / `--priority_ids` /
+`--priority_classes`; the clean metrics are theirs), fedsrc (its `--decision_stat=val_loss` gets a
+10% validation split unless `--val_fraction` is given); `--aggregator` fedavg, median,
+trimmed_mean, krum, multi_krum, fedasl; `--server_opt` none, sgd, momentum, adam, yogi, adagrad.
+The defaults are FedAvg (FedProx with `--prox_mu`) with random selection. `--corrupt_fraction`
+corrupts that share of the clients (`--corrupt_kinds`: shuffle, flip, noise), as FilFL's and
+FedSRC's launchers do; the clean_* metrics then leave them out.
 
 Writes `<out_dir>/seed<s>/metrics.jsonl` (`<out_dir>/<name>=<value>/seed<s>/` with --sweep; one
 JSON line per round, flushed as it comes), prints per-round progress and a final summary table
-(also saved as `<out_dir>/summary.md`).
+(also saved as `<out_dir>/summary.md`), and the job's `config.json` and `flags.txt`.
 """
 
-import os
+import dataclasses
 
-from absl import app, flags
+from absl import app
 
 import fedjax_sel as fs
-from experiments import common, config, flag_binding, parts
-from fedjax_sel import fedsrc
+from experiments import build, config, distributed, flag_binding, job, report
+from fedjax_sel import registry
 
-FLAGS = flags.FLAGS
-flags.adopt_module_key_flags(common)  # --help lists the shared flags too.
-flags.adopt_module_key_flags(parts)  # And every part's settings.
-flag_binding.define_choices(("filter", "rule", "aggregator"))
-
+DEFAULTS = config.JobConfig()
 SWEEPABLE = {"lr": "local.lr", "prox_mu": "local.prox_mu"}  # --sweep NAME: config field.
-CONFIG_FILE = "config.json"
-DEFAULT_PUBLIC_FRACTION = 0.05
-DEFAULT_VAL_FRACTION = 0.1
+flag_binding.define(DEFAULTS, choose=registry.KINDS, sweepable=SWEEPABLE)
 
 
-def apply_part_defaults() -> None:
-  """What a part needs from the data, unless the user set it: a public set for a filter, a
-  validation split for FedSRC's val_loss decision and FedALIGN's val split."""
-  if FLAGS.filter != "none" and not FLAGS["public_fraction"].present:
-    FLAGS.public_fraction = DEFAULT_PUBLIC_FRACTION
-  wants_val = ((FLAGS.rule == "fedsrc" and FLAGS.decision_stat == "val_loss")
-               or (FLAGS.rule == "fedalign" and FLAGS.align_split == "val"))
-  if wants_val and not FLAGS["val_fraction"].present:
-    FLAGS.val_fraction = DEFAULT_VAL_FRACTION
-
-
-def check_parts() -> None:
-  """Each part's settings, and the combinations that cannot run, before any data."""
-  k = FLAGS.clients_per_round
-  common.check_counts()  # K <= n <= N before the availability model is built on them.
-  parts.check_selector(k, common.availability().num_available)
-  if FLAGS.filter != "none" and FLAGS.public_fraction <= 0:
-    raise app.UsageError(f"--filter={FLAGS.filter} evaluates models on a public set: set "
-                         "--public_fraction > 0")
-  if FLAGS.rule == "fedsrc":
-    parts.check_fedsrc()
-  if FLAGS.rule == "fedalign":
-    parts.check_fedalign()
-  parts.check_aggregators({FLAGS.aggregator})
-
-
-def label() -> str:
-  """The run's name from its parts: FedAvg (FedProx) plus whatever differs from it."""
-  name = ["FedProx" if FLAGS.prox_mu else "FedAvg"]
-  for flag, default in (("selector", "random"), ("filter", "none"), ("rule", "none"),
-                        ("aggregator", "fedavg"), ("server_opt", "none")):
-    if FLAGS[flag].value != default:
-      name.append(f"{flag} {FLAGS[flag].value}")
+def label(cfg: config.JobConfig) -> str:
+  """The method's name from its parts: FedAvg (FedProx) plus whatever differs from it."""
+  name = ["FedProx" if cfg.local.prox_mu else "FedAvg"]
+  defaults = {"selector": "random", "aggregator": "fedavg"}
+  for kind, flag in flag_binding.PART_FLAGS.items():
+    chosen = getattr(cfg.parts, kind)
+    value = "none" if chosen is None else chosen.name
+    if value != defaults.get(kind, "none"):
+      name.append(f"{flag} {value}")
   return " + ".join(name)
+
+
+def resolve(cfg: config.JobConfig, given: frozenset) -> config.JobConfig:
+  """N from a store, the data the parts need (a public set, a validation split), one method."""
+  cfg = build.part_defaults(build.store_clients(cfg, given), given)
+  return dataclasses.replace(cfg, methods=(config.Method("", label(cfg)),))
+
+
+def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
+  """Runs the job `cfg` (every check before any data, every data error before any training)."""
+  build.check_population(cfg)
+  build.check_runs(cfg)
+  build.check_corruption(cfg)
+  job.start(cfg, flag_lines)
+  datasets = {s: build.corrupt(cfg, build.load_data(cfg, s), s)[:2] for s in cfg.seeds}
+  capacity = fs.Capacity.of([data for data, _ in datasets.values()])
+
+  def build_run(method, run, seed, tag):
+    del tag
+    data, bad = datasets[seed]
+    eval_mask = ~bad if bad.any() else None  # clean_* metrics: the uncorrupted clients.
+    if run.parts.rule is not None and run.parts.rule.name == "fedalign":
+      priority = build.priority_mask(run, data.num_clients, data.label_hist, seed)
+      eval_mask = priority & ~bad  # The priority clients' clean data.
+    print(f"== {method.label} seed {seed}: {data.name}, N={data.num_clients}, "
+          f"bad clients={int(bad.sum())}, model={run.model.model}")
+    return build.simulator(run, data, seed, capacity=capacity, eval_mask=eval_mask), None
+
+  groups = job.run_methods(cfg, build_run)
+  if not job.writer():  # Process 0 of a multi-host run writes the files.
+    return
+  report.write_summary(cfg, fs.summary_table([(f"{group} seed {s}", r)
+                                              for group, runs in groups.items()
+                                              for s, r in zip(cfg.seeds, runs)]))
+  if cfg.output.plot:
+    from fedjax_sel.plotting import plot_curves  # pylint: disable=import-outside-toplevel
+    path = report.figure_path(cfg, "curves")
+    plot_curves(groups, ["test_accuracy", "train_loss", "test_loss"], path,
+                title=report.setup_title(cfg, cfg.methods[0].label))
+    print(f"figure: {path}")
 
 
 def main(argv):
   del argv
-  common.init_distributed()
-  apply_part_defaults()
-  check_parts()
-  seeds = common.seeds()
-  common.check_corruption()
-  job = flag_binding.job_config(sweepable=SWEEPABLE)
-  datasets = {s: common.corrupt(common.load_data(s), s)[:2] for s in seeds}  # Data errors first.
-  if common.writer():  # The typed job, resolved (the part defaults above applied).
-    common.write_text(os.path.join(FLAGS.out_dir, CONFIG_FILE), config.to_json(job))
-  options = common.engine_options([data for data, _ in datasets.values()])
-  name = label()
-  jobs = []
-  k = FLAGS.clients_per_round
-  for value in common.sweep_values():
-    with common.swept(value):
-      for seed in seeds:
-        data, bad = datasets[seed]
-        model = common.model_for(data)
-        rule = None
-        eval_mask = ~bad if bad.any() else None  # clean_* metrics: the uncorrupted clients.
-        if FLAGS.rule == "fedsrc":
-          rule = fedsrc.fedsrc_rule(parts.fedsrc_config())
-        elif FLAGS.rule == "fedalign":
-          priority = parts.priority_mask(data.num_clients, data.label_hist, seed)
-          rule = parts.fedalign_rule(priority)
-          eval_mask = priority & ~bad  # The priority clients' clean data.
-        sim = fs.Simulator(
-            model, data, common.optimizer(), common.local_hparams(), common.availability(),
-            parts.make_selector(k, data=data, profile=options["system_profile"]),
-            parts.make_aggregator(FLAGS.aggregator), k, seed,
-            filter=parts.make_filter(FLAGS.filter, model), participation=rule,
-            eval_mask=eval_mask, lr_schedule=common.lr_schedule(), **options)
-        print(f"== {name} seed {seed}: {data.name}, N={data.num_clients}, "
-              f"bad clients={int(bad.sum())}, model={FLAGS.model}")
-        jobs.append(common.make_run(sim, (f"seed{seed}",), f"{name} s{seed} "))
-  groups = {name + suffix: runs for suffix, runs in common.by_sweep(common.run_all(jobs),
-                                                                    len(seeds))}
-  table = fs.summary_table([(f"{group} seed {s}", r) for group, runs in groups.items()
-                            for s, r in zip(seeds, runs)])
-  print(table)
-  if not common.writer():  # Process 0 of a multi-host run writes the files.
-    return
-  with open(os.path.join(FLAGS.out_dir, "summary.md"), "w", encoding="utf-8") as f:
-    f.write(table + "\n")
-  if FLAGS.plot:
-    from fedjax_sel.plotting import plot_curves  # pylint: disable=import-outside-toplevel
-    path = common.figure_path("curves")
-    plot_curves(groups, ["test_accuracy", "train_loss", "test_loss"], path,
-                title=common.setup_title(name))
-    print(f"figure: {path}")
+  cfg = flag_binding.job_config(resolve)
+  distributed.join(cfg.distributed)
+  execute(cfg, flag_binding.flag_lines(cfg))
 
 
 if __name__ == "__main__":
-  app.run(common.cli(main))
+  app.run(job.cli(main))

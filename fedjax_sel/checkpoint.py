@@ -26,13 +26,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from typing import Any
 
 import jax
 import numpy as np
 from flax import serialization
 
-MAGIC = b"fedjax_sel checkpoint v1\n"
+VERSION = 2  # 2: the fingerprint holds the launcher's job config by field (issue 31), not its flags.
+MAGIC = b"fedjax_sel checkpoint v%d\n" % VERSION
+_OLDER = re.compile(rb"fedjax_sel checkpoint v(\d+)\n")
 
 
 class CheckpointError(ValueError):
@@ -67,25 +70,21 @@ def previous(path: str) -> str:
   return path + ".prev"
 
 
-def save(path: str, state: Any, fingerprint: dict, keep_previous: bool = False) -> None:
-  """Writes `state` (any pytree of arrays) and its run's `fingerprint` atomically to `path`; with
-  `keep_previous`, the checkpoint it replaces stays at `previous(path)` (the runs of a batch,
-  checkpointed one after another, can then all resume from one round after a kill)."""
-  leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(jax.device_get(state))]
-  payload = serialization.msgpack_serialize(
-      {"fingerprint": fingerprint, "leaves": {str(i): leaf for i, leaf in enumerate(leaves)}})
-  digest = hashlib.sha256(payload).hexdigest().encode()
+def write_atomic(path: str, data: bytes, kept: str = "the file is unchanged",
+                 keep_previous: bool = False) -> None:
+  """Writes `data` to `path` through a temporary file renamed over it, synced to disk: a reader
+  sees the old file or the new one, never part of one. A failure raises `WriteError` naming the
+  file and what is `kept`; with `keep_previous`, the file replaced stays at `previous(path)`."""
   tmp = path + ".tmp"
   try:
     with open(tmp, "wb") as f:
-      f.write(MAGIC + digest + b"\n" + payload)
+      f.write(data)
       f.flush()
       os.fsync(f.fileno())
   except OSError as e:
     if os.path.exists(tmp):
       os.remove(tmp)
-    raise write_error(path, e, "the previous checkpoint and the finished rounds' metrics are "
-                               "kept: free space and resume") from e
+    raise write_error(path, e, kept) from e
   if keep_previous and os.path.exists(path):
     os.replace(path, previous(path))
   os.replace(tmp, path)
@@ -94,6 +93,19 @@ def save(path: str, state: Any, fingerprint: dict, keep_previous: bool = False) 
     os.fsync(folder)
   finally:
     os.close(folder)
+
+
+def save(path: str, state: Any, fingerprint: dict, keep_previous: bool = False) -> None:
+  """Writes `state` (any pytree of arrays) and its run's `fingerprint` atomically to `path`; with
+  `keep_previous`, the checkpoint it replaces stays at `previous(path)` (the runs of a batch,
+  checkpointed one after another, can then all resume from one round after a kill)."""
+  leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(jax.device_get(state))]
+  payload = serialization.msgpack_serialize(
+      {"fingerprint": fingerprint, "leaves": {str(i): leaf for i, leaf in enumerate(leaves)}})
+  digest = hashlib.sha256(payload).hexdigest().encode()
+  write_atomic(path, MAGIC + digest + b"\n" + payload,
+               "the previous checkpoint and the finished rounds' metrics are kept: free space "
+               "and resume", keep_previous)
 
 
 def load(path: str, template: Any, fingerprint: dict | None = None) -> tuple[Any, dict]:
@@ -142,6 +154,11 @@ def _read(path: str) -> tuple[dict, dict]:
   """A checkpoint's leaves (by index) and fingerprint, its magic and checksum checked."""
   with open(path, "rb") as f:
     blob = f.read()
+  older = _OLDER.match(blob)
+  if older is not None and int(older.group(1)) != VERSION:
+    raise CheckpointError(f"{path} is a version {int(older.group(1))} checkpoint; this fedjax_sel "
+                          f"reads version {VERSION}: rerun the run from its start with "
+                          "--overwrite (or resume it with the fedjax_sel that wrote it)")
   if not blob.startswith(MAGIC):
     raise CheckpointError(f"{path} is not a fedjax_sel checkpoint (it does not start with "
                           f"{MAGIC.strip().decode()!r})")

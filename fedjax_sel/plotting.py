@@ -43,6 +43,18 @@ def seed_spread(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   return mean, values.std(0, ddof=1) if len(values) > 1 else np.zeros_like(mean)
 
 
+def mean_std(values) -> str:
+  """"mean +- sample std" of per-seed values (the value alone for one seed).
+
+    >>> mean_std([0.5, 0.7])
+    '0.6000 +- 0.1414'
+  """
+  values = np.asarray(values, float)
+  if len(values) == 1:
+    return f"{values[0]:.4f}"
+  return f"{values.mean():.4f} +- {values.std(ddof=1):.4f}"
+
+
 def metric_matrix(runs: list[list[dict]], key: str) -> tuple[np.ndarray, np.ndarray]:
   """(rounds, [seeds, rounds] values) of `key` over the rounds every seed recorded it."""
   per_seed = [{r["round"]: r[key] for r in recs if key in r} for recs in runs]

@@ -132,17 +132,7 @@ def read_history(path: str, rounds: int) -> list[dict]:
 
 
 def _write_records(path: str, records: list[dict]) -> None:
-  tmp = path + ".tmp"
-  try:
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.writelines(json.dumps(r) + "\n" for r in records)
-      f.flush()
-      os.fsync(f.fileno())
-  except OSError as e:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise checkpoint.write_error(path, e, "the file is unchanged") from e
-  os.replace(tmp, path)
+  checkpoint.write_atomic(path, "".join(json.dumps(r) + "\n" for r in records).encode("utf-8"))
 
 
 def _append(sink, path: str, record: dict) -> None:

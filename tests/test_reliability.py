@@ -175,7 +175,7 @@ LAUNCHER_CASES = [
     ("filfl", ["--filters=dgf", "--public_fraction=0"], "--public_fraction"),
     ("filfl", ["--corrupt_kinds=foo"], "--corrupt_kinds"),
     ("fedsrc", ["--corrupt_kinds=mislabel"], "--corrupt_kinds"),
-    ("uacs", ["--corrupt_fraction=0.2"], "--corrupt_fraction does not apply"),
+    ("uacs", ["--corrupt_fraction=0.2"], "corrupt_fraction"),  # Not a flag of UACS-FL's.
     ("filfl", ["--filter_const=nan"], "--filter_const"),
     ("filfl", ["--preset=mnist"], "--preset"),
     ("fedalign", ["--preset=mnist"], "--preset"),
@@ -348,7 +348,9 @@ def test_crafted_checkpoint_cannot_run_code(tmp_path):
   digest = hashlib.sha256(payload).hexdigest().encode()
   for blob, needle in ((payload, "not a fedjax_sel checkpoint"),
                        (checkpoint.MAGIC + digest + b"\n" + payload, "does not hold"),
-                       (checkpoint.MAGIC + digest + b"\n" + payload[:-3], "truncated")):
+                       (checkpoint.MAGIC + digest + b"\n" + payload[:-3], "truncated"),
+                       (b"fedjax_sel checkpoint v1\n" + digest + b"\n" + payload,
+                        "version 1 checkpoint; this fedjax_sel reads version 2: rerun")):
     path.write_bytes(blob)
     with pytest.raises(checkpoint.CheckpointError, match=needle) as info:
       fs.run(make_sim(), 4, str(run_dir), resume=True, progress=None)

@@ -1,7 +1,7 @@
 """A job replays exactly from its folder, for every launcher run as users run it (`python -m`):
-`--flagfile=<out_dir>/flags.txt` with a new `--out_dir` gives the same metrics, launcher-own and
-part flags included. The generic launcher also writes the typed job config (`config.json`), every
-flag it accepts changes that config, and it runs a selector registered outside the package."""
+`--config=<out_dir>/config.json` or `--flagfile=<out_dir>/flags.txt` with a new `--out_dir` gives
+the same metrics, launcher-own and part flags included. Every flag each launcher accepts changes
+its job config, and the generic launcher runs a selector registered outside the package."""
 
 import json
 import os
@@ -49,12 +49,21 @@ def metrics(out_dir) -> dict:
 
 @pytest.mark.parametrize("launcher", [n if n in DEFAULT else pytest.param(n, marks=pytest.mark.slow)
                                       for n in JOBS])
-def test_flags_file_replays_the_job_exactly(launcher, tmp_path):
-  first, again = tmp_path / "a", tmp_path / "b"
+def test_config_and_flags_files_replay_the_job_exactly(launcher, tmp_path):
+  """`--config=<out_dir>/config.json` and `--flagfile=<out_dir>/flags.txt`, each with a new
+  `--out_dir`, give the same metrics; the replayed job's config.json equals the first's (its
+  out_dir aside)."""
+  first, again, flagged = tmp_path / "a", tmp_path / "b", tmp_path / "c"
   launch(f"experiments.{launcher}", *JOBS[launcher], f"--out_dir={first}")
-  launch(f"experiments.{launcher}", f"--flagfile={first}/flags.txt", f"--out_dir={again}")
+  launch(f"experiments.{launcher}", f"--config={first}/config.json", f"--out_dir={again}")
+  launch(f"experiments.{launcher}", f"--flagfile={first}/flags.txt", f"--out_dir={flagged}")
   want = metrics(first)
-  assert want and metrics(again) == want
+  assert want and metrics(again) == want and metrics(flagged) == want
+  configs = [json.loads((d / "config.json").read_text(encoding="utf-8"))
+             for d in (first, again, flagged)]
+  for c in configs:
+    c["output"].pop("out_dir")
+  assert configs[1] == configs[0] and configs[2] == configs[0]
   own = [a.split("=")[0] for a in JOBS[launcher]]
   text = (first / "flags.txt").read_text(encoding="utf-8")
   assert all(f"\n{flag}=" in f"\n{text}" for flag in own), own
@@ -76,26 +85,29 @@ def test_run_writes_its_config_and_runs_a_selector_registered_outside(tmp_path):
 
 
 CHANGE_EVERY_FLAG = """
-import dataclasses, json
+import importlib, json, sys
 from absl import flags
-import experiments.run
 from experiments import config, flag_binding
 from fedjax_sel import registry
+module_name = sys.argv[1]
+launcher = importlib.import_module(module_name)
 FLAGS = flags.FLAGS
-FLAGS(["run"])
-base = config.to_dict(flag_binding.job_config(sweepable=experiments.run.SWEEPABLE))
-owners = {flag: owners[0][:2] for flag, owners in flag_binding._SETTING_FLAGS.items()}
+FLAGS([module_name])
+base = config.to_dict(flag_binding.job_config(launcher.resolve))
+bound = flag_binding._bound()
+owners = {flag: o[0][:2] for flag, o in bound.settings.items()}
 kinds = {v: k for k, v in flag_binding.PART_FLAGS.items()}
 unchanged = []
-for name in sorted({f.name for m, fl in FLAGS.flags_by_module_dict().items()
-                    if m.startswith("experiments") for f in fl}):
+for name in sorted(f.name for f in FLAGS.flags_by_module_dict()[module_name]):
   flag = FLAGS[name]
   default = flag.default
+  if name == "config":
+    continue  # The replay file: tests/test_replay.py replays with it.
   if name in kinds:
     names = ("none",) + registry.names(kinds[name])
     value = next(n for n in names if n != default)
   elif name == "sweep":
-    value = "lr:0.05,0.2"
+    value = sorted(bound.sweepable)[0] + ":0.05,0.2"
   elif name == "seeds":
     value = ["3"]
   elif flag.flag_type() == "bool":
@@ -111,15 +123,15 @@ for name in sorted({f.name for m, fl in FLAGS.flags_by_module_dict().items()
   else:
     value = "other"
   FLAGS.unparse_flags()
-  args = ["run", f"--{name}={','.join(value) if isinstance(value, list) else value}"]
+  args = [module_name, f"--{name}={','.join(value) if isinstance(value, list) else value}"]
   if isinstance(value, bool):
     args[1] = f"--{'' if value else 'no'}{name}"
-  if name in owners:
+  if name in owners and owners[name][0] in bound.choices:
     kind, part = owners[name]
     args.append(f"--{flag_binding.PART_FLAGS[kind]}={part}")
   FLAGS(args)
   try:
-    changed = config.to_dict(flag_binding.job_config(sweepable=experiments.run.SWEEPABLE)) != base
+    changed = config.to_dict(flag_binding.job_config(launcher.resolve)) != base
   except Exception:  # A refused value is read too: the config saw it.
     changed = True
   if not changed:
@@ -128,10 +140,11 @@ print(json.dumps(unchanged))
 """
 
 
-def test_every_flag_of_the_generic_launcher_changes_its_config():
-  """Each flag `experiments.run` accepts (besides absl's own), set to another value (with its
-  part chosen, for a part's setting), changes the job config: no flag is accepted and ignored."""
-  proc = subprocess.run([sys.executable, "-c", CHANGE_EVERY_FLAG], cwd=REPO, capture_output=True,
-                        text=True, timeout=300, check=False)
+@pytest.mark.parametrize("launcher", ["run", "filfl", "fedalign", "uacs", "fedsrc"])
+def test_every_flag_of_a_launcher_changes_its_config(launcher):
+  """Each flag a launcher accepts (besides absl's own), set to another value (with its part
+  chosen, for a part's setting), changes the job config: no flag is accepted and ignored."""
+  proc = subprocess.run([sys.executable, "-c", CHANGE_EVERY_FLAG, f"experiments.{launcher}"],
+                        cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
   assert proc.returncode == 0, proc.stderr
   assert json.loads(proc.stdout.strip().splitlines()[-1]) == []

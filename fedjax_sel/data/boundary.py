@@ -38,6 +38,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fedjax_sel.data.federated import ClientPool, FederatedDataset, label_histogram
+from fedjax_sel.registry import SettingError
 
 SCENARIOS = (1, 2, 3)
 
@@ -76,26 +77,28 @@ class BoundaryConfig(NamedTuple):
 
 
 def check_config(cfg: BoundaryConfig) -> None:
-  """Raises ValueError naming the bad field and its accepted range, before any compute."""
+  """Raises `registry.SettingError` naming the bad field and its accepted range, before any
+  compute."""
   if cfg.scenario not in SCENARIOS:
-    raise ValueError(f"scenario must be one of {SCENARIOS}, got {cfg.scenario}")
+    raise SettingError("scenario", f"must be one of {SCENARIOS}, got {cfg.scenario}")
   if cfg.num_clients < 1:
-    raise ValueError(f"num_clients must be >= 1, got {cfg.num_clients}")
+    raise SettingError("num_clients", f"must be >= 1, got {cfg.num_clients}")
   if not 0 <= cfg.num_boundary <= cfg.num_clients:
-    raise ValueError(f"num_boundary must be in 0..{cfg.num_clients} (num_clients), got "
-                     f"{cfg.num_boundary}")
+    raise SettingError("num_boundary", f"must be in 0..{cfg.num_clients} (num_clients), got "
+                       f"{cfg.num_boundary}")
   for name in ("samples_per_client", "boundary_samples", "test_samples"):
     if getattr(cfg, name) < 1:
-      raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+      raise SettingError(name, f"must be >= 1, got {getattr(cfg, name)}")
   for name in ("box_size", "band", "region_size", "domain"):
     if not getattr(cfg, name) > 0:
-      raise ValueError(f"{name} must be > 0, got {getattr(cfg, name)}")
+      raise SettingError(name, f"must be > 0, got {getattr(cfg, name)}")
   for name in ("gap0", "gap1"):
     if not 0 <= getattr(cfg, name) < cfg.domain:
-      raise ValueError(f"{name} must be in [0, {cfg.domain}) (domain), got {getattr(cfg, name)}")
+      raise SettingError(name, f"must be in [0, {cfg.domain}) (domain), got "
+                         f"{getattr(cfg, name)}")
   a, b, _ = cfg.line
   if a == 0 and b == 0:
-    raise ValueError("line (a, b, c) needs a or b non-zero")
+    raise SettingError("line", "(a, b, c) needs a or b non-zero")
 
 
 def signed_distance(x: np.ndarray, line) -> np.ndarray:

@@ -1,0 +1,423 @@
+"""A job config turned into library objects: data, model, availability, clock, parts, simulator.
+
+Every builder takes the typed job config (`experiments.config`), never the command line; an error
+is an `app.UsageError` naming the config field at fault by its flag (a field and its flag share
+one name), raised before any compute:
+
+  >>> from experiments import build, config
+  >>> cfg = config.updated(config.JobConfig(), num_clients=12, num_available=6,
+  ...                      clients_per_round=3)
+  >>> data = build.load_data(cfg, seed=0)
+  >>> sim = build.simulator(cfg, data, seed=0)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import numpy as np
+import optax
+from absl import app
+
+import fedjax_sel as fs
+from experiments import config as cfglib
+from fedjax_sel import registry
+from fedjax_sel.data import sources
+from fedjax_sel.data.corruption import KINDS as CORRUPTION_KINDS
+from fedjax_sel.data.corruption import corrupt_clients, corruption_kinds
+from fedjax_sel.models import CONV_MODELS, resolve_conv_impl
+
+PART_FLAGS = {"selector": "selector", "filter": "filter", "rule": "rule",
+              "aggregator": "aggregator", "server_optimizer": "server_opt"}
+DEFAULT_PUBLIC_FRACTION = 0.05  # A filter's public set, unless --public_fraction says otherwise.
+DEFAULT_VAL_FRACTION = 0.1  # The validation split a part decides on, unless given.
+
+
+# --- Parts --------------------------------------------------------------------------------------
+
+def part_error(kind: str, name: str, error: ValueError) -> app.UsageError:
+  """A part's refusal as a usage error naming the flag of the setting at fault (or the part)."""
+  flag = PART_FLAGS[kind]
+  if isinstance(error, registry.SettingError):
+    entry = registry.lookup(kind, name)
+    field = next((f for f in entry.settings.__dataclass_fields__.values()
+                  if f.name == error.field), None)
+    if field is not None:
+      space = "" if error.message.startswith("=") else " "
+      return app.UsageError(f"--{cfglib.setting_flag(name, field)}{space}{error.message} "
+                            f"(--{flag}={name})")
+  return app.UsageError(f"--{flag}={name}: {error}")
+
+
+def context(cfg: cfglib.JobConfig, data=None, model=None, profile=None,
+            seed: int = 0) -> registry.BuildContext:
+  """What the parts' factories read besides their settings, from the config and the run."""
+  e = cfg.engine
+  num_clients = cfg.data.num_clients if data is None else data.num_clients
+  return registry.BuildContext(k=e.clients_per_round, rounds=e.rounds, seed=seed,
+                               num_clients=num_clients, num_available=num_available(cfg),
+                               data=data, model=model, profile=profile,
+                               local_epochs=cfg.local.local_epochs)
+
+
+def part(kind: str, chosen: cfglib.Part | None, ctx: registry.BuildContext):
+  """The part `chosen` of `kind` (None for none); a refusal names the flag."""
+  if chosen is None:
+    return None
+  try:
+    return registry.build(kind, chosen.name, chosen.settings, ctx)
+  except ValueError as e:
+    raise part_error(kind, chosen.name, e) from e
+
+
+def check_part(kind: str, chosen: cfglib.Part | None, ctx: registry.BuildContext) -> None:
+  """The settings of part `chosen` of `kind`, before any data."""
+  if chosen is None:
+    return
+  try:
+    registry.check(kind, chosen.name, chosen.settings, ctx)
+  except ValueError as e:
+    raise part_error(kind, chosen.name, e) from e
+
+
+def check_parts(run: cfglib.JobConfig) -> None:
+  """Every part of a run's config, and the combinations that cannot run, before any data."""
+  ctx = context(run)._replace(num_available=availability(run).num_available)
+  for kind in registry.KINDS:
+    check_part(kind, getattr(run.parts, kind), ctx)
+  p = run.parts
+  if p.filter is not None and run.data.public_fraction <= 0 and not _public_text(run):
+    raise app.UsageError(f"--filter={p.filter.name} evaluates models on a public set: set "
+                         "--public_fraction > 0")
+  if p.rule is not None and p.rule.name == "fedsrc":
+    if p.rule.settings.decision_stat == "val_loss" and run.data.val_fraction <= 0:
+      raise app.UsageError("--decision_stat=val_loss needs --val_fraction > 0 (each client's "
+                           "held-out data)")
+  if p.rule is not None and p.rule.name == "fedalign":
+    if p.rule.settings.split == "val" and run.data.val_fraction <= 0:
+      raise app.UsageError("--align_split=val needs --val_fraction > 0")
+
+
+def check_runs(cfg: cfglib.JobConfig) -> None:
+  """`check_parts` for every run of the job (each method and swept value); a swept value that a
+  part refuses names --sweep."""
+  for _, value, run in cfg.runs():
+    try:
+      check_parts(run)
+    except app.UsageError as e:
+      if value is None:
+        raise
+      raise app.UsageError(f"--sweep={cfg.sweep.name}:{','.join(map(str, cfg.sweep.values))}: "
+                           f"--{cfg.sweep.tag(value)} is refused: {e}") from e
+
+
+def _public_text(cfg: cfglib.JobConfig) -> bool:
+  return getattr(cfg.options, "public_text", None) is not None
+
+
+def part_defaults(cfg: cfglib.JobConfig, given: frozenset) -> cfglib.JobConfig:
+  """What the job's parts need from the data, unless the command line set it: a public set for a
+  filter, a validation split for FedSRC's val_loss decision and FedALIGN's val split."""
+  runs = [run for _, _, run in cfg.runs()]
+  if any(r.parts.filter is not None for r in runs) and not _public_text(cfg):
+    cfg = cfglib.updated(cfg, given, public_fraction=DEFAULT_PUBLIC_FRACTION)
+  rules = [r.parts.rule for r in runs if r.parts.rule is not None]
+  wants_val = any((rule.name == "fedsrc" and rule.settings.decision_stat == "val_loss")
+                  or (rule.name == "fedalign" and rule.settings.split == "val") for rule in rules)
+  if wants_val:
+    cfg = cfglib.updated(cfg, given, val_fraction=DEFAULT_VAL_FRACTION)
+  return cfg
+
+
+def priority_mask(cfg: cfglib.JobConfig, n: int, label_hist, seed: int) -> np.ndarray:
+  """FedALIGN's priority clients among `n` (the rule's settings; errors name the flag)."""
+  rule = cfg.parts.rule
+  data = None if label_hist is None else _Hist(label_hist)
+  ctx = context(cfg, seed=seed)._replace(num_clients=n, data=data)
+  try:
+    return rule.settings.priority(ctx)
+  except ValueError as e:
+    raise part_error("rule", rule.name, e) from e
+
+
+class _Hist(NamedTuple):
+  """The label histogram a priority draw reads, where a launcher has no dataset object."""
+
+  label_hist: np.ndarray
+
+
+# --- Population: counts, availability, clock ----------------------------------------------------
+
+def num_available(cfg: cfglib.JobConfig) -> int:
+  """The most clients available at once under the uniform model (n, or N for 0)."""
+  return cfg.engine.num_available or cfg.data.num_clients
+
+
+def store_clients(cfg: cfglib.JobConfig, given: frozenset) -> cfglib.JobConfig:
+  """With --store_dir, N is the store's (refused where --num_clients says otherwise); a store
+  that does not add up is refused here, naming the file."""
+  if cfg.data.store_dir is None:
+    return cfg
+  n = open_data_store(cfg).num_clients
+  if "num_clients" in given and cfg.data.num_clients != n:
+    raise app.UsageError(f"--num_clients={cfg.data.num_clients} but "
+                         f"--store_dir={cfg.data.store_dir} holds {n} clients")
+  return cfglib.updated(cfg, num_clients=n)
+
+
+def open_data_store(cfg: cfglib.JobConfig) -> fs.FederatedDataset:
+  """The memory-mapped client store of --store_dir (its errors naming the flag and file)."""
+  from fedjax_sel.data.store import open_store  # pylint: disable=import-outside-toplevel
+  try:
+    return open_store(cfg.data.store_dir)
+  except (FileNotFoundError, ValueError) as e:
+    raise app.UsageError(f"--store_dir={cfg.data.store_dir}: {e}") from e
+
+
+def check_counts(cfg: cfglib.JobConfig) -> None:
+  """K <= n <= N (n: the uniform model's --num_available; the other models vary it)."""
+  e = cfg.engine
+  k, n, total = e.clients_per_round, e.num_available, cfg.data.num_clients
+  if e.availability != "uniform":
+    n = 0
+  if not k <= (n or total) <= total:
+    raise app.UsageError(f"need --clients_per_round <= --num_available <= --num_clients, got "
+                         f"{k}, {n}, {total}")
+
+
+def availability(cfg: cfglib.JobConfig, redraw_first_period: bool = False) -> fs.Availability:
+  """The availability model (errors naming the flag or file). The probabilities and phases
+  describe the population, so they are drawn with a fixed seed: every run seed of a job sees the
+  same population (and shares one compiled round)."""
+  from fedjax_sel import availability as models  # pylint: disable=import-outside-toplevel
+  e = cfg.engine
+  n = cfg.data.num_clients
+  capacity = e.avail_capacity or None
+  try:
+    if e.availability == "uniform":
+      return fs.uniform_availability(n, e.num_available or n, e.avail_period,
+                                     redraw_first_period=redraw_first_period)
+    if e.availability == "probability":
+      try:
+        low, high = (float(v) for v in e.avail_prob_range)
+      except ValueError as err:
+        raise ValueError(f"--avail_prob_range must be two numbers low,high, got "
+                         f"{','.join(e.avail_prob_range)}") from err
+      if not 0.0 <= low <= high <= 1.0:
+        raise ValueError(f"--avail_prob_range must satisfy 0 <= low <= high <= 1, got {low}, "
+                         f"{high}")
+      probs = np.random.default_rng(0).uniform(low, high, n)
+      return models.probability_availability(probs, capacity, e.avail_period)
+    if e.availability == "diurnal":
+      return models.diurnal_availability(n, e.diurnal_period, e.diurnal_mean,
+                                         e.diurnal_amplitude, capacity)
+    if e.avail_trace is None:
+      raise ValueError("--availability=trace needs --avail_trace=FILE")
+    return models.load_trace_availability(e.avail_trace, n, capacity)
+  except (ValueError, FileNotFoundError) as err:
+    raise app.UsageError(f"--availability={e.availability}: {err}") from err
+
+
+def system_profile(cfg: cfglib.JobConfig):
+  """The clients' speeds and bandwidths (`system.SystemProfile`, None for none), errors naming
+  the flag or file."""
+  from fedjax_sel import system  # pylint: disable=import-outside-toplevel
+  e = cfg.engine
+  try:
+    if e.system_profile == "none":
+      if e.deadline_s:
+        raise ValueError("--deadline_s needs --system_profile (the clients' speeds)")
+      return None
+    if e.system_profile == "lognormal":
+      return system.lognormal_profiles(cfg.data.num_clients, 0, e.speed_median, e.speed_sigma,
+                                       e.bandwidth_median, e.bandwidth_sigma)
+    if not os.path.isfile(e.system_profile):
+      raise ValueError(f"{e.system_profile}: no such file (accepted: none, lognormal or a "
+                       "CSV file client,speed,bandwidth)")
+    return system.read_profiles(e.system_profile, cfg.data.num_clients)
+  except ValueError as err:
+    raise app.UsageError(f"--system_profile={e.system_profile}: {err}") from err
+
+
+def check_population(cfg: cfglib.JobConfig) -> None:
+  """Counts, availability, clock and server optimizer, before any data."""
+  check_counts(cfg)
+  system_profile(cfg)
+  server_optimizer(cfg)
+  available = availability(cfg).num_available
+  if available < cfg.engine.clients_per_round:
+    raise app.UsageError(f"--availability={cfg.engine.availability} makes at most {available} "
+                         f"clients available at once, fewer than --clients_per_round="
+                         f"{cfg.engine.clients_per_round}; raise --avail_capacity or lower K")
+
+
+def server_optimizer(cfg: cfglib.JobConfig):
+  """The server optimizer (None for none); bad values name the flag."""
+  return part("server_optimizer", cfg.parts.server_optimizer, context(cfg))
+
+
+# --- Data ---------------------------------------------------------------------------------------
+
+def check_corruption(cfg: cfglib.JobConfig) -> tuple[str, ...]:
+  """The --corrupt_kinds, checked."""
+  kinds = tuple(cfg.data.corrupt_kinds)
+  bad = [k for k in kinds if k not in CORRUPTION_KINDS]
+  if bad or not kinds:
+    raise app.UsageError(f"--corrupt_kinds must list values among {CORRUPTION_KINDS}, got "
+                         f"{','.join(kinds)}")
+  return kinds
+
+
+def dataset_spec(cfg: cfglib.JobConfig, **overrides) -> fs.DatasetSpec:
+  """The `DatasetSpec` of the data config, with launcher-specific fields in `overrides`."""
+  d = cfg.data
+  spec = fs.DatasetSpec(
+      name=d.dataset, num_clients=d.num_clients, partition=d.partition, alpha=d.dirichlet_alpha,
+      classes_per_client=d.classes_per_client, dominant_fraction=d.dominant_fraction,
+      val_fraction=d.val_fraction, test_fraction=d.test_fraction,
+      public_fraction=d.public_fraction, data_dir=d.data_dir, leaf_files=tuple(d.leaf_files),
+      tfds_name=d.tfds_name, synth_alpha=d.synth_alpha, synth_beta=d.synth_beta,
+      max_examples=d.max_examples)
+  return spec._replace(**overrides)
+
+
+def load_data(cfg: cfglib.JobConfig, seed: int, hint: str = "",
+              **overrides) -> fs.FederatedDataset:
+  """The dataset, data errors as usage errors naming the flags (before any training); `hint` is
+  added to the message of missing data (e.g. how a preset's data are prepared)."""
+  if cfg.data.store_dir is not None:
+    return open_data_store(cfg)
+  spec = dataset_spec(cfg, **overrides)
+  if spec.name == "fashion_mnist" and not os.path.isdir(spec.data_dir):
+    raise app.UsageError(f"--data_dir={spec.data_dir} does not exist; install the Debian "
+                         "package dataset-fashion-mnist or point --data_dir at IDX files")
+  where = f"--dataset={spec.name} --num_clients={spec.num_clients}"
+  if spec.name not in ("leaf", "synth"):
+    where += f" --partition={spec.partition}"
+  if spec.public_fraction:
+    where += f" --public_fraction={spec.public_fraction} (the server's share)"
+  try:
+    data = fs.build_dataset(spec, seed)
+  except FileNotFoundError as e:
+    hint = "" if hint[-40:] in str(e) else hint  # The loader's message may say it already.
+    raise app.UsageError(f"{where}: {e}. {hint}".strip()) from e
+  except ValueError as e:
+    raise app.UsageError(f"{where}: {e}") from e
+  empty = int((data.train.counts == 0).sum())
+  if empty:
+    raise app.UsageError(f"{where}: {empty} clients get no training example; lower "
+                         "--num_clients or --test_fraction / --val_fraction / --public_fraction")
+  if spec.test_fraction > 0 and data.test.counts.sum() == 0:
+    raise app.UsageError(f"{where}: clients are too small for a test split at "
+                         f"--test_fraction={spec.test_fraction}; lower --num_clients")
+  return data
+
+
+def corrupt(cfg: cfglib.JobConfig, data, seed: int):
+  """(data with --corrupt_fraction of the clients corrupted, `[N]` bool bad mask, `[N]` kinds)."""
+  kinds = check_corruption(cfg)
+  share = cfg.data.corrupt_fraction
+  bad_data, bad = corrupt_clients(data, share, kinds, seed=seed + 100)
+  return bad_data, bad, corruption_kinds(data.num_clients, share, kinds, seed=seed + 100)
+
+
+# --- Model and local training -------------------------------------------------------------------
+
+MODEL_INPUTS = {  # (feature shape, is character text) -> whether the model takes these inputs.
+    "logreg": lambda shape, text: not text, "mlp": lambda shape, text: not text,
+    "leaf_cnn": lambda shape, text: shape == (28, 28, 1),
+    "cifar_cnn": lambda shape, text: len(shape) == 3 and min(shape[:2]) >= 12,
+    "resnet18": lambda shape, text: len(shape) == 3, "char_lstm": lambda shape, text: text}
+
+
+def hidden(cfg: cfglib.JobConfig) -> tuple[int, ...]:
+  """--hidden as widths >= 1."""
+  text = ",".join(cfg.model.hidden)
+  try:
+    widths = tuple(int(h) for h in cfg.model.hidden)
+  except ValueError as e:
+    raise app.UsageError(f"--hidden must be a comma-separated list of integers, got {text}") from e
+  if not widths or min(widths) < 1:
+    raise app.UsageError(f"--hidden widths must be >= 1, got {text}")
+  return widths
+
+
+def model_for(cfg: cfglib.JobConfig, data: fs.FederatedDataset) -> fs.Model:
+  """The model of the config for `data`'s inputs (a model that does not fit them is refused)."""
+  m = cfg.model
+  widths = hidden(cfg)
+  # Character windows: 1-D rows of vocabulary indices labelled over the LEAF vocabulary.
+  text = len(data.feature_shape) == 1 and data.num_classes == sources.VOCAB_SIZE
+  if not MODEL_INPUTS[m.model](data.feature_shape, text):
+    kind = "character windows" if text else f"features of shape {data.feature_shape}"
+    raise app.UsageError(f"--model={m.model} does not fit --dataset={cfg.data.dataset} "
+                         f"({kind}); accepted: " + ", ".join(
+                             n for n, ok in MODEL_INPUTS.items() if ok(data.feature_shape, text)))
+  if m.model in CONV_MODELS:
+    try:
+      resolve_conv_impl(m.conv_impl)
+    except ValueError as e:
+      raise app.UsageError(f"--conv_impl={m.conv_impl}: {e}") from e
+  return fs.build_model(m.model, data.feature_shape, data.num_classes, conv_impl=m.conv_impl,
+                        hidden=widths, norm=m.norm, width=m.resnet_width)
+
+
+def optimizer(cfg: cfglib.JobConfig):
+  """lr -> optax SGD with optional momentum and decoupled weight decay."""
+  momentum = cfg.local.momentum or None
+  wd = cfg.local.weight_decay
+
+  def make(lr):
+    sgd = optax.sgd(lr, momentum=momentum)
+    return optax.chain(optax.add_decayed_weights(wd), sgd) if wd else sgd
+
+  return make
+
+
+def local_hparams(cfg: cfglib.JobConfig) -> fs.LocalHParams:
+  loc = cfg.local
+  return fs.LocalHParams(batch_size=loc.batch_size, num_epochs=loc.local_epochs,
+                         num_steps=loc.local_steps, prox_mu=loc.prox_mu,
+                         chunk_size=loc.chunk_size)
+
+
+def lr_schedule(cfg: cfglib.JobConfig):
+  return fs.step_decay_lr(cfg.local.lr, cfg.local.lr_decay, cfg.local.lr_decay_every)
+
+
+# --- The simulator ------------------------------------------------------------------------------
+
+def engine_options(cfg: cfglib.JobConfig, datasets=()) -> dict:
+  """The engine config as `Simulator` arguments; with the job's `datasets`, the capacity that
+  pads every run to one shape, so the job's runs share one compiled round."""
+  e = cfg.engine
+  options = {"nonfinite": e.nonfinite, "store": e.store, "server_optimizer": server_optimizer(cfg),
+             "system_profile": system_profile(cfg), "deadline_s": e.deadline_s or None}
+  if datasets:
+    options["capacity"] = fs.Capacity.of(list(datasets))
+  return options
+
+
+def simulator(run: cfglib.JobConfig, data: fs.FederatedDataset, seed: int, *, model=None,
+              capacity=None, **overrides) -> fs.Simulator:
+  """The `Simulator` of one run: its config's model, local training, availability and parts on
+  `data`; `overrides` replace any `Simulator` argument (a launcher's own selector, rule, ...)."""
+  model = model if model is not None else model_for(run, data)
+  options = engine_options(run)
+  if capacity is not None:
+    options["capacity"] = capacity
+  profile = options["system_profile"]
+  p = run.parts
+  ctx = context(run, data, model, profile, seed)
+  made = {"selector": lambda: part("selector", p.selector, ctx),
+          "aggregator": lambda: part("aggregator", p.aggregator, ctx),
+          "filter": lambda: part("filter", p.filter, ctx),
+          "participation": lambda: part("rule", p.rule, ctx),
+          "availability": lambda: availability(run)}
+  args = dict(model=model, data=data, optimizer=optimizer(run), local=local_hparams(run),
+              clients_per_round=run.engine.clients_per_round, seed=seed,
+              lr_schedule=lr_schedule(run), **options)
+  args.update({name: make() for name, make in made.items() if name not in overrides})
+  args.update(overrides)
+  return fs.Simulator(**args)

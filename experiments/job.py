@@ -1,0 +1,280 @@
+"""The host side of a job: its folder, provenance and manifest, and running its runs.
+
+A launcher builds its `JobConfig` (`flag_binding`), calls `start(cfg, flag_lines)` (the output
+folder checked and locked, `flags.txt`, `config.json` and `run_info.json` written), builds a
+`Run` per (method, swept value, seed) and hands each method's runs to `run_all`, which advances
+them as one batch. Nothing here reads the command line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import re
+import socket
+import sys
+import time
+from typing import Callable, NamedTuple
+
+import numpy as np
+from absl import app
+
+import fedjax_sel as fs
+from experiments import config as cfglib
+from fedjax_sel import folder_lock
+from fedjax_sel.checkpoint import CheckpointError, WriteError, write_atomic
+from fedjax_sel.models import CONV_MODELS, resolve_conv_impl
+from fedjax_sel.runner import NonFiniteError
+
+FLAGS_FILE = "flags.txt"
+CONFIG_FILE = "config.json"
+RUN_INFO_FILE = "run_info.json"
+JOB_FILE = "job.json"
+# Fingerprint entries that are not fields, by what sets them.
+FINGERPRINT_NAMES = {"seed": "--seeds", "lr_base": "--lr", "prox_mu_value": "--prox_mu",
+                     "data": "the data (--dataset and its flags)",
+                     "param_shapes": "the model's shapes (--model and its flags)",
+                     "library": "the fedjax_sel version", "parts": "the method's parts",
+                     "local": "local training (--batch_size, --local_epochs)",
+                     "lr_schedule": "the learning-rate schedule (--lr, --lr_decay)",
+                     "availability_draws": "availability (--availability and its flags)",
+                     "part_selector": "--selector", "part_filter": "--filter",
+                     "part_rule": "--rule", "part_aggregator": "--aggregator",
+                     "part_server_optimizer": "--server_opt"}
+_JOBS: dict[str, list[dict]] = {}  # out_dir -> the runs recorded in its manifest.
+
+
+class Run(NamedTuple):
+  """One run of a job: its simulator, folder under the job's out_dir, progress label, optional
+  per-round `extra(state, record) -> dict`, and its fingerprint settings (`settings(cfg)`)."""
+
+  sim: fs.Simulator
+  path: tuple[str, ...]
+  label: str
+  extra: Callable | None = None
+  settings: dict | None = None
+
+
+def settings(run: cfglib.JobConfig) -> dict:
+  """A run's fingerprint settings: its config's (`config.fingerprint`), with `conv_impl=auto`
+  replaced by what it stood for on this machine (lowerings round differently)."""
+  out = cfglib.fingerprint(run)
+  if out.get("model") in CONV_MODELS and out.get("conv_impl") == "auto":
+    out["conv_impl"] = resolve_conv_impl("auto")
+  return out
+
+
+def writer() -> bool:
+  """Whether this process writes files (process 0 of a multi-host run, or the only one)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  return jax.process_index() == 0
+
+
+def write_text(path: str, text: str) -> None:
+  """Writes `text` to `path` atomically."""
+  write_atomic(path, text.encode("utf-8"))
+
+
+def check_out_dir(out: cfglib.OutputConfig) -> None:
+  """--out_dir must be a writable folder; one holding a run needs --resume or --overwrite."""
+  folder = out.out_dir
+  if os.path.exists(folder) and not os.path.isdir(folder):
+    raise app.UsageError(f"--out_dir={folder} is a file, not a folder")
+  parent = folder if os.path.isdir(folder) else os.path.dirname(os.path.abspath(folder))
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise app.UsageError(f"--out_dir={folder}: {parent} is a file, not a folder")
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise app.UsageError(f"--out_dir={folder}: {parent} is not writable")
+  if os.path.isdir(folder) and not (out.resume or out.overwrite):
+    for root, _, files in os.walk(folder):
+      if "metrics.jsonl" in files:
+        raise app.UsageError(f"--out_dir={folder} holds a previous run ({root}/metrics.jsonl): "
+                             "pass --resume to continue it or --overwrite to replace it")
+
+
+def start(cfg: cfglib.JobConfig, flag_lines: list[str]) -> None:
+  """Checks and locks the job's folder and writes its provenance (process 0): `flags.txt` (a
+  flagfile replaying the job), `config.json` (the resolved config: `--config` replays it) and
+  `run_info.json` (the command line, the time, the library, JAX and device versions, the host)."""
+  check_out_dir(cfg.output)
+  if not writer():
+    return
+  out = cfg.output.out_dir
+  try:
+    folder_lock.hold(out)
+  except folder_lock.FolderInUse as e:
+    raise app.UsageError(f"--out_dir: {e}") from e
+  import flax  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+  os.makedirs(out, exist_ok=True)
+  write_text(os.path.join(out, FLAGS_FILE), "\n".join(flag_lines) + "\n")
+  write_text(os.path.join(out, CONFIG_FILE), cfglib.to_json(cfg))
+  info = {"launcher": cfg.launcher, "command": [sys.executable, *sys.argv],
+          "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+          "host": socket.gethostname(),
+          "versions": {"fedjax_sel": fs.__version__, "jax": jax.__version__,
+                       "jaxlib": getattr(jax.lib, "__version__", None) or jax.__version__,
+                       "flax": flax.__version__, "optax": optax.__version__,
+                       "numpy": np.__version__, "python": sys.version.split()[0]},
+          "devices": [f"{d.platform}:{d.device_kind}" for d in jax.devices()],
+          "processes": jax.process_count()}
+  write_text(os.path.join(out, RUN_INFO_FILE), json.dumps(info, indent=1) + "\n")
+
+
+def record_runs(cfg: cfglib.JobConfig, runs: list[Run]) -> None:
+  """Adds `runs` to `<out_dir>/job.json`, the job's manifest: per run its launcher, label, seed,
+  swept value and folder (relative to the out_dir)."""
+  out = cfg.output.out_dir
+  job = _JOBS.setdefault(os.path.abspath(out), [])
+  for r in runs:
+    tag = next((p for p in r.path if "=" in p), None)
+    job.append({"launcher": cfg.launcher, "label": r.label.strip(), "seed": r.sim.seed,
+                "sweep": tag, "folder": os.path.join(*r.path)})
+  if writer():
+    os.makedirs(out, exist_ok=True)
+    write_text(os.path.join(out, JOB_FILE), json.dumps({"runs": job}, indent=1) + "\n")
+
+
+@contextlib.contextmanager
+def trackers(cfg: cfglib.JobConfig, folders: list[str]):
+  """With --tensorboard, one `tracking.TensorBoardWriter` per run folder (process 0 only): yields
+  their `write` callbacks (or None), closes them after."""
+  if not cfg.output.tensorboard or not writer():
+    yield None
+    return
+  from fedjax_sel.tracking import TensorBoardWriter  # pylint: disable=import-outside-toplevel
+  try:
+    writers = [TensorBoardWriter(folder) for folder in folders]
+  except ImportError as e:
+    raise app.UsageError(f"--tensorboard: {e}") from e
+  try:
+    yield [w.write for w in writers]
+  finally:
+    for w in writers:
+      w.close()
+
+
+def failure(error: Exception) -> str:
+  """An error's message for the command line: a refused resume names the flags that changed."""
+  changed = getattr(error, "changed", ())
+  if not changed:
+    return str(error)
+  name = lambda key: FINGERPRINT_NAMES.get(key, f"--{key}")
+  return ("--resume refused: the run was started with other settings (checkpoint -> now): "
+          + "; ".join(f"{name(k)}: {a!r} -> {b!r}" for k, a, b in changed)
+          + ". Rerun with the flags it was started with, or start afresh with --overwrite")
+
+
+def run_all(cfg: cfglib.JobConfig, runs: list[Run]) -> list[list[dict]]:
+  """Runs a method's runs for --rounds, each keeping its own folder, metrics, checkpoint and
+  resume: with --batch_runs and the device store as one `RunBatch` (one compiled call per round
+  for all of them), else one after another. A diverged run, a refused resume or a foreign
+  checkpoint exit with the message (status 1), after the other runs of a batch finished."""
+  record_runs(cfg, runs)
+  out = cfg.output
+  done = len(_JOBS[os.path.abspath(out.out_dir)]) - len(runs)
+  seeds_text = ", ".join(str(r.sim.seed) for r in runs)
+  method = re.sub(r"\s+s\d+(?=\s|$)", "", runs[0].label).strip()
+  print(f"-- runs {done + 1}-{done + len(runs)} of the job: {method}, seeds {seeds_text}",
+        flush=True)
+  folders = [os.path.join(out.out_dir, *r.path) for r in runs]
+  common = dict(eval_every=cfg.engine.eval_every, checkpoint_every=out.checkpoint_every,
+                resume=out.resume, overwrite=out.overwrite)
+  batched = out.batch_runs and len(runs) > 1 and not any(r.sim.on_host for r in runs)
+  if not batched:
+    results = []
+    for r, folder in zip(runs, folders):
+      with _exit_on_failure(r.label), trackers(cfg, [folder]) as on_records:
+        results.append(fs.run(r.sim, cfg.engine.rounds, folder, label=r.label, extra=r.extra,
+                              settings=r.settings,
+                              on_record=on_records[0] if on_records else None, **common))
+    return results
+  label = os.path.commonprefix([r.label for r in runs]).rsplit(" ", 1)[0].strip()
+  label = f"{label} ({len(runs)} runs) " if label else f"({len(runs)} runs) "
+  with _exit_on_failure(label), trackers(cfg, folders) as on_records:
+    return fs.run_batch(fs.RunBatch([r.sim for r in runs]), cfg.engine.rounds, folders,
+                        label=label, settings=[r.settings for r in runs],
+                        extras=[r.extra for r in runs], on_records=on_records, **common)
+
+
+BuildRun = Callable[[cfglib.Method, cfglib.JobConfig, int, str],
+                    tuple[fs.Simulator, Callable | None]]
+
+
+def result_name(method: cfglib.Method, tag: str) -> str:
+  """The name of a method's runs of one swept value: its label, then " NAME=V"."""
+  return f"{method.label} {tag}".strip()
+
+
+def run_path(group: str, method: cfglib.Method, tag: str, seed: int) -> tuple[str, ...]:
+  """A run's folder under the job's: `<group>/<method key>/<NAME=V>/seed<s>`, empty levels left
+  out."""
+  return tuple(p for p in (group, method.key, tag, f"seed{seed}") if p)
+
+
+def run_methods(cfg: cfglib.JobConfig, build_run: BuildRun,
+                group: str = "") -> dict[str, list[list[dict]]]:
+  """Runs every method of the job: its runs (swept values x seeds) as one batch (`run_all`).
+
+  Args:
+    cfg: the job.
+    build_run: `(method, run config, seed, tag) -> (simulator, per-round extra or None)`, `tag`
+      the swept value's "NAME=V" (or "").
+    group: a launcher's group of runs (a data split, a scenario): the first folder level and
+      label word.
+
+  Returns:
+    {`result_name(method, tag)`: the records of each seed's run}.
+  """
+  out = {}
+  for method in cfg.methods:
+    runs, names = [], []
+    for m, value, run in cfg.runs():
+      if m is not method:
+        continue
+      tag = "" if value is None else cfg.sweep.tag(value)
+      names.append(result_name(method, tag))
+      for seed in cfg.seeds:
+        sim, extra = build_run(method, run, seed, tag)
+        label = " ".join(p for p in (group, method.label, f"s{seed}", tag) if p) + " "
+        runs.append(Run(sim, run_path(group, method, tag, seed), label, extra, settings(run)))
+    results = run_all(cfg, runs)
+    n = len(cfg.seeds)
+    out.update({name: results[i * n:(i + 1) * n] for i, name in enumerate(names)})
+  return out
+
+
+@contextlib.contextmanager
+def _exit_on_failure(label: str):
+  try:
+    yield
+  except (NonFiniteError, CheckpointError, FileExistsError, WriteError) as e:
+    sys.exit(f"error: {label.strip()}: {failure(e)}")
+
+
+def cli(main):
+  """`main` for `app.run`: a UsageError prints its message and where to find help (absl would
+  print the help of every flag first), exit status 1; a file that cannot be written (a full disk)
+  prints one line naming it, exit status 1."""
+  def wrapped(argv):
+    from fedjax_sel.compilation import use_persistent_cache  # pylint: disable=import-outside-toplevel
+    use_persistent_cache()  # $FEDJAX_SEL_CACHE_DIR moves it; =off disables it.
+    # JAX logs every accelerator backend it looks for and does not find (libtpu on a CPU host).
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+    try:
+      return main(argv)
+    except app.UsageError as e:
+      sys.stderr.write(f"error: {e}\nRun with --help for the flags.\n")
+      sys.exit(1)
+    except OSError as e:
+      if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+        raise
+      where = f"cannot write {e.filename}: " if e.filename else ""
+      sys.exit(f"error: {where}{e.strerror or e}")
+  return wrapped
