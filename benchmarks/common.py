@@ -7,7 +7,7 @@ import os
 import platform
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 from absl import flags
@@ -35,7 +35,8 @@ def median_time(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
 
 
 def peak_gflops() -> float:
-  """The machine's float32 GEMM rate in GFLOP/s (a jitted 2048 x 2048 x 2048 product, median of 5)."""
+  """The machine's float32 GEMM rate in GFLOP/s (a jitted 2048 x 2048 x 2048 product, median of
+  5)."""
   a = jax.random.uniform(jax.random.PRNGKey(0), (2048, 2048))
   matmul = jax.jit(lambda m: m @ m)
   return 2 * 2048**3 / median_time(lambda: matmul(a), 5) / 1e9

@@ -219,7 +219,11 @@ def ours_round(args):
     oneDNN's custom calls) and in everything else (patch copies, pooling, elementwise updates),
     from a profiler trace of 2 rounds, and the round's FLOPs (XLA's count of a client step on the
     patches lowering, times K steps)."""
-    import collections, glob, gzip, json, tempfile  # pylint: disable=import-outside-toplevel
+    import collections
+    import glob
+    import gzip
+    import json
+    import tempfile  # pylint: disable=import-outside-toplevel
     folder = tempfile.mkdtemp()
     with jax.profiler.trace(folder, create_perfetto_trace=True):
       run()

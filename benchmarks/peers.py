@@ -80,8 +80,8 @@ class Worker:
 
 def peer_python() -> str | None:
   """The interpreter for the peers, or None when none there can import torch."""
-  python = FLAGS.peer_python or (".venv-peers/bin/python" if os.path.exists(".venv-peers/bin/python")
-                                 else sys.executable)
+  python = FLAGS.peer_python or (".venv-peers/bin/python"
+                                 if os.path.exists(".venv-peers/bin/python") else sys.executable)
   ok = subprocess.run([python, "-c", "import torch"], capture_output=True, check=False)
   return python if ok.returncode == 0 else None
 
@@ -122,7 +122,8 @@ def main(argv):
   if python is None:
     print("No torch in this or a peers environment: peer columns left empty (see --help).")
   peers = [] if python is None else ["torch_loop"] + (["pfl"] if has_pfl(python) else [])
-  models, ks = (["leaf_cnn"], [4]) if FLAGS.quick else (FLAGS.models, [int(k) for k in FLAGS.clients])
+  models, ks = (["leaf_cnn"], [4]) if FLAGS.quick else (FLAGS.models,
+                                                        [int(k) for k in FLAGS.clients])
   reps = 2 if FLAGS.quick else FLAGS.reps
   peak = peak_gflops()
   rows, splits = [], []

@@ -104,8 +104,8 @@ def run_one(config: dict) -> dict:
     device_bytes = sum(rows[s] * row_bytes(getattr(data, s)) for s in rows)
   else:
     device_bytes = data_bytes(data)
-  return {**config, "n": available, "host_rows": sim.host_rows, "round_ms": 1e3 * float(np.median(times)),
-          "setup_s": setup, "peak_rss_mb": peak_rss_mb(),
+  return {**config, "n": available, "host_rows": sim.host_rows,
+          "round_ms": 1e3 * float(np.median(times)), "setup_s": setup, "peak_rss_mb": peak_rss_mb(),
           "device_data_mb": device_bytes / 2**20, "data_mb": data_bytes(data) / 2**20}
 
 

@@ -9,7 +9,8 @@ B, one local epoch), reported in training samples/s:
                  `auto_chunk_size` as the `Simulator` picks it) with FedAvg folded in chunk
                  by chunk, one jitted call (what `Simulator` runs for a linear aggregator).
   jax_loop:      a Python loop over clients calling one jitted SGD step per batch (fedjax-style).
-  torch_loop:    the same loop in PyTorch on CPU (Flower / pfl / FedML style); skipped without torch.
+  torch_loop:    the same loop in PyTorch on CPU (Flower / pfl / FedML style); skipped without
+                 torch.
   central_B:     one model trained on all K*S samples with batch B (the per-client-batch limit).
   central_KB:    one model trained with the fused batch K*B (the fused-batch limit).
 Beside them, the FLOP rate of our round (XLA's count of a client step's FLOPs) and the rate a 20x
@@ -182,7 +183,8 @@ def main(argv):
     row["chunk"] = auto_chunk_size(cost, default_memory_budget(), k)
     run, row["xla_gb"] = vectorized(model, params, pool, k, b, row["chunk"])
     row["vectorized"] = n / median_time(run, reps)
-    loop_clients = min(k, 100)  # The loops are timed on up to 100 clients (throughput is per client).
+    # The loops are timed on up to 100 clients (throughput is per client).
+    loop_clients = min(k, 100)
     loop_pool = make_pool(loop_clients, s, shape, classes)
     row["jax_loop"] = loop_clients * s / median_time(jax_loop(model, params, loop_pool,
                                                               loop_clients, s, b), reps)
@@ -215,7 +217,8 @@ def main(argv):
         ablation, [("model", "model"), ("conv_impl", "conv"), ("chunk", "chunk"),
                    ("samples_per_s", "samples/s"), ("xla_gb", "XLA planned memory (GiB)")])
   table += "\n\nSeveral rounds per compiled call (digits, K = 10)\n\n" + markdown_table(
-      scan_rows, [("model", "model"), ("rounds", "rounds"), ("per_round_call_ms", "ms/round, one call each"),
+      scan_rows, [("model", "model"), ("rounds", "rounds"), ("per_round_call_ms", "ms/round, one "
+                                                                                  "call each"),
                   ("scanned_ms", "ms/round, lax.scan"), ("gain", "gain")])
   write_results("round_throughput", rows, table,
                 {"chunk_ablation": ablation, "scan_rounds": scan_rows, "peak_gflops": peak,

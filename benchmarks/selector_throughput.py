@@ -28,7 +28,8 @@ flags.DEFINE_integer("reps", 5, "Timed repetitions (median).")
 
 def top_k_selector(k):
   return Selector(init=lambda n, p: (),
-                  select=lambda s, key, inputs, mask: (top_k_mask(inputs.stats["entropy"], mask, k), s),
+                  select=lambda s, key, inputs, mask: (
+                      top_k_mask(inputs.stats["entropy"], mask, k), s),
                   needs=("entropy",))
 
 
@@ -64,7 +65,8 @@ def main(argv):
   ns = [1000, 10000] if FLAGS.quick else [1000, 10000, 100000, 1000000]
   k = min(FLAGS.k, 10) if FLAGS.quick else FLAGS.k
   selectors = {"random": fs.random_selector(k), "pow": power_of_choice(k, variant="pow"),
-               "cpow": power_of_choice(k, variant="cpow"), "rpow": power_of_choice(k, variant="rpow"),
+               "cpow": power_of_choice(k, variant="cpow"),
+               "rpow": power_of_choice(k, variant="rpow"),
                "top-k (entropy)": top_k_selector(k)}
   rows = []
   for n in ns:

@@ -3,10 +3,11 @@ r"""Runs a launcher and writes where its wall time went (used by `benchmarks.tim
   python -m benchmarks.timed_launch OUT.json experiments.filfl --out_dir=... [launcher flags]
 
 Splits the process's wall time into: import (the launcher module and the library), data (the
-launchers' `build.load_data`), set-up (building `Simulator`s and `RunBatch`es, compilation excluded),
-compile (XLA compilation and persistent-cache loads, from JAX's monitoring events, wherever they
-happen), rounds (running the rounds, compilation excluded) and other (what is left: flag parsing,
-summaries, figures). Also counts the round programs compiled and the persistent cache hits.
+launchers' `build.load_data`), set-up (building `Simulator`s and `RunBatch`es, compilation
+excluded), compile (XLA compilation and persistent-cache loads, from JAX's monitoring events,
+wherever they happen), rounds (running the rounds, compilation excluded) and other (what is left:
+flag parsing, summaries, figures). Also counts the round programs compiled and the persistent cache
+hits.
 """
 
 from __future__ import annotations

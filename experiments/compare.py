@@ -1,16 +1,17 @@
-r"""Jobs side by side: one markdown table and one overlay figure per metric, for jobs of any launcher.
+r"""Jobs side by side: one markdown table and one overlay figure per metric, for jobs of any
+launcher.
 
   python -m experiments.compare runs/fedavg runs/oort --out=runs/compare --target=0.9
 
-Each argument is a job's `--out_dir`. Its runs are read through its manifest (`job.json`: every run's
-label, seed and folder); a folder without one is read as the runs of its `seed<s>/metrics.jsonl`
-files. Runs are grouped into methods by their label without the seed. Per method, over its seeds
-(mean +- sample std, n stated; no spread for one seed): the final value of `--metric`, its mean over
-the last `--last_k` rounds, its best value, and the rounds trained and the simulated seconds
-(`sim_time_s`, with `--system_profile`) until it first reaches `--target` (the mean over the seeds
-that did, and how many did). With `--out=PREFIX`: `PREFIX.md` holds the table and `PREFIX_<metric>.png`
-one figure per `--plot_metrics` entry (mean over seeds per method, the seeds' range shaded, x in
-rounds trained).
+Each argument is a job's `--out_dir`. Its runs are read through its manifest (`job.json`: every
+run's label, seed and folder); a folder without one is read as the runs of its
+`seed<s>/metrics.jsonl` files. Runs are grouped into methods by their label without the seed. Per
+method, over its seeds (mean +- sample std, n stated; no spread for one seed): the final value of
+`--metric`, its mean over the last `--last_k` rounds, its best value, and the rounds trained and
+the simulated seconds (`sim_time_s`, with `--system_profile`) until it first reaches `--target`
+(the mean over the seeds that did, and how many did). With `--out=PREFIX`: `PREFIX.md` holds the
+table and `PREFIX_<metric>.png` one figure per `--plot_metrics` entry (mean over seeds per method,
+the seeds' range shaded, x in rounds trained).
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def row(job: str, method: str, runs: list[list[dict]], metric: str, target: floa
   rounds = f"{np.mean([h[0] for h in hits]):.1f} ({len(hits)}/{len(runs)})" if hits else "never"
   seconds = f"{np.mean([h[1] for h in hits]):.0f}" if hits and any(h[1] for h in hits) else "-"
   return (f"| {job} | {method} | {len(runs)} | {mean_std([s[-1] for s in series])} | "
-          f"{mean_std([np.mean(s[-last_k:]) for s in series])} | {mean_std([max(s) for s in series])} | "
+          f"{mean_std([np.mean(s[-last_k:]) for s in series])} | "
+          f"{mean_std([max(s) for s in series])} | "
           f"{rounds} | {seconds} |")
 
 

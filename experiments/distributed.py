@@ -99,7 +99,7 @@ def _gather_peers(meeting: tuple[str, int], count: int, deadline: float, timeout
         server.settimeout(max(deadline - time.monotonic(), 0.01))
         try:
           conn, _ = server.accept()
-        except socket.timeout:
+        except TimeoutError:
           missing = sorted(set(range(1, count)) - set(peers))
           raise app.UsageError(
               f"fewer processes joined than --num_processes={count}: process ids {missing} did "

@@ -11,8 +11,8 @@ full participation, 50 rounds, 3 seeds.
 
 Per run it writes `<out_dir>/<group>/<method>/seed<s>/metrics.jsonl` (group: `main`, or the SYNTH
 noise level) with, per round: `priority_objective` (F(w_t), the priority clients' data-weighted
-training loss), `priority_test_accuracy` / `priority_test_loss` (on the priority clients' test data),
-`test_accuracy` (all clients), `others_trained` / `others_aggregated` (non-priority clients),
+training loss), `priority_test_accuracy` / `priority_test_loss` (on the priority clients' test
+data), `test_accuracy` (all clients), `others_trained` / `others_aggregated` (non-priority clients),
 `eps`, `closest_gap` (the smallest |F_k - F| of a non-priority client: above eps_t nobody aligns)
 and the cost counters; plus `summary.md` and, with --plot, `fedalign.png`
 (`experiments/fedalign_report.py`).

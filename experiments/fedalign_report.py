@@ -38,7 +38,8 @@ def summary(cfg: config.JobConfig, runs: dict, warmup: int) -> str:
     _, all_acc = metric_matrix(group, "test_accuracy")
     curves[label] = (rounds, acc.mean(0))
     post = rounds >= warmup
-    agg = np.mean([[r["others_aggregated"] for r in recs if r["round"] >= warmup] for recs in group])
+    agg = np.mean([[r["others_aggregated"] for r in recs if r["round"] >= warmup]
+                   for recs in group])
     trn = np.mean([[r["others_trained"] for r in recs if r["round"] >= warmup] for recs in group])
     post_recs = [r for recs in group for r in recs if r["round"] >= warmup and "eps" in r]
     gap = (f"{np.mean([r['closest_gap'] for r in post_recs]):.3f} / "

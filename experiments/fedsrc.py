@@ -14,8 +14,9 @@ is a bad client); test splits stay clean and score the global model.
 Per run it writes `<out_dir>/<split>/<method>/seed<s>/metrics.jsonl` with, per round: clean test
 accuracy and loss, `participation_rate`, the threshold (`rule.phi`, `rule.alpha`), `<kind>_excluded`
 and `<kind>_sampled` for good clients and each corruption kind, and the round's savings
-(`samples_saved`, `net_samples_saved`, `uploads_saved`) in the self-regulating runs; plus `summary.md`
-(accuracy and savings tables) and, with --plot, `fedsrc.png` (`experiments/fedsrc_report.py`).
+(`samples_saved`, `net_samples_saved`, `uploads_saved`) in the self-regulating runs; plus
+`summary.md` (accuracy and savings tables) and, with --plot, `fedsrc.png`
+(`experiments/fedsrc_report.py`).
 """
 
 import dataclasses

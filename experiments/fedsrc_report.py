@@ -17,9 +17,10 @@ def per_client_samples(cfg: config.JobConfig, data):
     train = loc.local_epochs * counts
   else:
     train = np.asarray(steps_per_client(counts, build.local_hparams(cfg))) * loc.batch_size
+  stat = cfg.parts.rule.settings.decision_stat
   evals = {"test_loss": np.asarray(data.test.counts), "val_loss": np.asarray(data.val.counts),
            "loss": counts,
-           "batch_loss": np.full(len(counts), loc.batch_size)}[cfg.parts.rule.settings.decision_stat]
+           "batch_loss": np.full(len(counts), loc.batch_size)}[stat]
   return train.astype(float), evals.astype(float)
 
 
@@ -84,10 +85,12 @@ def summary(cfg: config.JobConfig, runs) -> str:
                  f"{up:.0f} |")
   rule_runs = [label for label in runs if label.startswith("FedSRC")]
   if rule_runs:
-    lines += ["", "Savings of the self-regulating runs (means over seeds; exclusions over the gated "
+    lines += ["", "Savings of the self-regulating runs (means over seeds; exclusions over the "
+                  "gated "
               "rounds; net = gross minus 1/3 of a training step per evaluated sample; percentages "
               "of what the sampled clients would have trained and uploaded):", "",
-              "| method | bad clients excluded (by kind) | good clients excluded | training samples saved "
+              "| method | bad clients excluded (by kind) | good clients excluded | training "
+              "samples saved "
               "(gross) | samples evaluated to decide | net samples saved | uploads saved |",
               "|" + "---|" * 7]
     lines += [saving_row(cfg, label, runs[label]) for label in rule_runs]
@@ -113,7 +116,8 @@ def write_outputs(cfg: config.JobConfig, results: dict) -> None:
     titles = {"test_accuracy": "clean test accuracy", "participation_rate": "participation rate",
               **{k: f"{k[:-len('_excluded')]} clients excluded" for k in keys
                  if k.endswith("_excluded")}}
-    plot_panels(rows, keys, path, titles=titles, title=report.setup_title(cfg, f"{bad}% bad clients"),
+    plot_panels(rows, keys, path, titles=titles,
+                title=report.setup_title(cfg, f"{bad}% bad clients"),
                 only={k: self_regulating for k in keys if k != "test_accuracy"})
     print(f"figure: {path}")
 

@@ -1,11 +1,12 @@
-r"""FilFL launcher: client filtering (DGF / RGF) versus no filtering, with RS / PoC / DivFL selection.
+r"""FilFL launcher: client filtering (DGF / RGF) versus no filtering, with RS / PoC / DivFL
+selection.
 
   python -m experiments.filfl --filters=none,dgf,rgf --seeds=0,1,2 --plot
 
 Defaults: digits, N=50 clients (Dirichlet 0.5), n=25 available, K=5 per round, 40% of the clients
-with shuffled labels, a 5% stratified public set, h=5, 40 rounds, 3 seeds. `--preset=cifar10|femnist|
-shakespeare` sets the paper's setups instead (docs/papers/filfl.md, "The paper's setups"; listed
-in --help; explicit flags win; `--fedprox` adds the preset's FedProx mu):
+with shuffled labels, a 5% stratified public set, h=5, 40 rounds, 3 seeds.
+`--preset=cifar10|femnist|shakespeare` sets the paper's setups instead (docs/papers/filfl.md, "The
+paper's setups"; listed in --help; explicit flags win; `--fedprox` adds the preset's FedProx mu):
 
   python -m experiments.filfl --preset=cifar10 --data_dir=DIR       # TFDS cifar10, ArrayRecord
   python -m experiments.filfl --preset=femnist                      # data/leaf/femnist/*.json

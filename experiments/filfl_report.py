@@ -18,7 +18,8 @@ def write_outputs(cfg: config.JobConfig, runs: dict, bad_rows: list) -> None:
           for i, recs in zip(cfg.seeds, group)]
   table = fs.summary_table(rows) + "\n\n" + mean_table(cfg, runs) + filter_quality_table(cfg, runs)
   report.write_summary(cfg, table)
-  with open(os.path.join(cfg.output.out_dir, "filtered_bad.csv"), "w", newline="", encoding="utf-8") as f:
+  path = os.path.join(cfg.output.out_dir, "filtered_bad.csv")
+  with open(path, "w", newline="", encoding="utf-8") as f:
     writer = csv.writer(f)
     writer.writerow(["run", "seed", "round", "num_filtered", "bad_filtered_in"])
     writer.writerows(bad_rows)
@@ -29,7 +30,8 @@ def write_outputs(cfg: config.JobConfig, runs: dict, bad_rows: list) -> None:
                 titles={"test_accuracy": "test accuracy",
                         "clean_train_loss": "train loss (uncorrupted clients)",
                         "test_loss": "test loss", "num_filtered": "|S^f| (filtered-in clients)"},
-                title=report.setup_title(cfg, f"{int(cfg.data.corrupt_fraction * 100)}% bad clients, "
+                title=report.setup_title(cfg, f"{int(cfg.data.corrupt_fraction * 100)}% bad "
+                                              f"clients, "
                                               f"h = {cfg.parts.filter.settings.period}"),
                 only={"num_filtered": lambda label: not label.startswith("Fed")})
     print(f"figure: {path}")
@@ -59,8 +61,9 @@ def filter_quality_table(cfg: config.JobConfig, runs: dict) -> str:
       if not ratios and not submod.size:
         continue
       cells = [f"{min(ratios):.4f} / {np.mean(ratios):.4f}" if ratios else "-"]
+      gammas = cfg.parts.filter.settings.gammas
       cells.append(", ".join(f"{g}: {100 * lo:.0f} / {100 * mu:.0f}%" for g, lo, mu in
-                             zip(cfg.parts.filter.settings.gammas, submod.min(0), submod.mean(0))) if submod.size else "-")
+                             zip(gammas, submod.min(0), submod.mean(0))) if submod.size else "-")
       lines.append(f"| {label} seed {seed} | {len(rounds)} | {cells[0]} | {cells[1]} |")
   if not lines:
     return ""

@@ -18,7 +18,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from absl import app, flags
 

@@ -17,7 +17,8 @@ import re
 import socket
 import sys
 import time
-from typing import Callable, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable
 
 import numpy as np
 from absl import app

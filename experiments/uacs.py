@@ -1,4 +1,5 @@
-r"""UACS-FL launcher: entropy-based active client selection against random and gradient-norm selection.
+r"""UACS-FL launcher: entropy-based active client selection against random and gradient-norm
+selection.
 
   python -m experiments.uacs --scenarios=1,2,3 --seeds=0,1,2,3,4 --plot
 

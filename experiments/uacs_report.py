@@ -32,7 +32,8 @@ def first_hit(recs, level):
 
 
 def summary(cfg: config.JobConfig, runs, num_boundary: int) -> str:
-  lines = ["| method | rounds trained to 90% acc (mean, seeds reaching) | to 95% acc | final test acc "
+  lines = ["| method | rounds trained to 90% acc (mean, seeds reaching) | to 95% acc | final test "
+           "acc "
            f"| mean test acc, last {cfg.output.last_k} rounds | best test acc | boundary share of "
            "selections | client forward samples | client gradient samples |", "|" + "---|" * 9]
   for label, group in runs.items():
@@ -42,7 +43,8 @@ def summary(cfg: config.JobConfig, runs, num_boundary: int) -> str:
       cells.append(f"{np.mean(hits):.1f} ({len(hits)}/{len(group)})" if hits else
                    f"never (0/{len(group)})")
     final = [[r for r in recs if "test_accuracy" in r][-1]["test_accuracy"] for recs in group]
-    last_k = [np.mean([r["test_accuracy"] for r in recs if "test_accuracy" in r][-cfg.output.last_k:])
+    k = cfg.output.last_k
+    last_k = [np.mean([r["test_accuracy"] for r in recs if "test_accuracy" in r][-k:])
               for recs in group]
     best = [max(r.get("test_accuracy", 0.0) for r in recs) for recs in group]
     picks = sum(len(r["selected"]) for recs in group for r in recs)
@@ -50,7 +52,8 @@ def summary(cfg: config.JobConfig, runs, num_boundary: int) -> str:
              if num_boundary else "-")
     cost = group[0][-1]["cumulative_cost"]
     lines.append(f"| {label} | {cells[0]} | {cells[1]} | {mean_std(final)} | "
-                 f"{mean_std(last_k)} | {mean_std(best)} | {share} | {cost['client_eval_samples']:.3g} | "
+                 f"{mean_std(last_k)} | {mean_std(best)} | {share} | "
+                 f"{cost['client_eval_samples']:.3g} | "
                  f"{cost['client_grad_samples']:.3g} |")
   if num_boundary:
     n = cfg.data.num_clients
@@ -137,7 +140,7 @@ def plot(cfg: config.JobConfig, results, loaded, finals, scenarios, path: str) -
     width = 0.8 / len(methods)
     for k in np.flatnonzero(is_b):  # The boundary clients, shaded.
       ax.axvspan(k - 0.5, k + 0.5, color="0.85", lw=0)
-    for i, (label, runs) in enumerate(results[group].items()):
+    for i, runs in enumerate(results[group].values()):
       freq = np.zeros(data.num_clients)
       recs = runs[0]  # Seed 0: client ids mean the same clients as in the data panel.
       for r in recs:

@@ -5,8 +5,10 @@ The flat namespace below is the public API; modules hold one concern each:
 `data` (pools, partitioners, sources), `models`, `local_training`, `compiled_cost` (XLA's memory
 and FLOP counts), `evaluation`, `components` (the pure part types), `availability`, `selectors`,
 `aggregators`, `server_optimizers` (FedAvgM, FedAdam, FedYogi, FedAdagrad), `oort` (Oort's
-selector), `system` (client speeds and the simulated clock), `round` (the round as pure stages), `placement` (where the clients' data live), `programs` (the compiled programs, shared by signature), `runs` (runs as a batch axis), `engine`
-(the `Simulator` shell), `compilation` (the persistent cache), `checkpoint`, `runner`.
+selector), `system` (client speeds and the simulated clock), `round` (the round as pure stages),
+`placement` (where the clients' data live), `programs` (the compiled programs, shared by signature),
+`runs` (runs as a batch axis), `engine` (the `Simulator` shell), `compilation` (the persistent
+cache), `checkpoint`, `runner`.
 """
 
 __version__ = "0.3.0"  # Before the imports: the runner writes it into checkpoint fingerprints.

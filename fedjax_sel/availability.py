@@ -23,7 +23,8 @@ from __future__ import annotations
 import csv
 import json
 import os
-from typing import Callable, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -51,7 +52,8 @@ def uniform_availability(num_clients: int, num_available: int, period: int = 5,
       reference mode).
   """
   if not 1 <= num_available <= num_clients:
-    raise ValueError(f"num_available must be in 1..{num_clients} (num_clients), got {num_available}")
+    raise ValueError(f"num_available must be in 1..{num_clients} (num_clients), "
+                     f"got {num_available}")
   if period < 1:
     raise ValueError(f"avail_period must be >= 1, got {period}")
 

@@ -33,7 +33,8 @@ import jax
 import numpy as np
 from flax import serialization
 
-VERSION = 2  # 2: the fingerprint holds the launcher's job config by field (issue 31), not its flags.
+# 2: the fingerprint holds the launcher's job config by field (issue 31), not its flags.
+VERSION = 2
 MAGIC = b"fedjax_sel checkpoint v%d\n" % VERSION
 _OLDER = re.compile(rb"fedjax_sel checkpoint v(\d+)\n")
 

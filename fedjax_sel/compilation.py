@@ -96,7 +96,7 @@ class CompileLog:
   loads; a hit still counts as a compilation of its name).
   """
 
-  def __enter__(self) -> "CompileLog":
+  def __enter__(self) -> CompileLog:
     global _COUNTER  # pylint: disable=global-statement
     if _COUNTER is None:
       _COUNTER = _Counter()
@@ -113,7 +113,7 @@ class CompileLog:
       return (collections.Counter(_COUNTER.compiles), collections.Counter(_COUNTER.seconds),
               _COUNTER.hits)
 
-  def snapshot(self) -> "CompileLog":
+  def snapshot(self) -> CompileLog:
     """Updates the tallies to now (inside the `with` block too)."""
     compiles, seconds, hits = self._now()
     self.by_name = compiles - self._start[0]

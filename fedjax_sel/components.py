@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import json
 import warnings
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -59,7 +60,7 @@ class ClientState(NamedTuple):
   consecutive_skips: jax.Array
 
   @staticmethod
-  def create(num_clients: int) -> "ClientState":
+  def create(num_clients: int) -> ClientState:
     return ClientState(jnp.full((num_clients,), jnp.inf), jnp.full((num_clients,), -1, jnp.int32),
                        jnp.zeros((num_clients,), jnp.int32), jnp.zeros((num_clients,), jnp.int32))
 
@@ -235,7 +236,8 @@ def describe(part) -> dict:
   main = part.select if isinstance(part, Selector) else part.apply
   name = getattr(main, "__qualname__", type(main).__name__)
   warnings.warn(f"a {type(part).__name__} without a spec ({name}): a resumed run checks its name "
-                "only, its settings are not covered; pass spec={'name': ..., **settings} to cover them",
+                "only, its settings are not covered; pass spec={'name': ..., **settings} to cover "
+                "them",
                 stacklevel=2)
   return {"name": name, "settings": "not recorded"}
 

@@ -16,8 +16,8 @@ Paper mode (default):
   rate holds the target *on average over rounds* (a fixed-size sign step would only balance the
   number of rounds above and below the target).
 Reference mode (`mode="reference"`, the reference code's rule):
-  cutoff = max(median(L) + ref_beta * std(L), cut) with the sample standard deviation about the mean;
-  client k trains iff its loss <= cutoff - RHI_k * std(L); alpha is not used.
+  cutoff = max(median(L) + ref_beta * std(L), cut) with the sample standard deviation about the
+  mean; client k trains iff its loss <= cutoff - RHI_k * std(L); alpha is not used.
 Both modes: round 0 (no reported losses yet) everyone sampled trains; an abstaining client takes
 part anyway with probability `reinclude_prob`, or after `reinclude_after` consecutive abstentions
 (0 = never); a round with fewer than two participants keeps the previous global model and threshold.
@@ -272,7 +272,8 @@ def savings(records: list[dict], train_samples_per_client: np.ndarray,
 
   Args:
     records: per-round records of a run (`fedjax_sel.run`'s output or metrics.jsonl lines).
-    train_samples_per_client: `[N]` samples a client processes when it trains (E * m_k, or steps * B).
+    train_samples_per_client: `[N]` samples a client processes when it trains (E * m_k, or
+      steps * B).
     eval_samples_per_client: `[N]` samples a client evaluates to decide (its test split, or B).
   """
   rows = []

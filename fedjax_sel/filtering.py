@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -12,7 +12,7 @@ Examples:
 """
 
 import jax
-import jax.numpy as jnp
+import jax.numpy as jnp  # noqa: F401  (the examples above use it)
 
 # Purposes: distinct streams inside one round.
 AVAILABILITY = 1

@@ -20,7 +20,8 @@ Examples:
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -97,7 +98,8 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
                 pool: ClientPool, clients: jax.Array, valid: jax.Array, keys: jax.Array,
                 learning_rate: jax.Array, max_count: int, client_sharding=None,
                 combine: jax.Array | None = None, prox_mu: jax.Array | None = None) -> LocalResult:
-  """Trains the clients `clients [K]` (slots with `valid [K]` False are no-ops) from the global model.
+  """Trains the clients `clients [K]` (slots with `valid [K]` False are no-ops) from the global
+  model.
 
   Args:
     model: the model bundle.
@@ -145,7 +147,8 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
     offset = pool.offsets[cl]
     spe = jnp.maximum(-(-count // hp.batch_size), 1)
     if hp.num_steps is None:
-      orders = jax.vmap(lambda k, c: _epoch_orders(k, c, hp.num_epochs, max(max_count, 1)))(key, count)
+      orders = jax.vmap(lambda k, c: _epoch_orders(k, c, hp.num_epochs,
+                                                   max(max_count, 1)))(key, count)
     else:
       orders = jnp.zeros((size, 1, 1), jnp.int32)
     params = jax.tree.map(lambda g: jnp.broadcast_to(g, (size, *g.shape)), global_params)
@@ -209,8 +212,8 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
 # each client's step does real work; a few clients per chunk also keep the working set in cache.
 # Logistic regression (1 MFLOP per client step): a bare loop of 200 client steps took 7.8 ms at 1
 # client per chunk against 11.5-12.8 ms at 2-16 (full-round sweeps are noise-level on this model:
-# chunk 1 was 1.4x chunk 4 in two runs and 0.85x in the published one); the MLP (29 MFLOP), CIFAR and
-# LEAF CNNs (3.3 GFLOP) were fastest at 2-4 (MLP 2.4-2.6x chunk 100).
+# chunk 1 was 1.4x chunk 4 in two runs and 0.85x in the published one); the MLP (29 MFLOP), CIFAR
+# and LEAF CNNs (3.3 GFLOP) were fastest at 2-4 (MLP 2.4-2.6x chunk 100).
 CPU_CHUNK_SIZE = 4
 CPU_TINY_STEP_FLOPS = 1e7
 
@@ -281,7 +284,8 @@ def auto_chunk_size(cost: StepCost, budget_bytes: int, num_slots: int,
     100
     >>> auto_chunk_size(StepCost(bytes=2**20, flops=3e7), 2**30, 100, platform="cpu")
     4
-    >>> auto_chunk_size(StepCost(bytes=2**20, flops=3e7), 2**30, 10, platform="cpu")  # Not 4: 12 slots.
+    >>> auto_chunk_size(StepCost(bytes=2**20, flops=3e7), 2**30, 10,
+    ...                 platform="cpu")  # Not 4: 12 slots.
     2
   """
   cap = int(max(1, min(num_slots, budget_bytes // max(cost.bytes, 1))))

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -58,7 +59,7 @@ class Capacity(NamedTuple):
   max_count: int
 
   @staticmethod
-  def of(datasets: Sequence[FederatedDataset]) -> "Capacity":
+  def of(datasets: Sequence[FederatedDataset]) -> Capacity:
     """The smallest capacity that holds every dataset of `datasets`."""
     rows = {s: max(getattr(d, s).x.shape[0] for d in datasets) for s in SPLITS}
     return Capacity(**rows, max_count=max(d.train.max_count for d in datasets))

@@ -17,7 +17,8 @@ Examples:
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jax
 
@@ -26,7 +27,7 @@ from fedjax_sel import round as round_lib
 from fedjax_sel.evaluation import client_metrics
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def program(fn: Callable, out_shardings: Any = None, static_argnums: tuple[int, ...] = ()):
   """`jax.jit(fn)` with argument 0 static (a `Keyed` config), cached per function, output
   sharding and static arguments, so that all callers share one jit cache."""

@@ -35,7 +35,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
+from collections.abc import Callable
 
 KINDS = ("selector", "filter", "rule", "aggregator", "server_optimizer")
 ENTRY_POINT_GROUP = "fedjax_sel.parts"

@@ -31,7 +31,8 @@ Example (the `Simulator` of `engine.py`'s example: its compiled round is reused 
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -72,7 +73,7 @@ class Costs(NamedTuple):
   sim_time_s: jax.Array
 
   @staticmethod
-  def zeros() -> "Costs":
+  def zeros() -> Costs:
     return Costs(*(jnp.zeros((), jnp.float32) for _ in Costs._fields))
 
 

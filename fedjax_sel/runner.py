@@ -29,7 +29,8 @@ import os
 import shutil
 import sys
 import time
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

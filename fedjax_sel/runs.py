@@ -37,7 +37,8 @@ Examples:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp

@@ -97,7 +97,7 @@ def _global_names(code: types.CodeType) -> set:
 
 def _filled(cell) -> bool:
   try:
-    cell.cell_contents  # pylint: disable=pointless-statement
+    cell.cell_contents  # noqa: B018  (reading an empty cell raises)
     return True
   except ValueError:
     return False

@@ -1,10 +1,11 @@
 """Per-round scalars for TensorBoard, written as the rounds finish.
 
-`TensorBoardWriter(folder)` writes a run's records with `tensorboardX` (a well-kept writer that needs
-no TensorFlow; `pip install -e '.[tensorboard]'`): every number of a record becomes a scalar at step
-`round`, nested dicts by their path (`cost/train_samples`, `rule/alpha`), so the curves equal the
-run's `metrics.jsonl`. Pass its `write` as `fs.run(..., on_record=writer.write)`; the launchers do
-with `--tensorboard` (event files under each run's folder, `tensorboard --logdir=<out_dir>`).
+`TensorBoardWriter(folder)` writes a run's records with `tensorboardX` (a well-kept writer that
+needs no TensorFlow; `pip install -e '.[tensorboard]'`): every number of a record becomes a scalar
+at step `round`, nested dicts by their path (`cost/train_samples`, `rule/alpha`), so the curves
+equal the run's `metrics.jsonl`. Pass its `write` as `fs.run(..., on_record=writer.write)`; the
+launchers do with `--tensorboard` (event files under each run's folder,
+`tensorboard --logdir=<out_dir>`).
 
 Examples:
   >>> scalars({"round": 3, "test_accuracy": 0.9, "cost": {"uploads": 10.0}, "selected": [1, 2]})

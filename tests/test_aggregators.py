@@ -42,8 +42,8 @@ def np_krum_scores(flat, f):
 
 
 def flat(tree, idx):
-  return np.concatenate([tree["b"][idx].reshape(len(idx), -1), tree["w"][idx].reshape(len(idx), -1)],
-                        axis=1)
+  return np.concatenate([tree["b"][idx].reshape(len(idx), -1),
+                         tree["w"][idx].reshape(len(idx), -1)], axis=1)
 
 
 def run(aggregator, tree, mask, losses=None, dtype=jnp.float32):

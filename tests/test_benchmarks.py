@@ -30,7 +30,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_benchmark_quick_mode(tmp_path, script, keys, extra):
   script, *args = script.split()
   proc = subprocess.run([sys.executable, "-m", f"benchmarks.{script}", "--quick", *args,
-                         f"--out={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+                         f"--out={tmp_path}"], cwd=REPO, capture_output=True, text=True,
+                        timeout=600)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   script += "_k" if args else ""
   with open(tmp_path / f"{script}_quick.json", encoding="utf-8") as f:

@@ -92,7 +92,8 @@ def test_split_clients_and_label_histogram():
   assert d.label_hist.sum() == 10
   for k in range(3):
     rows = np.concatenate([d.train.client(k)[0], d.val.client(k)[0], d.test.client(k)[0]])
-    assert sorted(map(tuple, rows.round(6))) == sorted(map(tuple, xs[k].astype(np.float32).round(6)))
+    assert sorted(map(tuple, rows.round(6))) == sorted(map(tuple,
+                                                           xs[k].astype(np.float32).round(6)))
 
 
 def test_synth_statistics_match_definition():
@@ -158,7 +159,8 @@ def test_leaf_json_femnist_and_shakespeare(tmp_path):
   assert xs[0].shape == (2, 80)
   assert xs[0][1, -1] == sources.OOV_INDEX  # "~" is outside LEAF's vocabulary.
   assert ys[0].tolist() == [sources.LEAF_CHARS.index("c"), sources.LEAF_CHARS.index("Z")]
-  data = fs.build_dataset(fs.DatasetSpec("leaf", num_clients=0, leaf_files=(str(tmp_path / "f.json"),),
+  data = fs.build_dataset(fs.DatasetSpec("leaf", num_clients=0,
+                                         leaf_files=(str(tmp_path / "f.json"),),
                                          test_fraction=0.0), seed=0)
   assert data.num_clients == 2 and data.num_classes == 62
 

@@ -3,7 +3,6 @@ namespace, its guides' code runs as written, and no file outside tests/ points o
 repository."""
 
 import ast
-import os
 import pathlib
 import re
 import subprocess

@@ -16,7 +16,7 @@ import pytest
 import fedjax_sel as fs
 from fedjax_sel.components import AggregateInputs
 from fedjax_sel.models import example_metrics
-from tests.conftest import batch_norm_mlp, ragged_dataset
+from tests.conftest import batch_norm_mlp
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -71,21 +71,22 @@ def test_round_matches_hand_composed_round(small_data, batch_norm, streamed):
 
 
 def test_four_devices_equal_one(tmp_path):
-  script = textwrap.dedent("""
+  script = textwrap.dedent(f"""
       import json, sys, jax, optax, numpy as np
-      sys.path.insert(0, %r)
+      sys.path.insert(0, {REPO!r})
       import fedjax_sel as fs
       from tests.conftest import batch_norm_mlp, ragged_dataset
       data = ragged_dataset([23, 5, 40, 1, 17, 9, 31, 12, 3, 28])
       model = fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(16,))
-      sim = fs.Simulator(model, data, lambda lr: optax.sgd(lr, 0.9), fs.LocalHParams(4, 2, prox_mu=0.1),
-                         fs.uniform_availability(10, 8, 2), fs.random_selector(5), fs.fedavg(), 5, 0)
+      sim = fs.Simulator(model, data, lambda lr: optax.sgd(lr, 0.9),
+                         fs.LocalHParams(4, 2, prox_mu=0.1), fs.uniform_availability(10, 8, 2),
+                         fs.random_selector(5), fs.fedavg(), 5, 0)
       state = sim.init()
       for _ in range(3):
         state, m = sim.step(state)
       flat = np.concatenate([np.ravel(a) for a in jax.tree.leaves(state.params)])
-      print(json.dumps({"devices": jax.device_count(), "params": flat.tolist()}))
-  """ % REPO)
+      print(json.dumps({{"devices": jax.device_count(), "params": flat.tolist()}}))
+  """)
   outs = []
   for count in (1, 4):
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={count}",
@@ -118,7 +119,8 @@ def test_fedavg_weightings_match_hand_computation():
   uniform, _ = fs.fedavg("uniform").apply((), jnp.zeros(1), params, inputs)
   weighted, _ = fs.fedavg("examples").apply((), jnp.zeros(1), params, inputs)
   assert uniform.tolist() == [2.0] and weighted.tolist() == [2.5]
-  none, _ = fs.fedavg().apply((), jnp.array([7.0]), params, inputs._replace(mask=jnp.zeros(3, bool)))
+  none, _ = fs.fedavg().apply((), jnp.array([7.0]), params,
+                              inputs._replace(mask=jnp.zeros(3, bool)))
   assert none.tolist() == [7.0]
 
 
@@ -199,8 +201,9 @@ def test_streamed_linear_aggregate_equals_stacked_aggregate(small_data):
   model = fs.build_model("mlp", small_data.feature_shape, small_data.num_classes, hidden=(16,))
 
   def sim(aggregator):
-    return fs.Simulator(model, small_data, lambda lr: optax.sgd(lr), fs.LocalHParams(4, chunk_size=2),
-                        fs.uniform_availability(10, 8, 2), fs.random_selector(5), aggregator, 5, 0)
+    return fs.Simulator(model, small_data, lambda lr: optax.sgd(lr),
+                        fs.LocalHParams(4, chunk_size=2), fs.uniform_availability(10, 8, 2),
+                        fs.random_selector(5), aggregator, 5, 0)
   streamed, stacked = sim(fs.fedavg("examples")), sim(fs.fedavg("examples")._replace(
       linear_weights=None))
   assert streamed.stream and not stacked.stream

@@ -97,7 +97,8 @@ def test_masks_equal_numpy_transcription(mode, seed):
   test = rng.uniform(0.2, 2.0, n).astype(np.float32)
   chosen1 = rng.random(n) < 0.7
   train, agg, state = jax.jit(rule.apply)(state, jax.random.PRNGKey(1),
-                                          round_inputs("test_loss", test, hist), jnp.asarray(chosen1))
+                                          round_inputs("test_loss", test, hist),
+                                          jnp.asarray(chosen1))
   want_t, want_a = np_rule(mode, cfg, losses, chosen, test, chosen1, hist, cfg.alpha0)
   np.testing.assert_array_equal(np.asarray(train), want_t)
   np.testing.assert_array_equal(np.asarray(agg), want_a)
@@ -148,8 +149,8 @@ def test_alpha_holds_the_participation_target_on_average():
   rates = []
   for t in range(300):
     test = rng.lognormal(0, 0.5, n).astype(np.float32)
-    train, _, state = apply(state, jax.random.PRNGKey(t), round_inputs("test_loss", test, hist, t=t),
-                            jnp.ones(n, bool))
+    train, _, state = apply(state, jax.random.PRNGKey(t),
+                            round_inputs("test_loss", test, hist, t=t), jnp.ones(n, bool))
     train = np.asarray(train)
     state = observe(state, None, outcome(np.where(train, rng.lognormal(0, 0.5, n), 0.0), train))
     if t > 0:

@@ -59,7 +59,8 @@ def test_filfl_launcher_writes_filter_outputs(tmp_path):
   assert first["filter_round"] and first["num_filtered"] == len(first["filtered_in"])
   assert set(first["filtered_in"]) <= set(range(20))
   info = first["filter"]
-  assert {"R_filtered", "R_available", "R_empty", "R_opt", "approx_ratio", "submod_verified"} <= set(info)
+  assert {"R_filtered", "R_available", "R_empty", "R_opt", "approx_ratio",
+          "submod_verified"} <= set(info)
   assert info["R_opt"] >= info["R_filtered"] - 1e-6 or first["num_filtered"] == 0
   assert len(info["submod_verified"]) == 4
   assert (out / "filfl.png").exists() and (out / "filtered_bad.csv").exists()

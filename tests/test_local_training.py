@@ -16,7 +16,7 @@ from fedjax_sel.models import build_model
 from tests.conftest import batch_norm_mlp, ragged_dataset
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reference_grad(model, prox_mu):
   """The jitted gradient of one client batch's objective (compiled once per model, not once per
   client)."""
@@ -26,7 +26,8 @@ def _reference_grad(model, prox_mu):
     else:
       logits, new_state = model.train_apply({**state, "params": w}, xb, jnp.ones(len(yb)))
     mean = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, yb))
-    sq = sum(jnp.sum((a - b) ** 2) for a, b in zip(jax.tree.leaves(w), jax.tree.leaves(global_weights)))
+    sq = sum(jnp.sum((a - b) ** 2)
+             for a, b in zip(jax.tree.leaves(w), jax.tree.leaves(global_weights)))
     return mean + 0.5 * prox_mu * sq, (mean, new_state)
   return jax.jit(jax.grad(objective, has_aux=True))
 
@@ -90,7 +91,8 @@ def test_vmapped_training_equals_per_client_loop(hp, opt, model=None):
 
 
 @pytest.mark.parametrize("hp", [LocalHParams(batch_size=4, num_epochs=2),
-                                LocalHParams(batch_size=7, num_epochs=1, prox_mu=0.5, chunk_size=3)])
+                                LocalHParams(batch_size=7, num_epochs=1, prox_mu=0.5,
+                                             chunk_size=3)])
 def test_batch_norm_training_equals_per_client_loop_with_statistics(hp):
   """Each client's running statistics follow its own batches (the partial last batch of an epoch
   counts only its real examples, never the padding), and the weights match the loop's."""
@@ -157,7 +159,8 @@ def test_fixed_steps_mode_counts_and_masks_empty_clients():
   assert res.steps.tolist() == [5, 0, 5]
   assert res.samples.tolist() == [20.0, 0.0, 20.0]
   chex.assert_trees_all_close(jax.tree.map(lambda a: a[1], res.params), params)
-  assert steps_per_client(jnp.array([9, 0, 4]), LocalHParams(batch_size=4, num_epochs=2)).tolist() == [6, 0, 2]
+  assert steps_per_client(jnp.array([9, 0, 4]),
+                          LocalHParams(batch_size=4, num_epochs=2)).tolist() == [6, 0, 2]
 
 
 def test_chunk_size_follows_memory_budget_and_step_cost():
@@ -168,7 +171,8 @@ def test_chunk_size_follows_memory_budget_and_step_cost():
   for name in ("logreg", "mlp"):
     model = build_model(name, (28, 28, 1), 10)
     costs[name] = step_cost(model, sgd, hp, model.init(jax.random.PRNGKey(0)), (28, 28, 1))
-  # One more client costs at least its own parameters (4 bytes each; XLA may reuse gradient buffers).
+  # One more client costs at least its own parameters (4 bytes each; XLA may reuse gradient
+  # buffers).
   assert costs["logreg"].bytes >= 4 * 7850 and costs["mlp"].bytes >= 4 * 199210
   # A step's FLOPs: at least forward + weight gradient, 2 * 2 * B * (weights), at most 5x that.
   for name, weights in (("logreg", 7840), ("mlp", 784 * 200 + 200 * 200 + 200 * 10)):

@@ -10,8 +10,10 @@ from fedjax_sel.models import PatchConv, build_model, masked_mean_loss
 from fedjax_sel.models.pooling import max_pool_2x2
 
 
-@pytest.mark.parametrize("kernel,strides,padding", [((5, 5), (1, 1), "SAME"), ((3, 3), (2, 2), "SAME"),
-                                                    ((3, 3), (1, 1), "VALID"), ((1, 1), (2, 2), "SAME")])
+@pytest.mark.parametrize("kernel,strides,padding", [((5, 5), (1, 1), "SAME"),
+                                                    ((3, 3), (2, 2), "SAME"),
+                                                    ((3, 3), (1, 1), "VALID"),
+                                                    ((1, 1), (2, 2), "SAME")])
 def test_patch_conv_equals_flax_conv(kernel, strides, padding):
   x = jax.random.normal(jax.random.PRNGKey(0), (3, 9, 10, 4))
   ref = nn.Conv(6, kernel, strides, padding)

@@ -459,7 +459,8 @@ def test_killed_multi_run_job_resumes_to_the_same_outputs(tmp_path):
   assert "resuming 2 runs" in out or "starting them fresh" in out  # The second was cut.
   for run in ("none/seed0", "none/seed1", "dgf/seed0", "dgf/seed1"):
     read = lambda root: strip([json.loads(line) for line in
-                               (root / run / "metrics.jsonl").read_text(encoding="utf-8").split("\n")
+                               (root / run / "metrics.jsonl").read_text(encoding="utf-8")
+                               .split("\n")
                                if line])
     assert read(tmp_path / "cut") == read(tmp_path / "whole"), run
   drop_wall = lambda text: [line.rsplit("|", 2)[0] for line in text.splitlines()]
@@ -531,7 +532,8 @@ STORE_CASES = [  # (name, edit, meta, error, needle)
 ]
 
 
-@pytest.mark.parametrize("name,edit,meta,error,needle", STORE_CASES, ids=[c[0] for c in STORE_CASES])
+@pytest.mark.parametrize("name,edit,meta,error,needle", STORE_CASES,
+                         ids=[c[0] for c in STORE_CASES])
 def test_store_that_does_not_add_up_is_refused_at_open(tmp_path, name, edit, meta, error, needle):
   from fedjax_sel.data import store  # pylint: disable=import-outside-toplevel
   folder = _store(str(tmp_path), "s", edit, meta)
@@ -607,7 +609,8 @@ API_II_CASES = [  # (name, call, error, needle): the library checks what the lau
      "lr_schedule"),
     ("eval_mask selects nobody", _model(eval_mask=np.zeros(6, bool)), ValueError,
      "eval_mask selects no client"),
-    ("model of other classes", _model(classes=7), ValueError, "predicts 7 classes, the dataset has 4"),
+    ("model of other classes", _model(classes=7), ValueError, "predicts 7 classes, the dataset "
+                                                              "has 4"),
     ("model of another input shape", _model(name="mlp", shape=(3,)), ValueError,
      "cannot take the dataset's inputs"),
     ("init_params of other shapes", _wrong_init_params(), ValueError, "init_params"),

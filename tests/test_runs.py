@@ -138,7 +138,8 @@ def test_a_diverging_run_stops_alone(tmp_path):
   datasets = _datasets()
   sims = _sims("fedavg", datasets, (0.05, 0.1, 0.0))
   sims[2] = fs.Simulator(sims[2].model, datasets[2], sims[2].optimizer,
-                         fs.LocalHParams(batch_size=4), sims[2].availability, fs.random_selector(3), fs.fedavg(), 3, 2,
+                         fs.LocalHParams(batch_size=4), sims[2].availability,
+                         fs.random_selector(3), fs.fedavg(), 3, 2,
                          lr_schedule=fs.constant_lr(1e9), capacity=sims[0].capacity)
   dirs = [str(tmp_path / f"run{i}") for i in range(3)]
   with pytest.raises(NonFiniteError, match="run 2: round") as err:

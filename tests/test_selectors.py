@@ -24,8 +24,8 @@ def inputs_for(n, loss=None, batch_loss=None, counts=None, last_loss=None, grad=
   if grad is not None:
     gradients = lambda ids: {"w": jnp.asarray(grad, jnp.float32)[ids]}
   counts = jnp.ones(n, jnp.int32) * 10 if counts is None else jnp.asarray(counts)
-  return RoundInputs(jnp.int32(round_idx), {"w": jnp.zeros(2)}, jnp.ones(n, bool), stats, clients, counts,
-                     jnp.zeros((n, 2)), gradients)
+  return RoundInputs(jnp.int32(round_idx), {"w": jnp.zeros(2)}, jnp.ones(n, bool), stats, clients,
+                     counts, jnp.zeros((n, 2)), gradients)
 
 
 def test_power_of_choice_hand_cases():

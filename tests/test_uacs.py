@@ -8,7 +8,8 @@ import pytest
 import fedjax_sel as fs
 from fedjax_sel import uacs
 from fedjax_sel.components import RoundInputs
-from fedjax_sel.data.boundary import BoundaryConfig, boundary_clients, boundary_dataset, signed_distance
+from fedjax_sel.data.boundary import (BoundaryConfig, boundary_clients, boundary_dataset,
+                                      signed_distance)
 from fedjax_sel.data.federated import ClientPool, device_pool
 from fedjax_sel.evaluation import client_gradients, client_metrics
 from fedjax_sel.models import Model
@@ -110,8 +111,8 @@ def test_grad_norms_equal_per_client_grad():
                                             boundary_samples=13), seed=0)
   model = fs.build_model("mlp", data.feature_shape, 2, hidden=(8,))
   params = model.init(jax.random.PRNGKey(1))
-  got = np.asarray(client_gradients(model, params, device_pool(data.train), jnp.arange(8), batch_size=4,
-                                    chunk_size=3, norm_only=True))
+  got = np.asarray(client_gradients(model, params, device_pool(data.train), jnp.arange(8),
+                                    batch_size=4, chunk_size=3, norm_only=True))
   for k in range(8):
     x, y = data.train.client(k)
     g = jax.grad(lambda p: jnp.mean(per_example_loss(model, p, x, y)))(params)

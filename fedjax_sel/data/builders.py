@@ -76,7 +76,8 @@ def check_spec(spec: DatasetSpec) -> None:
   if spec.num_clients < (0 if spec.name == "leaf" else 1):
     raise ValueError(f"num_clients must be >= 1, got {spec.num_clients}")
   if spec.public_mode not in PUBLIC_MODES:
-    raise ValueError(f"unknown public_mode {spec.public_mode!r}; accepted: {', '.join(PUBLIC_MODES)}")
+    raise ValueError(f"unknown public_mode {spec.public_mode!r}; accepted: "
+                     f"{', '.join(PUBLIC_MODES)}")
   if not 0.0 <= spec.public_fraction < 1.0:
     raise ValueError(f"public_fraction must be in [0, 1), got {spec.public_fraction}")
   if spec.name == "leaf" and not spec.leaf_files:

@@ -15,7 +15,8 @@ Examples:
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -49,10 +50,11 @@ class ClientPool(NamedTuple):
     return int(np.max(self.counts)) if self.counts.size else 0
 
   @staticmethod
-  def from_client_arrays(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray]) -> "ClientPool":
+  def from_client_arrays(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray]) -> ClientPool:
     """Builds a pool from per-client `(x_k, y_k)` arrays (clients may be empty)."""
     if len(xs) != len(ys):
-      raise ValueError(f"xs and ys must have the same number of clients, got {len(xs)} and {len(ys)}")
+      raise ValueError(f"xs and ys must have the same number of clients, got {len(xs)} and "
+                       f"{len(ys)}")
     counts = np.array([len(y) for y in ys], dtype=np.int32)
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
     x = np.concatenate([np.asarray(a, dtype=np.float32) for a in xs], axis=0)
@@ -65,7 +67,7 @@ class ClientPool(NamedTuple):
     lo, n = int(self.offsets[k]), int(self.counts[k])
     return np.asarray(self.x[lo:lo + n]), np.asarray(self.y[lo:lo + n])
 
-  def map_clients(self, fn) -> "ClientPool":
+  def map_clients(self, fn) -> ClientPool:
     """Rebuilds the pool with `fn(k, x_k, y_k) -> (x_k, y_k)` applied to every client."""
     pairs = [fn(k, *self.client(k)) for k in range(self.num_clients)]
     return ClientPool.from_client_arrays([p[0] for p in pairs], [p[1] for p in pairs])
@@ -135,13 +137,15 @@ def split_clients(
     perm = rng.permutation(len(y))
     n_test = min(int(round(test_fraction * len(y))), max(len(y) - 1, 0))
     n_val = min(int(round(val_fraction * len(y))), max(len(y) - 1 - n_test, 0))
-    cuts = {"test": perm[:n_test], "val": perm[n_test:n_test + n_val], "train": perm[n_test + n_val:]}
+    cuts = {"test": perm[:n_test], "val": perm[n_test:n_test + n_val],
+            "train": perm[n_test + n_val:]}
     for split, idx in cuts.items():
       parts[split][0].append(np.asarray(x)[idx])
       parts[split][1].append(np.asarray(y)[idx])
   pools = {k: ClientPool.from_client_arrays(*v) for k, v in parts.items()}
   feat = pools["train"].x.shape[1:]
-  px, py = public if public is not None else (np.zeros((0, *feat), np.float32), np.zeros((0,), np.int32))
+  px, py = public if public is not None else (np.zeros((0, *feat), np.float32),
+                                              np.zeros((0,), np.int32))
   return FederatedDataset(
       train=pools["train"], val=pools["val"], test=pools["test"],
       public_x=np.asarray(px, np.float32), public_y=np.asarray(py, np.int32),

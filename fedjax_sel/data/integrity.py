@@ -5,8 +5,8 @@ counts[k]`, so an offset or count that is off by one trains a client on its neig
 label outside the classes or a NaN feature poisons every model it reaches. These checks refuse such
 data, naming the argument or file, the client and the value:
 
-- `check_pool`: the index arrays (counts >= 0, offsets the running sum of counts, every client's rows
-  inside the pool, each row's `client_id` its owner's), and with `rows=True` the rows' values
+- `check_pool`: the index arrays (counts >= 0, offsets the running sum of counts, every client's
+  rows inside the pool, each row's `client_id` its owner's), and with `rows=True` the rows' values
   (integer labels in `0..num_classes-1`, finite features).
 - `check_dataset`: every split and the public set, the splits agreeing on N and the feature shape,
   and the label histogram equal to the training labels'.
@@ -14,8 +14,8 @@ data, naming the argument or file, the client and the value:
   so a population too large to scan at start is still checked before it trains).
 
 Where each runs: `Simulator` checks device-placed data whole when it is built; a memory-mapped store
-(`store.open_store`) has its index arrays, owners and labels checked when opened (integer scans, cheap
-beside the features) and its features when rows are first read (`placement.HostPlacement`).
+(`store.open_store`) has its index arrays, owners and labels checked when opened (integer scans,
+cheap beside the features) and its features when rows are first read (`placement.HostPlacement`).
 
 Examples:
   >>> import numpy as np
@@ -26,8 +26,9 @@ Examples:
   >>> try:
   ...   check_pool(pool._replace(offsets=np.array([0, 1], np.int32)), "train", num_classes=3)
   ... except DataError as e:
-  ...   print(e)
-  train: client 1: offsets[1] = 1, but the counts before it sum to 2 (offsets must be the running sum of counts)
+  ...   print(e)  # doctest: +NORMALIZE_WHITESPACE
+  train: client 1: offsets[1] = 1, but the counts before it sum to 2 (offsets must be the running
+  sum of counts)
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ import numpy as np
 
 from fedjax_sel.data.federated import ClientPool, FederatedDataset
 
-SCAN_ROWS = 1 << 20  # Rows per block of a value scan (bounds the temporaries of memory-mapped pools).
+# Rows per block of a value scan (bounds the temporaries of memory-mapped pools).
+SCAN_ROWS = 1 << 20
 
 
 class DataError(ValueError):

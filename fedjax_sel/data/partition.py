@@ -67,7 +67,8 @@ def _deal_classes(y: np.ndarray, owners: list[list[int]], num_classes: int,
       continue
     idx = rng.permutation(np.flatnonzero(y == c))
     if len(idx) < len(ks):
-      raise ValueError(f"class {c} has {len(idx)} examples for {len(ks)} clients that must hold it; "
+      raise ValueError(f"class {c} has {len(idx)} examples for {len(ks)} clients that must hold "
+                       f"it; "
                        "lower num_clients or classes per client")
     for k, chunk in zip(ks, np.array_split(idx, len(ks))):
       parts[k].extend(chunk.tolist())
@@ -81,7 +82,8 @@ def uni_class(y: np.ndarray, num_clients: int, num_classes: int, seed: int) -> l
   return _deal_classes(y, owners, num_classes, np.random.default_rng(seed))
 
 
-def k_classes(y: np.ndarray, num_clients: int, num_classes: int, k: int, seed: int) -> list[np.ndarray]:
+def k_classes(y: np.ndarray, num_clients: int, num_classes: int, k: int,
+              seed: int) -> list[np.ndarray]:
   """Each client holds k distinct classes (client j gets classes j, j+1, ..., j+k-1 mod C after a
   seeded class permutation), each class split evenly among its holders."""
   _check_clients(len(y), num_clients)

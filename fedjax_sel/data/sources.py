@@ -1,6 +1,7 @@
 """Centralized and natively federated data sources, all offline.
 
-- `load_digits`: scikit-learn's bundled 8x8 handwritten digits (1797 images, ships with the package).
+- `load_digits`: scikit-learn's bundled 8x8 handwritten digits (1797 images, ships with the
+  package).
 - `load_idx`: MNIST-format IDX files (e.g. Fashion-MNIST from Debian's `dataset-fashion-mnist`).
 - `load_leaf_json`: LEAF's per-user JSON (FEMNIST, Shakespeare).
 - `load_tfds`: any image classification dataset through `tfds.data_source` (no TensorFlow needed).
@@ -97,7 +98,8 @@ def _find(data_dir: str, stem: str) -> str:
     if os.path.exists(path):
       return path
   raise FileNotFoundError(f"--data_dir={data_dir}: no {stem}[.gz]; for Fashion-MNIST install the "
-                          "Debian package dataset-fashion-mnist or pass the folder holding the IDX files")
+                          "Debian package dataset-fashion-mnist or pass the folder holding the "
+                          "IDX files")
 
 
 def load_idx(data_dir: str, split: str = "train") -> Centralized:

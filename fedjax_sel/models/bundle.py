@@ -10,7 +10,8 @@ Examples:
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax

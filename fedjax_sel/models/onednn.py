@@ -95,8 +95,8 @@ def build() -> pathlib.Path:
     if not out.exists():
       partial = out.with_suffix(f".{os.getpid()}.tmp")
       cmd = [compiler, "-O2", "-w", "-std=c++17", "-shared", "-fPIC", str(SOURCE),
-             "-o", str(partial), f"-I{jax.ffi.include_dir()}", f"-I{header.parents[2]}", f"-L{library.parent}",
-             "-ldnnl", f"-Wl,-rpath,{library.parent}"]
+             "-o", str(partial), f"-I{jax.ffi.include_dir()}", f"-I{header.parents[2]}",
+             f"-L{library.parent}", "-ldnnl", f"-Wl,-rpath,{library.parent}"]
       proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
       if proc.returncode:
         errors = [line for line in proc.stderr.splitlines() if "error" in line] or [proc.stderr]
@@ -106,7 +106,7 @@ def build() -> pathlib.Path:
   return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def unavailable_reason() -> str | None:
   """None when the handlers are built, loaded and registered with JAX; else what is missing and
   how to install it."""
