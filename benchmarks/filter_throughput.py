@@ -21,9 +21,9 @@ from absl import app, flags
 
 import fedjax_sel as fs
 from benchmarks.common import markdown_table, median_time, peak_gflops, write_results
-from fedjax_sel import filtering
-from fedjax_sel.compiled_cost import flops
+from fedjax_sel.client.compiled_cost import flops
 from fedjax_sel.models import per_example_loss
+from fedjax_sel.parts.filters import filfl as filtering
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("cnn_max_nm", 60000, "Largest n*m timed for the LEAF CNN (its CPU time grows "

@@ -184,8 +184,8 @@ def ours_round(args):
 
   import fedjax_sel as fs
   from benchmarks.round_throughput import make_pool
+  from fedjax_sel.client.local_training import auto_chunk_size, default_memory_budget, step_cost
   from fedjax_sel.data.federated import device_pool
-  from fedjax_sel.local_training import auto_chunk_size, default_memory_budget, step_cost
   shape, classes = SHAPES[args.model]
   k = args.clients
   pool = make_pool(k, args.samples, shape, classes, args.seed)

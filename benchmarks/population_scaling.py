@@ -71,9 +71,9 @@ def run_one(config: dict) -> dict:
   import optax  # pylint: disable=import-outside-toplevel
 
   import fedjax_sel as fs  # pylint: disable=import-outside-toplevel
-  from fedjax_sel.placement import data_bytes  # pylint: disable=import-outside-toplevel
-  from fedjax_sel import uacs  # pylint: disable=import-outside-toplevel
   from fedjax_sel.data import store  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.engine.placement import data_bytes  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.parts.selectors import uacs  # pylint: disable=import-outside-toplevel
 
   n = config["N"]
   data = store.open_store(store_path(n))

@@ -31,9 +31,9 @@ from absl import app, flags
 import fedjax_sel as fs
 from benchmarks.common import markdown_table, median_time, peak_gflops, write_results
 from benchmarks.peer_worker import SHAPES, make_data, torch_fedavg, torch_net
-from fedjax_sel.compiled_cost import planned_bytes
+from fedjax_sel.client.compiled_cost import planned_bytes
+from fedjax_sel.client.local_training import auto_chunk_size, default_memory_budget, step_cost
 from fedjax_sel.data.federated import ClientPool, device_pool
-from fedjax_sel.local_training import auto_chunk_size, default_memory_budget, step_cost
 from fedjax_sel.models import masked_mean_loss
 
 FLAGS = flags.FLAGS

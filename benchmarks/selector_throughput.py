@@ -17,8 +17,8 @@ from absl import app, flags
 
 import fedjax_sel as fs
 from benchmarks.common import markdown_table, median_time, write_results
-from fedjax_sel.components import ClientState, RoundInputs, Selector
-from fedjax_sel.selectors import divfl, power_of_choice, top_k_mask
+from fedjax_sel.parts.selectors.baselines import divfl, power_of_choice, top_k_mask
+from fedjax_sel.parts.types import ClientState, RoundInputs, Selector
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("k", 100, "K.")

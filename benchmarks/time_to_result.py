@@ -51,7 +51,7 @@ import json, sys, time
 start = time.perf_counter()
 import optax
 import fedjax_sel as fs
-from fedjax_sel.compilation import CompileLog, use_persistent_cache
+from fedjax_sel.host.compilation import CompileLog, use_persistent_cache
 use_persistent_cache()
 log = CompileLog().__enter__()
 t = {"import_s": time.perf_counter() - start}
@@ -136,6 +136,7 @@ def seeds_table(quick: bool) -> list[dict]:
 def runs_axis_table(quick: bool) -> list[dict]:
   """Rounds per second of R runs in one program against R runs one by one (one shared program)."""
   import jax  # pylint: disable=import-outside-toplevel
+
   import fedjax_sel as fs  # pylint: disable=import-outside-toplevel
   rows = []
   models = ("logreg", "mlp") if quick else ("logreg", "mlp", "leaf_cnn")

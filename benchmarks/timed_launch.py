@@ -22,7 +22,7 @@ START = time.perf_counter()
 
 def main():
   out, module_name, *argv = sys.argv[1:]
-  from fedjax_sel.compilation import CompileLog  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.host.compilation import CompileLog  # pylint: disable=import-outside-toplevel
   log = CompileLog().__enter__()
   spent = {"data": 0.0, "set-up": 0.0, "rounds": 0.0}
   compile_in = {"set-up": 0.0, "rounds": 0.0, "data": 0.0}

@@ -190,7 +190,7 @@ def availability(cfg: cfglib.JobConfig, redraw_first_period: bool = False) -> fs
   """The availability model (errors naming the flag or file). The probabilities and phases
   describe the population, so they are drawn with a fixed seed: every run seed of a job sees the
   same population (and shares one compiled round)."""
-  from fedjax_sel import availability as models  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.parts import availability as models  # pylint: disable=import-outside-toplevel
   e = cfg.engine
   n = cfg.data.num_clients
   capacity = e.avail_capacity or None
@@ -222,7 +222,7 @@ def availability(cfg: cfglib.JobConfig, redraw_first_period: bool = False) -> fs
 def system_profile(cfg: cfglib.JobConfig):
   """The clients' speeds and bandwidths (`system.SystemProfile`, None for none), errors naming
   the flag or file."""
-  from fedjax_sel import system  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.client import system  # pylint: disable=import-outside-toplevel
   e = cfg.engine
   try:
     if e.system_profile == "none":

@@ -25,9 +25,9 @@ import re
 import numpy as np
 from absl import app, flags
 
-from fedjax_sel.checkpoint import CheckpointError
-from fedjax_sel.plotting import mean_std
-from fedjax_sel.runner import read_history
+from fedjax_sel.host.checkpoint import CheckpointError
+from fedjax_sel.host.plotting import mean_std
+from fedjax_sel.host.runner import read_history
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "Prefix of the files to write (PREFIX.md, PREFIX_<metric>.png); "

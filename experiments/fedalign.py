@@ -26,9 +26,9 @@ from absl import app
 import fedjax_sel as fs
 from experiments import build, config, distributed, fedalign_report, flag_binding, job
 from experiments.config import option
-from fedjax_sel import fedalign
 from fedjax_sel.data.corruption import LABEL_NOISE_MODES, NOISE_PRESETS, noisy_clients
-from fedjax_sel.selectors import all_selector, group_random_selector
+from fedjax_sel.parts.rules import fedalign
+from fedjax_sel.parts.selectors.baselines import all_selector, group_random_selector
 
 LABELS = {"fedalign": "FedALIGN", "none": "None", "all": "All"}
 PRESETS = {

@@ -4,8 +4,8 @@ the alignment gap against eps_t, and the round FedALIGN first leads None."""
 import numpy as np
 
 from experiments import config, report
-from fedjax_sel import fedalign
-from fedjax_sel.plotting import mean_std, metric_matrix
+from fedjax_sel.host.plotting import mean_std, metric_matrix
+from fedjax_sel.parts.rules import fedalign
 
 HIGH_NOISE_EPS0 = 0.4  # eps_0 of the high-noise SYNTH group unless --eps0 is given (the paper's).
 
@@ -73,7 +73,7 @@ def write_outputs(cfg: config.JobConfig, results: dict) -> None:
   out = "\n\n".join(text)
   report.write_summary(cfg, out)
   if cfg.output.plot:
-    from fedjax_sel.plotting import plot_panels  # pylint: disable=import-outside-toplevel
+    from fedjax_sel.host.plotting import plot_panels  # pylint: disable=import-outside-toplevel
     keys = ["priority_test_accuracy", "priority_objective", "test_accuracy", "others_aggregated",
             "eps", "closest_gap"]
     titles = {"priority_test_accuracy": "priority test accuracy",

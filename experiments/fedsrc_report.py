@@ -4,9 +4,9 @@ the savings of self-regulation (samples, uploads), accuracy over seeds."""
 import numpy as np
 
 from experiments import build, config, report
-from fedjax_sel import fedsrc
-from fedjax_sel.local_training import steps_per_client
-from fedjax_sel.plotting import mean_std, metric_matrix
+from fedjax_sel.client.local_training import steps_per_client
+from fedjax_sel.host.plotting import mean_std, metric_matrix
+from fedjax_sel.parts.rules import fedsrc
 
 
 def per_client_samples(cfg: config.JobConfig, data):
@@ -105,7 +105,7 @@ def write_outputs(cfg: config.JobConfig, results: dict) -> None:
                      for group, runs in results.items())
   report.write_summary(cfg, text)
   if cfg.output.plot:
-    from fedjax_sel.plotting import plot_panels  # pylint: disable=import-outside-toplevel
+    from fedjax_sel.host.plotting import plot_panels  # pylint: disable=import-outside-toplevel
     rows = {group: {label: [g[0] for g in group_runs] for label, group_runs in runs.items()}
             for group, runs in results.items()}
     keys = ["test_accuracy", "participation_rate", "good_excluded"]

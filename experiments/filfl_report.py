@@ -8,7 +8,7 @@ import numpy as np
 
 import fedjax_sel as fs
 from experiments import config, report
-from fedjax_sel.plotting import mean_std
+from fedjax_sel.host.plotting import mean_std
 
 
 def write_outputs(cfg: config.JobConfig, runs: dict, bad_rows: list) -> None:
@@ -24,7 +24,7 @@ def write_outputs(cfg: config.JobConfig, runs: dict, bad_rows: list) -> None:
     writer.writerow(["run", "seed", "round", "num_filtered", "bad_filtered_in"])
     writer.writerows(bad_rows)
   if cfg.output.plot:
-    from fedjax_sel.plotting import plot_curves  # pylint: disable=import-outside-toplevel
+    from fedjax_sel.host.plotting import plot_curves  # pylint: disable=import-outside-toplevel
     path = report.figure_path(cfg, "filfl")
     plot_curves(runs, ["test_accuracy", "clean_train_loss", "test_loss", "num_filtered"], path,
                 titles={"test_accuracy": "test accuracy",
@@ -76,7 +76,7 @@ def filter_quality_table(cfg: config.JobConfig, runs: dict) -> str:
 def mean_table(cfg: config.JobConfig, runs: dict) -> str:
   """Over seeds: the final test accuracy (mean +- sample std), the mean accuracy over rounds, and
   the rounds trained until the mean curve reaches 80%."""
-  from fedjax_sel.plotting import metric_matrix  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.host.plotting import metric_matrix  # pylint: disable=import-outside-toplevel
   seeds = max(len(group) for group in runs.values())
   k = cfg.output.last_k
   lines = [f"| method | final test acc (mean +- sample std, {seeds} seeds) | mean test acc, last "

@@ -18,8 +18,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 from absl import app, flags
 

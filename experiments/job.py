@@ -17,18 +17,18 @@ import re
 import socket
 import sys
 import time
-from typing import NamedTuple
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 from absl import app
 
 import fedjax_sel as fs
 from experiments import config as cfglib
-from fedjax_sel import folder_lock
-from fedjax_sel.checkpoint import CheckpointError, WriteError, write_atomic
+from fedjax_sel.host import folder_lock
+from fedjax_sel.host.checkpoint import CheckpointError, WriteError, write_atomic
+from fedjax_sel.host.runner import NonFiniteError
 from fedjax_sel.models import CONV_MODELS, resolve_conv_impl
-from fedjax_sel.runner import NonFiniteError
 
 FLAGS_FILE = "flags.txt"
 CONFIG_FILE = "config.json"
@@ -149,7 +149,7 @@ def trackers(cfg: cfglib.JobConfig, folders: list[str]):
   if not cfg.output.tensorboard or not writer():
     yield None
     return
-  from fedjax_sel.tracking import TensorBoardWriter  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.host.tracking import TensorBoardWriter  # pylint: disable=import-outside-toplevel
   try:
     writers = [TensorBoardWriter(folder) for folder in folders]
   except ImportError as e:
@@ -264,7 +264,7 @@ def cli(main):
   print the help of every flag first), exit status 1; a file that cannot be written (a full disk)
   prints one line naming it, exit status 1."""
   def wrapped(argv):
-    from fedjax_sel.compilation import use_persistent_cache  # pylint: disable=import-outside-toplevel
+    from fedjax_sel.host.compilation import use_persistent_cache  # pylint: disable=import-outside-toplevel
     use_persistent_cache()  # $FEDJAX_SEL_CACHE_DIR moves it; =off disables it.
     # JAX logs every accelerator backend it looks for and does not find (libtpu on a CPU host).
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)

@@ -82,7 +82,7 @@ def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
                                               for group, runs in groups.items()
                                               for s, r in zip(cfg.seeds, runs)]))
   if cfg.output.plot:
-    from fedjax_sel.plotting import plot_curves  # pylint: disable=import-outside-toplevel
+    from fedjax_sel.host.plotting import plot_curves  # pylint: disable=import-outside-toplevel
     path = report.figure_path(cfg, "curves")
     plot_curves(groups, ["test_accuracy", "train_loss", "test_loss"], path,
                 title=report.setup_title(cfg, cfg.methods[0].label))

@@ -26,9 +26,11 @@ from absl import app
 import fedjax_sel as fs
 from experiments import build, config, distributed, flag_binding, job, uacs_report
 from experiments.config import option
-from fedjax_sel import checkpoint, registry, uacs
+from fedjax_sel import registry
 from fedjax_sel.data.boundary import SCENARIOS, boundary_dataset, check_config
-from fedjax_sel.runner import CHECKPOINT_FILE
+from fedjax_sel.host import checkpoint
+from fedjax_sel.host.runner import CHECKPOINT_FILE
+from fedjax_sel.parts.selectors import uacs
 
 
 @dataclasses.dataclass(frozen=True)

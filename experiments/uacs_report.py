@@ -6,7 +6,7 @@ import numpy as np
 
 from experiments import config, report
 from fedjax_sel.data.boundary import BoundaryConfig
-from fedjax_sel.plotting import mean_std, metric_matrix, seed_spread
+from fedjax_sel.host.plotting import mean_std, metric_matrix, seed_spread
 
 
 def boundary_config(cfg: config.JobConfig, scenario: int) -> BoundaryConfig:

@@ -1,45 +1,72 @@
 """fedjax_sel: a JAX-vectorized simulator for federated client filtering, selection and
 self-regulation.
 
-The flat namespace below is the public API; modules hold one concern each:
-`data` (pools, partitioners, sources), `models`, `local_training`, `compiled_cost` (XLA's memory
-and FLOP counts), `evaluation`, `components` (the pure part types), `availability`, `selectors`,
-`aggregators`, `server_optimizers` (FedAvgM, FedAdam, FedYogi, FedAdagrad), `oort` (Oort's
-selector), `system` (client speeds and the simulated clock), `round` (the round as pure stages),
-`placement` (where the clients' data live), `programs` (the compiled programs, shared by signature),
-`runs` (runs as a batch axis), `engine` (the `Simulator` shell), `compilation` (the persistent
-cache), `checkpoint`, `runner`.
+The flat namespace below is the public API (every part factory included, as optax exports every
+transform); the modules are grouped by layer, and imports flow one way (down this list):
+
+- `parts/`: the round's parts, pure functions over client-state arrays: `types` (the part types),
+  `availability`, `selectors/` (`baselines`: random, power of choice, DivFL, all, per group;
+  `uacs`; `oort`), `filters/` (`filfl`), `rules/` (`fedalign`, `fedsrc`), `aggregators`,
+  `server_optimizers`. They import nothing but `keys`, `registry` and each other.
+- `client/`: what one client computes: `local_training`, `evaluation`, `chunking`,
+  `compiled_cost` (XLA's memory and FLOP counts), `system` (speeds, bandwidths, the clock).
+- `data/` (pools, partitioners, sources, stores) and `models/` (flax modules, the `Model` bundle).
+- `engine/`: `round` (the round as pure stages), `signature` and `programs` (the compiled
+  programs, shared by signature), `placement` (where the clients' data live), `simulator` (the
+  `Simulator`), `runs` (runs as a batch axis).
+- `host/`: the host side of a run: `runner` (the loop, records, resume), `checkpoint`,
+  `folder_lock`, `tracking` (TensorBoard), `plotting`, `compilation` (the persistent cache).
+- `registry` (every part by kind and name, with its settings) and `keys` (PRNG keys from seed,
+  round and client id).
 """
 
 __version__ = "0.3.0"  # Before the imports: the runner writes it into checkpoint fingerprints.
 
-from fedjax_sel.aggregators import fedavg, weighted_mean
-from fedjax_sel.availability import Availability, uniform_availability
-from fedjax_sel.components import (AggregateInputs, Aggregator, ClientState, Filter, Participation,
-                                   RoundInputs, RoundOutcome, Selector, everyone)
+from fedjax_sel.client.evaluation import ClientMetrics, client_gradients, client_metrics
+from fedjax_sel.client.local_training import (LocalHParams, LocalResult, local_train,
+                                              steps_per_client)
 from fedjax_sel.data.builders import DATASETS, DatasetSpec, build_dataset
 from fedjax_sel.data.federated import ClientPool, FederatedDataset
-from fedjax_sel.engine import (Costs, EngineState, LrSchedule, Simulator, constant_lr,
-                               step_decay_lr)
-from fedjax_sel.evaluation import ClientMetrics, client_gradients, client_metrics
-from fedjax_sel.local_training import LocalHParams, LocalResult, local_train, steps_per_client
+from fedjax_sel.engine.placement import Capacity
+from fedjax_sel.engine.runs import RunBatch
+from fedjax_sel.engine.simulator import (Costs, EngineState, LrSchedule, Simulator, constant_lr,
+                                         step_decay_lr)
+from fedjax_sel.host.runner import run, run_batch, summary_table
 from fedjax_sel.models import MODELS, Model, build_model
-from fedjax_sel.placement import Capacity
-from fedjax_sel.runner import run, run_batch, summary_table
-from fedjax_sel.runs import RunBatch
-from fedjax_sel.oort import OortConfig, oort_selector
-from fedjax_sel.selectors import random_selector, top_k_mask
-from fedjax_sel.server_optimizers import (ServerOptimizer, fedadagrad, fedadam, fedavgm, fedyogi,
-                                          server_sgd)
+from fedjax_sel.parts.aggregators import (coordinate_median, fedasl, fedavg, krum, trimmed_mean,
+                                          weighted_mean)
+from fedjax_sel.parts.availability import (Availability, diurnal_availability,
+                                           load_trace_availability, probability_availability,
+                                           trace_availability, uniform_availability)
+from fedjax_sel.parts.filters.filfl import FilterConfig, filfl_filter, greedy_filter, opt_filter
+from fedjax_sel.parts.rules.fedalign import choose_priority, fedalign_rule, priority_only
+from fedjax_sel.parts.rules.fedsrc import FedSRCConfig, fedsrc_rule
+from fedjax_sel.parts.selectors.baselines import (all_selector, divfl, group_random_selector,
+                                                  power_of_choice, random_selector, top_k_mask)
+from fedjax_sel.parts.selectors.oort import OortConfig, oort_selector
+from fedjax_sel.parts.selectors.uacs import entropy_selector, grad_norm_selector
+from fedjax_sel.parts.server_optimizers import (ServerOptimizer, fedadagrad, fedadam, fedavgm,
+                                                fedyogi, server_sgd)
+from fedjax_sel.parts.types import (AggregateInputs, Aggregator, ClientState, Filter, Participation,
+                                    RoundInputs, RoundOutcome, Selector, everyone)
 
 __all__ = [
-    "fedavg", "weighted_mean", "Availability", "uniform_availability", "AggregateInputs",
-    "Aggregator", "ClientState", "Filter", "Participation", "RoundInputs", "RoundOutcome",
-    "Selector", "everyone", "DATASETS", "DatasetSpec", "build_dataset", "ClientPool",
-    "FederatedDataset", "Costs", "EngineState", "LrSchedule", "Simulator", "constant_lr",
-    "step_decay_lr", "ClientMetrics", "client_gradients", "client_metrics", "LocalHParams",
-    "LocalResult", "local_train", "steps_per_client", "MODELS", "Model", "build_model", "Capacity",
-    "run", "run_batch", "summary_table", "RunBatch", "OortConfig", "oort_selector",
-    "random_selector", "top_k_mask", "ServerOptimizer", "fedadagrad", "fedadam", "fedavgm",
-    "fedyogi", "server_sgd",
+    # Parts: types, availability, selectors, filters, rules, aggregators, server optimizers.
+    "AggregateInputs", "Aggregator", "ClientState", "Filter", "Participation", "RoundInputs",
+    "RoundOutcome", "Selector", "everyone",
+    "Availability", "uniform_availability", "probability_availability", "diurnal_availability",
+    "trace_availability", "load_trace_availability",
+    "random_selector", "power_of_choice", "divfl", "all_selector", "group_random_selector",
+    "top_k_mask", "entropy_selector", "grad_norm_selector", "OortConfig", "oort_selector",
+    "FilterConfig", "filfl_filter", "greedy_filter", "opt_filter",
+    "fedalign_rule", "priority_only", "choose_priority", "FedSRCConfig", "fedsrc_rule",
+    "fedavg", "weighted_mean", "coordinate_median", "trimmed_mean", "krum", "fedasl",
+    "ServerOptimizer", "server_sgd", "fedavgm", "fedadam", "fedyogi", "fedadagrad",
+    # Clients, data and models.
+    "ClientMetrics", "client_gradients", "client_metrics", "LocalHParams", "LocalResult",
+    "local_train", "steps_per_client", "DATASETS", "DatasetSpec", "build_dataset", "ClientPool",
+    "FederatedDataset", "MODELS", "Model", "build_model",
+    # Engine and host.
+    "Capacity", "Costs", "EngineState", "LrSchedule", "Simulator", "constant_lr", "step_decay_lr",
+    "RunBatch", "run", "run_batch", "summary_table",
 ]

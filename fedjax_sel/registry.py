@@ -35,15 +35,16 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
-from typing import Any, NamedTuple
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 KINDS = ("selector", "filter", "rule", "aggregator", "server_optimizer")
 ENTRY_POINT_GROUP = "fedjax_sel.parts"
 # The package's modules that register parts, in the order their names are listed.
-BUILTIN_MODULES = ("fedjax_sel.selectors", "fedjax_sel.uacs", "fedjax_sel.oort",
-                   "fedjax_sel.filtering", "fedjax_sel.fedalign", "fedjax_sel.fedsrc",
-                   "fedjax_sel.aggregators", "fedjax_sel.server_optimizers")
+BUILTIN_MODULES = ("fedjax_sel.parts.selectors.baselines", "fedjax_sel.parts.selectors.uacs",
+                   "fedjax_sel.parts.selectors.oort", "fedjax_sel.parts.filters.filfl",
+                   "fedjax_sel.parts.rules.fedalign", "fedjax_sel.parts.rules.fedsrc",
+                   "fedjax_sel.parts.aggregators", "fedjax_sel.parts.server_optimizers")
 
 
 class SettingError(ValueError):

@@ -17,10 +17,9 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from fedjax_sel.compilation import use_persistent_cache
 from fedjax_sel.data.federated import split_clients
+from fedjax_sel.host.compilation import use_persistent_cache
 from fedjax_sel.models import from_flax
-
 
 use_persistent_cache()  # Worker processes and later runs load what another compiled.
 

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_sel import aggregators as agg
-from fedjax_sel.components import AggregateInputs
+from fedjax_sel.parts import aggregators as agg
+from fedjax_sel.parts.types import AggregateInputs
 
 
 def stacked(k, seed, ties=False):

@@ -8,7 +8,7 @@ import optax
 import pytest
 
 import fedjax_sel as fs
-from fedjax_sel import availability as av
+from fedjax_sel.parts import availability as av
 from tests.conftest import ragged_dataset
 
 

@@ -49,6 +49,7 @@ def test_peer_models_are_ours_in_pytorch(name):
   in total (runs where torch is installed, e.g. with the `peers` extra)."""
   pytest.importorskip("torch")
   import jax  # pylint: disable=import-outside-toplevel
+
   import fedjax_sel as fs  # pylint: disable=import-outside-toplevel
   from benchmarks import peer_worker  # pylint: disable=import-outside-toplevel
   shape, classes = peer_worker.SHAPES[name]

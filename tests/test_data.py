@@ -188,8 +188,8 @@ def test_char_windows():
 
 def test_corruption_kinds_split_evenly_and_flip_is_a_wrong_class():
   from fedjax_sel.data.corruption import corrupt_clients, corruption_kinds  # pylint: disable=import-outside-toplevel
-  from tests.conftest import ragged_dataset  # pylint: disable=import-outside-toplevel
   from fedjax_sel.data.federated import split_clients  # pylint: disable=import-outside-toplevel
+  from tests.conftest import ragged_dataset  # pylint: disable=import-outside-toplevel
   base = ragged_dataset([40] * 20, num_classes=4, test_fraction=0.0)
   xs = [base.train.client(k)[0] for k in range(20)]
   ys = [base.train.client(k)[1] for k in range(20)]

@@ -14,8 +14,9 @@ import optax
 import pytest
 
 import fedjax_sel as fs
-from fedjax_sel.components import AggregateInputs
+from fedjax_sel.engine import round as round_lib
 from fedjax_sel.models import example_metrics
+from fedjax_sel.parts.types import AggregateInputs
 from tests.conftest import batch_norm_mlp
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -219,7 +220,7 @@ def test_streamed_linear_aggregate_equals_stacked_aggregate(small_data):
 def test_batch_loss_stat_matches_per_client_loop(small_data):
   sim = make_sim(small_data)
   params = sim.init().params
-  got = np.asarray(jax.jit(lambda p, a: fs.round.batch_loss(sim.config, p, a.train, 4, sim.seed,
+  got = np.asarray(jax.jit(lambda p, a: round_lib.batch_loss(sim.config, p, a.train, 4, sim.seed,
                                                             jnp.arange(10)))(params, sim.arrays))
   loss = jax.jit(lambda x, y: fs.models.per_example_loss(sim.model, params, x, y))
   key = fs.keys.round_key(sim.seed, 4, fs.keys.STATS)

@@ -8,9 +8,9 @@ import optax
 import pytest
 
 import fedjax_sel as fs
-from fedjax_sel import fedalign
-from fedjax_sel.components import ClientState, RoundInputs
-from fedjax_sel.selectors import all_selector
+from fedjax_sel.parts.rules import fedalign
+from fedjax_sel.parts.selectors.baselines import all_selector
+from fedjax_sel.parts.types import ClientState, RoundInputs
 from tests.conftest import ragged_dataset
 
 

@@ -9,8 +9,8 @@ import optax
 import pytest
 
 import fedjax_sel as fs
-from fedjax_sel import fedsrc
-from fedjax_sel.components import ClientState, RoundInputs, RoundOutcome
+from fedjax_sel.parts.rules import fedsrc
+from fedjax_sel.parts.types import ClientState, RoundInputs, RoundOutcome
 from tests.conftest import ragged_dataset
 
 
@@ -227,8 +227,9 @@ def test_fedsrc_with_robust_aggregators_on_leaf_and_tfds_data(tmp_path):
   """FedSRC with Krum on a LEAF FEMNIST fixture (FEMNIST MLP 784-64-10 shape) and with the trimmed
   mean on TFDS mock MNIST in the non-IID split (MNIST MLP 784-200-100-10)."""
   import json  # pylint: disable=import-outside-toplevel
-  from fedjax_sel.aggregators import krum, trimmed_mean  # pylint: disable=import-outside-toplevel
+
   from fedjax_sel.data.corruption import corrupt_clients  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.parts.aggregators import krum, trimmed_mean  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(0)
   users = [f"u{i}" for i in range(12)]
   blob = {"users": users, "num_samples": [10] * 12,

@@ -10,10 +10,10 @@ import optax
 import pytest
 
 import fedjax_sel as fs
-from fedjax_sel import filtering
 from fedjax_sel import keys as keylib
-from fedjax_sel.compilation import CompileLog
-from fedjax_sel.local_training import local_train
+from fedjax_sel.client.local_training import local_train
+from fedjax_sel.host.compilation import CompileLog
+from fedjax_sel.parts.filters import filfl as filtering
 
 DIM = 5
 

@@ -235,6 +235,7 @@ def test_compare_reads_jobs_through_their_manifests(tmp_path):
   the final and best values and rounds-to-target computed by hand from the records, and one
   figure per metric with a line per method."""
   import matplotlib.image  # pylint: disable=import-outside-toplevel
+
   from experiments import compare  # pylint: disable=import-outside-toplevel
   base = ["--rounds=3", "--num_clients=10", "--num_available=5", "--clients_per_round=2",
           "--seeds=0,1"]
@@ -311,6 +312,7 @@ def test_no_flag_help_is_only_a_symbol():
         if len(words) < 4:
           short.append(f"{name}: --{node.args[0].value}: {' '.join(words)!r}")
   import dataclasses  # pylint: disable=import-outside-toplevel
+
   from experiments import config  # pylint: disable=import-outside-toplevel
   from fedjax_sel import registry  # pylint: disable=import-outside-toplevel
   bound = [(s.__name__, f) for s in config.SECTIONS.values() for f in dataclasses.fields(s)]
@@ -325,6 +327,7 @@ def read_tensorboard_scalars(folder) -> dict:
   """{tag: {step: value}} of the TensorBoard event files under `folder` (TFRecord framing: length,
   its CRC, the Event proto, its CRC), read with tensorboardX's own protos."""
   import struct  # pylint: disable=import-outside-toplevel
+
   from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
   out = {}
   for name in sorted(os.listdir(folder)):

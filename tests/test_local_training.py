@@ -10,8 +10,9 @@ import optax
 import pytest
 
 from fedjax_sel import keys as keylib
+from fedjax_sel.client.local_training import (LocalHParams, _epoch_orders, local_train,
+                                              steps_per_client)
 from fedjax_sel.data.federated import ClientPool, device_pool
-from fedjax_sel.local_training import LocalHParams, _epoch_orders, local_train, steps_per_client
 from fedjax_sel.models import build_model
 from tests.conftest import batch_norm_mlp, ragged_dataset
 
@@ -164,7 +165,7 @@ def test_fixed_steps_mode_counts_and_masks_empty_clients():
 
 
 def test_chunk_size_follows_memory_budget_and_step_cost():
-  from fedjax_sel.local_training import StepCost, auto_chunk_size, step_cost  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.client.local_training import StepCost, auto_chunk_size, step_cost  # pylint: disable=import-outside-toplevel
   hp = LocalHParams(batch_size=8)
   sgd = lambda lr: optax.sgd(lr)
   costs = {}
@@ -197,7 +198,7 @@ def test_chunk_size_follows_memory_budget_and_step_cost():
 
 
 def test_size_sorted_chunks_layout():
-  from fedjax_sel.chunking import size_sorted_chunks  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.client.chunking import size_sorted_chunks  # pylint: disable=import-outside-toplevel
   sizes = jnp.array([3, 9, 1, 5, 7, 5])
   layout = size_sorted_chunks(sizes, chunk_size=3, multiple=2)  # Rounded up to 4 per chunk.
   assert (layout.size, layout.num_chunks) == (4, 2)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from flax import serialization
 
-from fedjax_sel import checkpoint
+from fedjax_sel.host import checkpoint
 from tests.test_launchers import REPO
 
 COMMON = ["--rounds=3", "--num_clients=12", "--num_available=8", "--clients_per_round=4",

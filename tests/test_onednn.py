@@ -9,11 +9,11 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_sel.local_training import LocalHParams
+from fedjax_sel.client.local_training import LocalHParams
 from fedjax_sel.models import PatchConv, build_model, from_flax, onednn, resolve_conv_impl
 from fedjax_sel.models.conv import spatial_pads
-from tests.test_launchers import REPO
 from tests import test_local_training
+from tests.test_launchers import REPO
 
 needs_onednn = pytest.mark.skipif(onednn.unavailable_reason() is not None,
                                   reason=f"oneDNN unavailable: {onednn.unavailable_reason()}")

@@ -9,8 +9,9 @@ import optax
 import pytest
 
 import fedjax_sel as fs
-from fedjax_sel import oort
-from fedjax_sel.components import ClientState, RoundInputs
+from fedjax_sel.client.system import lognormal_profiles
+from fedjax_sel.parts.selectors import oort
+from fedjax_sel.parts.types import ClientState, RoundInputs
 
 
 def transcription(cfg, k, arms, history, exploration, exploration_min, threshold, last_exploit,
@@ -148,7 +149,7 @@ def test_draws_follow_the_scores_and_fill_k():
 
 def test_oort_runs_in_the_engine_with_the_clock():
   data = fs.build_dataset(fs.DatasetSpec("digits", num_clients=20), seed=0)
-  profile = fs.system.lognormal_profiles(20)
+  profile = lognormal_profiles(20)
   model = fs.build_model("logreg", data.feature_shape, data.num_classes)
   expected = np.asarray(data.train.counts) / profile.speed
   sim = fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=16),

@@ -1,6 +1,6 @@
 """The figures' elements, read through matplotlib (not pixels)."""
 
-from fedjax_sel.plotting import MAX_COLUMNS, panels_figure
+from fedjax_sel.host.plotting import MAX_COLUMNS, panels_figure
 
 
 def _runs(offset, seeds=3, rounds=5, filtered=False):

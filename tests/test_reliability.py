@@ -16,8 +16,13 @@ import optax
 import pytest
 
 import fedjax_sel as fs
-from fedjax_sel import checkpoint, fedsrc
 from fedjax_sel.data import sources
+from fedjax_sel.engine import round as round_lib
+from fedjax_sel.host import runner
+from fedjax_sel.host import checkpoint
+from fedjax_sel.parts.aggregators import coordinate_median
+from fedjax_sel.parts.rules import fedsrc
+from fedjax_sel.parts.selectors.baselines import all_selector, power_of_choice
 from tests.bad_input_harness import run_cases
 from tests.conftest import ragged_dataset
 from tests.test_launchers import REPO
@@ -370,7 +375,7 @@ def test_checkpoint_of_another_structure_is_refused(tmp_path):
 
 
 def test_nonfinite_guard_stops_naming_the_round(tmp_path):
-  with pytest.raises(fs.runner.NonFiniteError, match="round 0: .*non-finite") as info:
+  with pytest.raises(runner.NonFiniteError, match="round 0: .*non-finite") as info:
     fs.run(make_sim(lr=3e38), 3, str(tmp_path), progress=None)
   assert "nonfinite='exclude'" in str(info.value)
   with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
@@ -387,7 +392,7 @@ def test_nonfinite_exclude_mode_keeps_diverged_updates_out():
   bad = data._replace(train=data.train._replace(x=x))
   model = fs.build_model("logreg", data.feature_shape, data.num_classes)
   sim = fs.Simulator(model, bad, lambda rate: optax.sgd(rate), fs.LocalHParams(batch_size=4),
-                     fs.uniform_availability(4, 4), fs.selectors.all_selector(), fs.fedavg(), 4, 0,
+                     fs.uniform_availability(4, 4), all_selector(), fs.fedavg(), 4, 0,
                      nonfinite="exclude")
   state, metrics = sim.step(sim.init())
   assert int(metrics["nonfinite_clients"]) == 1 and bool(metrics["model_finite"])
@@ -401,13 +406,13 @@ def test_nonfinite_exclude_mode_keeps_diverged_updates_out():
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), state.params,
                want.params)
   stop = fs.Simulator(model, bad, lambda rate: optax.sgd(rate), fs.LocalHParams(batch_size=4),
-                      fs.uniform_availability(4, 4), fs.selectors.all_selector(), fs.fedavg(), 4, 0)
+                      fs.uniform_availability(4, 4), all_selector(), fs.fedavg(), 4, 0)
   _, metrics = stop.step(stop.init())
   assert not bool(metrics["model_finite"])
 
 
 def test_round_in_which_nobody_trained_shows_as_such():
-  line = fs.runner.progress_line("x ", 0, 3, {"local_train_loss": 0.0, "num_selected": 2,
+  line = runner.progress_line("x ", 0, 3, {"local_train_loss": 0.0, "num_selected": 2,
                                               "num_trained": 0, "wall_s": 1.0})
   assert "no client trained" in line and "train 0.0000" not in line
   recs = [{"round": 0, "num_trained": 0, "test_accuracy": 0.5, "test_loss": 1.0,
@@ -417,7 +422,7 @@ def test_round_in_which_nobody_trained_shows_as_such():
 
 
 def test_power_of_choice_charges_only_its_candidates():
-  from fedjax_sel.selectors import power_of_choice  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.parts.selectors.baselines import power_of_choice  # pylint: disable=import-outside-toplevel
   data = ragged_dataset([20, 12, 9, 15, 30, 11])
   sim = make_sim(data, selector=power_of_choice(2, d=3, variant="pow"))
   state, metrics = sim.step(sim.init())
@@ -553,7 +558,7 @@ def test_store_with_a_nan_feature_is_refused_before_its_rows_train(tmp_path):
   for where in ("host", "device"):
     def build(where=where):
       return fs.Simulator(model, data, lambda rate: optax.sgd(rate), fs.LocalHParams(batch_size=4),
-                          fs.uniform_availability(4, 4), fs.selectors.all_selector(),
+                          fs.uniform_availability(4, 4), all_selector(),
                           fs.fedavg(), 4, 0, store=where)
     out = tmp_path / where
     with pytest.raises(fs.data.integrity.DataError, match="client 2: row 12 has a non-finite"):
@@ -664,7 +669,7 @@ def test_part_breaking_its_contract_stops_the_run_naming_it(tmp_path, name, kw, 
   """The round refuses a broken mask: the run stops in round 0 naming the part, and no round's
   record or checkpoint is written."""
   del name
-  with pytest.raises(fs.round.ContractError, match=needle) as info:
+  with pytest.raises(round_lib.ContractError, match=needle) as info:
     fs.run(make_sim(**kw), 2, str(tmp_path), progress=None)
   assert "broken" in str(info.value)
   assert not (tmp_path / "checkpoint.msgpack").exists()
@@ -677,7 +682,7 @@ def test_filter_keeping_unavailable_clients_stops_the_run():
   keep_all = fs.Filter(init=lambda n: (), apply=lambda s, key, inputs, mask, local: (
       jnp.ones_like(mask), s, {}), spec={"name": "keeps_everyone"})
   sim = make_sim(data, filter=keep_all)
-  with pytest.raises(fs.round.ContractError, match="round 0: the filter 'keeps_everyone' kept "
+  with pytest.raises(round_lib.ContractError, match="round 0: the filter 'keeps_everyone' kept "
                      "clients that are not available"):
     sim.step(sim.init())
 
@@ -687,15 +692,15 @@ def test_batched_runs_name_the_run_that_broke_a_contract():
   bad = _selector(_top(3), {"name": "three"})
   sims = [make_sim(data, seed=s, selector=bad) for s in (0, 1)]
   batch = fs.RunBatch(sims)
-  with pytest.raises(fs.round.ContractError, match="round 0, run 0: the selector 'three'"):
+  with pytest.raises(round_lib.ContractError, match="round 0, run 0: the selector 'three'"):
     batch.step(batch.init())
 
 
 RESUME_CASES = [  # (name, keyword arguments of the resumed run, needle of the refusal)
-    ("aggregator changed", {"aggregator": fs.aggregators.coordinate_median()},
+    ("aggregator changed", {"aggregator": coordinate_median()},
      "'name': 'fedavg'.* -> .*'name': 'median'"),
     ("aggregator setting changed", {"aggregator": fs.fedavg("uniform")}, "weighting"),
-    ("selector changed", {"selector": fs.selectors.power_of_choice(2, 4)}, "power_of_choice"),
+    ("selector changed", {"selector": power_of_choice(2, 4)}, "power_of_choice"),
     ("selector setting changed", {"selector": fs.random_selector(3)}, "'k': 2.* -> .*'k': 3"),
     ("schedule changed", {"lr_schedule": fs.step_decay_lr(0.1, 0.5, 2)}, "lr_schedule"),
     ("local steps changed", {"local": fs.LocalHParams(batch_size=4, num_steps=3)}, "local"),
@@ -792,7 +797,7 @@ def test_a_second_job_on_one_out_dir_is_refused_while_the_first_runs(tmp_path):
   first.wait()
   assert second.wait(300) == 1 and "is in use by another job" in out, out
   assert f"process {first.pid}" in out
-  from fedjax_sel import folder_lock  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.host import folder_lock  # pylint: disable=import-outside-toplevel
   folder_lock.hold(str(tmp_path))  # The kernel dropped the killed job's lock.
   folder_lock.release(str(tmp_path))
 
@@ -883,7 +888,7 @@ def test_a_folder_without_room_for_a_checkpoint_is_refused_before_any_round(tmp_
                                                                             monkeypatch):
   import collections  # pylint: disable=import-outside-toplevel
   usage = collections.namedtuple("usage", "total used free")
-  monkeypatch.setattr(fs.runner.shutil, "disk_usage", lambda _: usage(1000, 1000, 1000))
+  monkeypatch.setattr(runner.shutil, "disk_usage", lambda _: usage(1000, 1000, 1000))
   with pytest.raises(checkpoint.WriteError, match="MiB free"):
     fs.run(make_sim(), 2, str(tmp_path), progress=None)
   assert not (tmp_path / "metrics.jsonl").exists()
@@ -910,7 +915,7 @@ def test_dominant_partition_gives_every_client_its_dominant_class():
 
 
 def test_drawn_priority_clients_hold_distinct_classes():
-  from fedjax_sel import fedalign  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.parts.rules import fedalign  # pylint: disable=import-outside-toplevel
   hist = np.zeros((30, 10), int)
   hist[np.arange(30), np.arange(30) % 10] = 5
   for seed in range(20):

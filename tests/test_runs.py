@@ -13,10 +13,12 @@ import optax
 import pytest
 
 import fedjax_sel as fs
-from fedjax_sel import fedalign, fedsrc, filtering, uacs
-from fedjax_sel.compilation import CompileLog
+from fedjax_sel.host.compilation import CompileLog
+from fedjax_sel.host.runner import NonFiniteError
 from fedjax_sel.models import per_example_loss
-from fedjax_sel.runner import NonFiniteError
+from fedjax_sel.parts.filters import filfl as filtering
+from fedjax_sel.parts.rules import fedalign, fedsrc
+from fedjax_sel.parts.selectors import uacs
 from tests.conftest import ragged_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -112,7 +114,7 @@ def test_persistent_cache_is_hit_from_a_second_process(tmp_path):
   script = textwrap.dedent("""
       import sys, optax
       sys.path.insert(0, %r)
-      from fedjax_sel.compilation import CompileLog, use_persistent_cache
+      from fedjax_sel.host.compilation import CompileLog, use_persistent_cache
       print("cache", use_persistent_cache())
       import fedjax_sel as fs
       data = fs.build_dataset(fs.DatasetSpec("digits", num_clients=12), seed=0)
@@ -193,10 +195,11 @@ def test_runs_that_do_not_share_a_program_are_refused_naming_what_differs():
 def test_a_batched_filtering_round_costs_what_its_runs_cost_one_by_one():
   """FilFL's filtering branch (every available client trains) runs once per batch round, not for
   every run every round: the batched round's XLA FLOP count is at most the runs' one by one."""
-  from fedjax_sel import programs  # pylint: disable=import-outside-toplevel
-  from fedjax_sel.compiled_cost import flops  # pylint: disable=import-outside-toplevel
-  from fedjax_sel.runs import _batched_step  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
+
+  from fedjax_sel.client.compiled_cost import flops  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.engine import programs  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.engine.runs import _batched_step  # pylint: disable=import-outside-toplevel
   sims = _sims("filfl_dgf", _datasets(), (0, 0, 0))
   batch = fs.RunBatch(sims, runs_chunk=3)
   one = jax.jit(programs.step, static_argnums=0).lower(

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import fedjax_sel as fs
-from fedjax_sel.components import ClientState, RoundInputs, RoundOutcome
-from fedjax_sel.selectors import (divfl, facility_location_greedy, power_of_choice,
-                                  weighted_sample_without_replacement)
+from fedjax_sel.parts.selectors.baselines import (divfl, facility_location_greedy, power_of_choice,
+                                                  weighted_sample_without_replacement)
+from fedjax_sel.parts.types import ClientState, RoundInputs, RoundOutcome
 
 
 def inputs_for(n, loss=None, batch_loss=None, counts=None, last_loss=None, grad=None, round_idx=0):
@@ -150,7 +150,7 @@ def eager_divfl(k):
     dim = sum(int(np.size(a)) for a in jax.tree.leaves(params))
     return {"table": jnp.zeros((n, dim)), "filled": jnp.zeros((), bool)}
 
-  return fs.components.Selector(init, select, needs=("grad",), observe=observe)
+  return fs.Selector(init, select, needs=("grad",), observe=observe)
 
 
 def test_divfl_same_selections_with_fewer_gradients(small_data):

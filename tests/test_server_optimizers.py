@@ -7,9 +7,9 @@ import optax
 import pytest
 
 import fedjax_sel as fs
-from fedjax_sel import checkpoint
-from fedjax_sel import server_optimizers as so
-from fedjax_sel.aggregators import coordinate_median
+from fedjax_sel.host import checkpoint
+from fedjax_sel.parts import server_optimizers as so
+from fedjax_sel.parts.aggregators import coordinate_median
 from tests.conftest import ragged_dataset
 
 

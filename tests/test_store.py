@@ -9,7 +9,8 @@ import pytest
 
 import fedjax_sel as fs
 from fedjax_sel.data import store
-from fedjax_sel import filtering
+from fedjax_sel.engine import simulator
+from fedjax_sel.parts.filters import filfl as filtering
 from tests.conftest import ragged_dataset
 
 
@@ -27,7 +28,7 @@ def assert_same_runs(a, b, rounds=4):
   for _ in range(rounds):
     sa, ma = a.step(sa)
     sb, mb = b.step(sb)
-    ha, hb = fs.engine.to_host(ma), fs.engine.to_host(mb)
+    ha, hb = simulator.to_host(ma), simulator.to_host(mb)
     for key in ("selected", "trained_clients", "aggregated_clients", "filtered_in"):
       if key in ha:
         assert ha[key].tolist() == hb[key].tolist(), key
@@ -118,7 +119,8 @@ def test_chosen_rows_mode_with_all_client_statistics_gives_the_same_run(rule):
   round's choice planned from them, only the chosen clients' rows on the device; with FedSRC's
   rule reading the chosen clients' test loss too (every client then needs a test split: the
   1-example client grows to 3)."""
-  from fedjax_sel import fedsrc, uacs  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.parts.rules import fedsrc
+  from fedjax_sel.parts.selectors import uacs  # pylint: disable=import-outside-toplevel
   data = ragged_dataset([23, 5, 40, 3 if rule else 1, 17, 9, 31, 12, 3, 28, 14, 7])
   model = fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(16,))
   part = fedsrc.fedsrc_rule(fedsrc.FedSRCConfig()) if rule else None

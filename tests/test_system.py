@@ -5,8 +5,8 @@ import optax
 import pytest
 
 import fedjax_sel as fs
-from fedjax_sel import system
-from fedjax_sel.fedsrc import FedSRCConfig, fedsrc_rule
+from fedjax_sel.client import system
+from fedjax_sel.parts.rules.fedsrc import FedSRCConfig, fedsrc_rule
 from tests.conftest import ragged_dataset
 
 SPEED = np.array([10.0, 20.0, 40.0, 80.0], np.float32)

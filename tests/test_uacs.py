@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 
 import fedjax_sel as fs
-from fedjax_sel import uacs
-from fedjax_sel.components import RoundInputs
+from fedjax_sel.client.evaluation import client_gradients, client_metrics
 from fedjax_sel.data.boundary import (BoundaryConfig, boundary_clients, boundary_dataset,
                                       signed_distance)
 from fedjax_sel.data.federated import ClientPool, device_pool
-from fedjax_sel.evaluation import client_gradients, client_metrics
 from fedjax_sel.models import Model
 from fedjax_sel.models.bundle import per_example_loss
-from fedjax_sel.selectors import random_selector
+from fedjax_sel.parts.selectors import uacs
+from fedjax_sel.parts.selectors.baselines import random_selector
+from fedjax_sel.parts.types import RoundInputs
 
 
 def logits_model(num_classes):

@@ -10,8 +10,8 @@ Examples:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax

@@ -8,7 +8,7 @@ compiled round instead of tracing and compiling it again, and JAX's persistent c
 
 Examples:
   >>> import jax.numpy as jnp
-  >>> from fedjax_sel.signature import Keyed
+  >>> from fedjax_sel.engine.signature import Keyed
   >>> double = program(lambda cfg, x: x * cfg.value)
   >>> float(double(Keyed(("two",), 2.0), jnp.float32(3.0)))
   6.0
@@ -17,14 +17,14 @@ Examples:
 from __future__ import annotations
 
 import functools
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 import jax
 
 from fedjax_sel import keys as keylib
-from fedjax_sel import round as round_lib
-from fedjax_sel.evaluation import client_metrics
+from fedjax_sel.client.evaluation import client_metrics
+from fedjax_sel.engine import round as round_lib
 
 
 @functools.cache

@@ -27,15 +27,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, NamedTuple
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel import registry
-from fedjax_sel.components import Filter
+from fedjax_sel.parts.types import Filter
 
 Params = Any
 # params -> mean loss on the public set (a scalar).

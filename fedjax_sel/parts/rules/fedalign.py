@@ -21,7 +21,7 @@ clients sampled this round: the server hears only from them.
 
 Examples:
   >>> import jax, jax.numpy as jnp
-  >>> from fedjax_sel.components import ClientState, RoundInputs
+  >>> from fedjax_sel.parts.types import ClientState, RoundInputs
   >>> rule = fedalign_rule(jnp.array([True, False, False, False]), rounds=10, eps0=0.2,
   ...                      warmup_fraction=0.0, schedule="constant")
   >>> stats = {"loss": jnp.array([1.0, 1.1, 1.5, 0.5])}
@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel import registry
-from fedjax_sel.components import Participation, RoundInputs
+from fedjax_sel.parts.types import Participation, RoundInputs
 
 SCHEDULES = ("linear", "constant", "inverse")
 METRICS = ("loss", "accuracy")

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_sel.chunking import size_sorted_chunks
+from fedjax_sel.client.chunking import size_sorted_chunks
 from fedjax_sel.data.federated import ClientPool
 from fedjax_sel.models.bundle import Model, example_metrics, per_example_loss
 

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel import registry
-from fedjax_sel.components import Selector
+from fedjax_sel.parts.types import Selector
 
 
 def top_k_mask(scores: jax.Array, mask: jax.Array, k: int) -> jax.Array:

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import json
 import warnings
-from typing import Any, NamedTuple
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -225,7 +225,7 @@ def describe(part) -> dict:
   a warning that its settings are not covered.
 
   Examples:
-    >>> from fedjax_sel.selectors import power_of_choice
+    >>> from fedjax_sel.parts.selectors.baselines import power_of_choice
     >>> describe(power_of_choice(3, d=6))
     {'name': 'power_of_choice', 'k': 3, 'd': 6, 'variant': 'pow'}
   """

@@ -34,7 +34,7 @@ Gumbel top-k with the round's selection key.
 
 Examples:
   >>> import jax, jax.numpy as jnp
-  >>> from fedjax_sel.components import ClientState, RoundInputs
+  >>> from fedjax_sel.parts.types import ClientState, RoundInputs
   >>> sel = oort_selector(2)
   >>> state = sel.init(4, None)
   >>> inputs = RoundInputs(jnp.int32(0), None, jnp.ones(4, bool), {}, ClientState.create(4),
@@ -54,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel import registry
-from fedjax_sel.components import RoundInputs, RoundOutcome, Selector
+from fedjax_sel.parts.types import RoundInputs, RoundOutcome, Selector
 
 
 class OortConfig(NamedTuple):

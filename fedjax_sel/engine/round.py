@@ -31,23 +31,24 @@ Example (the `Simulator` of `engine.py`'s example: its compiled round is reused 
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_sel import keys as keylib
-from fedjax_sel.availability import Availability
-from fedjax_sel.components import (SPLIT_STATS, AggregateInputs, Aggregator, ClientState, Filter,
-                                   Participation, RoundInputs, RoundOutcome, Selector, part_name)
+from fedjax_sel.client.evaluation import client_gradients, client_metrics
+from fedjax_sel.client.local_training import (LocalHParams, LocalResult, OptimizerFactory,
+                                              local_train)
+from fedjax_sel.client.system import client_times
 from fedjax_sel.data.federated import ClientPool, rows_with_replacement
-from fedjax_sel.evaluation import client_gradients, client_metrics
-from fedjax_sel.local_training import LocalHParams, LocalResult, OptimizerFactory, local_train
+from fedjax_sel.engine.signature import signature
 from fedjax_sel.models.bundle import (Model, example_metrics, per_example_loss, trainable,
-                                     with_trainable)
-from fedjax_sel.signature import signature
-from fedjax_sel.system import client_times
+                                      with_trainable)
+from fedjax_sel.parts.availability import Availability
+from fedjax_sel.parts.types import (SPLIT_STATS, AggregateInputs, Aggregator, ClientState, Filter,
+                                    Participation, RoundInputs, RoundOutcome, Selector, part_name)
 
 
 class Costs(NamedTuple):

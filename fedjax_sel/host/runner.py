@@ -29,17 +29,18 @@ import os
 import shutil
 import sys
 import time
-from typing import Any, TextIO
 from collections.abc import Callable
+from typing import Any, TextIO
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sel import __version__, checkpoint, folder_lock
-from fedjax_sel.components import describe
-from fedjax_sel.engine import EngineState, Simulator, to_host
-from fedjax_sel.runs import stack_runs, unstack
+from fedjax_sel import __version__
+from fedjax_sel.engine.runs import stack_runs, unstack
+from fedjax_sel.engine.simulator import EngineState, Simulator, to_host
+from fedjax_sel.host import checkpoint, folder_lock
+from fedjax_sel.parts.types import describe
 
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_FILE = "checkpoint.msgpack"

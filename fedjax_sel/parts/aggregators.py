@@ -5,7 +5,7 @@ inputs)` returns the new global model; with no aggregated slot the global model 
 
 Examples:
   >>> import jax.numpy as jnp
-  >>> from fedjax_sel.components import AggregateInputs
+  >>> from fedjax_sel.parts.types import AggregateInputs
   >>> agg = fedavg(weighting="examples")
   >>> new, _ = agg.apply((), jnp.zeros(2), jnp.array([[1., 1.], [4., 4.]]),
   ...                    AggregateInputs(jnp.array([True, True]), jnp.array([3, 1]), jnp.zeros(2)))
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_sel import registry
-from fedjax_sel.components import AggregateInputs, Aggregator
+from fedjax_sel.parts.types import AggregateInputs, Aggregator
 
 WEIGHTINGS = ("uniform", "examples")
 
@@ -107,7 +107,7 @@ def coordinate_median() -> Aggregator:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from fedjax_sel.components import AggregateInputs
+    >>> from fedjax_sel.parts.types import AggregateInputs
     >>> stack = jnp.array([[1.], [9.], [3.], [100.]])
     >>> new, _ = coordinate_median().apply((), jnp.zeros(1), stack, AggregateInputs(
     ...     jnp.array([True, True, True, False]), jnp.ones(4), jnp.zeros(4)))

@@ -23,8 +23,8 @@ from __future__ import annotations
 import csv
 import json
 import os
-from typing import NamedTuple
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp

@@ -27,7 +27,7 @@ them combines with this rule.
 
 Examples:
   >>> import jax, jax.numpy as jnp
-  >>> from fedjax_sel.components import ClientState, RoundInputs
+  >>> from fedjax_sel.parts.types import ClientState, RoundInputs
   >>> rule = fedsrc_rule()
   >>> inputs = RoundInputs(0, None, jnp.ones(3, bool), {"test_loss": jnp.array([0.1, 5.0, 0.2])},
   ...                      ClientState.create(3), jnp.ones(3), jnp.eye(3, dtype=jnp.int32))
@@ -47,8 +47,8 @@ import numpy as np
 
 from fedjax_sel import keys as keylib
 from fedjax_sel import registry
-from fedjax_sel.aggregators import median_spread
-from fedjax_sel.components import Participation, RoundInputs, RoundOutcome
+from fedjax_sel.parts.aggregators import median_spread
+from fedjax_sel.parts.types import Participation, RoundInputs, RoundOutcome
 
 MODES = ("paper", "reference")
 DECISION_STATS = ("test_loss", "val_loss", "batch_loss", "loss")

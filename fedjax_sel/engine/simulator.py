@@ -24,30 +24,30 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, NamedTuple
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_sel import programs
-from fedjax_sel.availability import Availability
-from fedjax_sel.components import (SPLIT_STATS, STAT_NAMES, Aggregator, ClientState, Filter,
-                                   Participation, Selector, everyone, part_name)
+from fedjax_sel.client.local_training import (CPU_TINY_STEP_FLOPS, LocalHParams, OptimizerFactory,
+                                              StepCost, auto_chunk_size, default_memory_budget,
+                                              step_cost)
+from fedjax_sel.client.system import Clock, SystemProfile, check_profile, model_bytes
 from fedjax_sel.data import integrity
 from fedjax_sel.data.federated import FederatedDataset
-from fedjax_sel.local_training import (CPU_TINY_STEP_FLOPS, LocalHParams, OptimizerFactory,
-                                       StepCost, auto_chunk_size, default_memory_budget,
-                                       step_cost)
+from fedjax_sel.engine import programs
+from fedjax_sel.engine.placement import Capacity, DevicePlacement, HostPlacement, fits_on_device
+from fedjax_sel.engine.round import (CONTRACTS, ContractError, Costs, DataArrays, EngineState,
+                                     RoundConfig, RunValues, program_key)
+from fedjax_sel.engine.signature import Keyed, signature
 from fedjax_sel.models.bundle import Model, trainable
-from fedjax_sel.placement import Capacity, DevicePlacement, HostPlacement, fits_on_device
-from fedjax_sel.round import (CONTRACTS, ContractError, Costs, DataArrays, EngineState,
-                              RoundConfig, RunValues, program_key)
-from fedjax_sel.server_optimizers import ServerOptimizer
-from fedjax_sel.signature import Keyed, signature
-from fedjax_sel.system import Clock, SystemProfile, check_profile, model_bytes
+from fedjax_sel.parts.availability import Availability
+from fedjax_sel.parts.server_optimizers import ServerOptimizer
+from fedjax_sel.parts.types import (SPLIT_STATS, STAT_NAMES, Aggregator, ClientState, Filter,
+                                    Participation, Selector, everyone, part_name)
 
 __all__ = ["Costs", "DataArrays", "EngineState", "LrSchedule", "Simulator", "constant_lr",
            "step_decay_lr", "to_host"]

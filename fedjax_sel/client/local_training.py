@@ -20,15 +20,15 @@ Examples:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_sel.chunking import size_sorted_chunks
-from fedjax_sel.compiled_cost import flops, planned_bytes
+from fedjax_sel.client.chunking import size_sorted_chunks
+from fedjax_sel.client.compiled_cost import flops, planned_bytes
 from fedjax_sel.data.federated import ClientPool, rows_with_replacement
 from fedjax_sel.models.bundle import Model, train_losses, trainable, with_trainable
 

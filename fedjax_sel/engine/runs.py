@@ -37,18 +37,18 @@ Examples:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
 from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sel import round as round_lib
-from fedjax_sel.engine import check_contracts, client_step_cost
-from fedjax_sel.programs import program
-from fedjax_sel.round import EngineState, RoundConfig
-from fedjax_sel.signature import Keyed
+from fedjax_sel.engine import round as round_lib
+from fedjax_sel.engine.programs import program
+from fedjax_sel.engine.round import EngineState, RoundConfig
+from fedjax_sel.engine.signature import Keyed
+from fedjax_sel.engine.simulator import check_contracts, client_step_cost
 
 AXIS = "runs"
 

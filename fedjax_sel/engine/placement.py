@@ -20,19 +20,19 @@ Examples:
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
-from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sel import programs
 from fedjax_sel.data import integrity
 from fedjax_sel.data.federated import ClientPool, FederatedDataset, device_pool
 from fedjax_sel.data.store import capacity, client_chunks, compact
-from fedjax_sel.round import DataArrays, EngineState
+from fedjax_sel.engine import programs
+from fedjax_sel.engine.round import DataArrays, EngineState
 
 SPLITS = ("train", "val", "test")
 STREAM_CLIENTS = 4096  # Clients per chunk when the host store streams the population through.

@@ -14,7 +14,7 @@ participation rule and aggregator.
 
 Examples:
   >>> import jax, jax.numpy as jnp
-  >>> from fedjax_sel.components import RoundInputs
+  >>> from fedjax_sel.parts.types import RoundInputs
   >>> sel = entropy_selector(2, eps=0.0)
   >>> inputs = RoundInputs(0, None, None, {"entropy": jnp.array([0.1, 0.6, 0.3, 0.6])}, None,
   ...                      None, None)
@@ -32,8 +32,8 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_sel import registry
-from fedjax_sel.components import Selector
-from fedjax_sel.selectors import top_k_mask
+from fedjax_sel.parts.selectors.baselines import top_k_mask
+from fedjax_sel.parts.types import Selector
 
 METHODS = {"entropy_eps": "Entropy+Eps-Greedy", "entropy": "Entropy Based", "random": "Random",
            "grad_norm": "Gradient Norm"}

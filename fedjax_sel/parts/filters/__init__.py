@@ -1,0 +1,1 @@
+"""Client filters: FilFL's greedy filter on a public set."""

@@ -1,0 +1,1 @@
+"""Participation rules of the selected clients: FedALIGN, FedSRC."""
