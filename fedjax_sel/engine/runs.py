@@ -176,6 +176,14 @@ class RunBatch:
     self.arrays = stack_runs([s.arrays for s in sims], self.placement)
     self.run_values = stack_runs([s.run_values for s in sims], self.placement)
 
+  def run_slice(self, tree: Any, i: int) -> Any:
+    """Run `i`'s part of a stacked tree (its state, metrics or evaluation)."""
+    return unstack(tree, i)
+
+  def stack(self, trees: Sequence[Any]) -> Any:
+    """The runs' trees stacked `[R, ...]` where the batch places them."""
+    return stack_runs(trees, self.placement)
+
   def init(self) -> EngineState:
     """The runs' states before round 0, stacked `[R, ...]`."""
     return stack_runs([s.init() for s in self.sims], self.placement)

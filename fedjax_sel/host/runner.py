@@ -37,7 +37,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel import __version__
-from fedjax_sel.engine.runs import stack_runs, unstack
 from fedjax_sel.engine.simulator import EngineState, Simulator, to_host
 from fedjax_sel.host import checkpoint, folder_lock
 from fedjax_sel.parts.types import describe
@@ -195,32 +194,21 @@ def _host_loop(rounds, eval_every, checkpoint_every, progress, label):
   return writer, progress, say
 
 
-def _start(state, out_dir, resume, overwrite, fingerprint, say,
-           writer: bool) -> tuple[EngineState, list]:
-  """The state to start from and the history before it (resume), or a clean run folder (made
-  only by the `writer` process)."""
+def _fresh(out_dir: str, overwrite: bool, writer: bool) -> None:
+  """A clean run folder (made only by the `writer` process): a previous run in it is refused
+  unless `overwrite`."""
   if os.path.exists(out_dir) and not os.path.isdir(out_dir):
     raise FileExistsError(f"out_dir {out_dir} is a file, not a folder")
   if writer:
     os.makedirs(out_dir, exist_ok=True)
-  metrics_path = os.path.join(out_dir, METRICS_FILE)
   ckpt_path = os.path.join(out_dir, CHECKPOINT_FILE)
-  if resume and not os.path.exists(ckpt_path) and os.path.exists(checkpoint.previous(ckpt_path)):
-    ckpt_path = checkpoint.previous(ckpt_path)  # Killed between two writes of a batch's save.
-  if resume and os.path.exists(ckpt_path):
-    state, history = _resume(ckpt_path, state, fingerprint, metrics_path, writer)
-    say(f"resuming {ckpt_path} after round {len(history)}\n")
-    return jax.tree.map(jax.numpy.asarray, state), history
-  previous = [p for p in (metrics_path, ckpt_path, checkpoint.previous(ckpt_path))
-              if os.path.exists(p)]
-  if resume:
-    say(f"no checkpoint in {out_dir}: starting fresh\n")
-  elif previous and not overwrite and writer:  # Others may see the writer's first lines.
+  previous = [p for p in (os.path.join(out_dir, METRICS_FILE), ckpt_path,
+                          checkpoint.previous(ckpt_path)) if os.path.exists(p)]
+  if previous and not overwrite and writer:  # Others may see the writer's first lines.
     raise FileExistsError(f"{out_dir} holds a previous run ({', '.join(previous)}); resume it "
                           "(resume=True, --resume) or replace it (overwrite=True, --overwrite)")
   for p in previous if writer else ():
     os.remove(p)
-  return state, []
 
 
 def _check_finite(record: dict, t: int) -> None:
@@ -236,13 +224,40 @@ def _check_finite(record: dict, t: int) -> None:
                          "--nonfinite=exclude)")
 
 
+class OneRun:
+  """One `Simulator` as a batch of one run, for the host loop (`run` is `run_batch` of it): its
+  state and metrics unstacked, its data wherever the simulator keeps them (device or host)."""
+
+  num_runs = 1
+
+  def __init__(self, sim: Simulator):
+    self.sims = [sim]
+
+  def init(self) -> EngineState:
+    return self.sims[0].init()
+
+  def step(self, state: EngineState) -> tuple[EngineState, dict]:
+    return self.sims[0].step(state)
+
+  def evaluate(self, params) -> dict:
+    return self.sims[0].evaluate(params)
+
+  def run_slice(self, tree: Any, i: int) -> Any:
+    del i
+    return tree
+
+  def stack(self, trees: list) -> Any:
+    return trees[0]
+
+
 def run(sim: Simulator, rounds: int, out_dir: str | None = None, *, eval_every: int = 1,
         checkpoint_every: int = 10, resume: bool = False, overwrite: bool = False,
         progress: TextIO | None = sys.stdout, label: str = "",
         extra: Callable[[EngineState, dict], dict] | None = None,
         settings: dict | None = None,
         on_record: Callable[[dict], None] | None = None) -> list[dict]:
-  """Runs `rounds` rounds (in total, counting resumed ones) and returns every round's record.
+  """Runs `rounds` rounds (in total, counting resumed ones) and returns every round's record:
+  `run_batch` of a batch of one run (`OneRun`).
 
   Args:
     sim: the simulator.
@@ -257,54 +272,17 @@ def run(sim: Simulator, rounds: int, out_dir: str | None = None, *, eval_every: 
     label: prefix of the progress lines.
     extra: optional `(state, record) -> dict` merged into each record (e.g. OPT ratios).
     settings: JSON-able settings that determine the run besides what the simulator knows (the
-      launcher's flags), stored in the checkpoint's fingerprint.
+      launcher's job config), stored in the checkpoint's fingerprint.
     on_record: optional callback of each new round's record once it is written (e.g.
       `tracking.TensorBoardWriter(...).write`).
 
   Raises:
     NonFiniteError: a round's global model or loss is not finite (its record is written first).
   """
-  writer, progress, say = _host_loop(rounds, eval_every, checkpoint_every, progress, label)
-  with folder_lock.locked([out_dir] if out_dir is not None and writer else ()):
-    state = sim.init()
-    records, metrics_path, ckpt_path, fingerprint = [], None, None, None
-    if out_dir is not None:
-      fingerprint = run_fingerprint(sim, settings)
-      state, records = _start(state, out_dir, resume, overwrite, fingerprint, say, writer)
-      if writer:
-        _check_space(out_dir, state)
-        metrics_path = os.path.join(out_dir, METRICS_FILE)
-        ckpt_path = os.path.join(out_dir, CHECKPOINT_FILE)
-    first = int(state.round)
-    if first >= rounds:
-      say(f"finished earlier ({first} rounds): nothing to compute\n")
-      return records[:rounds]
-    start = time.perf_counter() - (records[-1]["wall_s"] if records else 0.0)
-    sink = open(metrics_path, "a", encoding="utf-8") if metrics_path else None
-    try:
-      for t in range(first, rounds):
-        state, metrics = sim.step(state)
-        record = _jsonable(to_host(metrics))
-        if (t + 1) % eval_every == 0 or t == rounds - 1:
-          record.update(_jsonable(to_host(sim.evaluate(state.params))))
-        if extra is not None:
-          record.update(extra(state, record))
-        record["wall_s"] = round(time.perf_counter() - start, 3)
-        records.append(record)
-        if sink:
-          _append(sink, metrics_path, record)
-        if on_record is not None:
-          on_record(record)
-        if progress is not None:
-          progress.write(progress_line(label, t, rounds, record) + "\n")
-          progress.flush()
-        _check_finite(record, t)
-        if ckpt_path and ((t + 1) % checkpoint_every == 0 or t == rounds - 1):
-          checkpoint.save(ckpt_path, state, fingerprint, keep_previous=True)
-    finally:
-      if sink:
-        _close(sink)
-    return records
+  return run_batch(OneRun(sim), rounds, None if out_dir is None else [out_dir],
+                   eval_every=eval_every, checkpoint_every=checkpoint_every, resume=resume,
+                   overwrite=overwrite, progress=progress, label=label, settings=[settings],
+                   extras=[extra], on_records=[on_record])[0]
 
 
 def _checkpoint_rounds(path: str, template, fingerprint: dict) -> dict[int, str]:
@@ -325,17 +303,19 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
               extras: list[Callable[[EngineState, dict], dict] | None] | None = None,
               on_records: list[Callable[[dict], None] | None] | None = None
               ) -> list[list[dict]]:
-  """Runs the R runs of a `RunBatch` for `rounds` rounds together; returns each run's records.
+  """Runs the R runs of a `RunBatch` (or a `OneRun`) for `rounds` rounds together; returns each
+  run's records. The one host loop: `run` is this loop over a batch of one.
 
   Each run keeps its own folder (`out_dirs[i]`: `metrics.jsonl`, `checkpoint.msgpack` and the one
   before it), fingerprint and history, as with `run`. The runs checkpoint together, keeping the
   previous checkpoint too, so a job killed at any moment (even between two runs' writes) resumes
   every run from one round. A run whose model or loss stops being finite stops alone: its record
   is written, then nothing more of it, while the others go on; `NonFiniteError` is raised at the
-  end naming it (its `records` attribute holds every run's records).
+  end naming it (its `records` attribute holds every run's records; a batch of one raises it with
+  the run's own message).
 
   Args:
-    batch: the `RunBatch`.
+    batch: the `RunBatch`, or `OneRun(sim)`.
     rounds: as in `run`.
     eval_every: as in `run`.
     checkpoint_every: as in `run`.
@@ -369,7 +349,7 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
         _check_space(out_dirs[0], states)
         paths = [(os.path.join(d, METRICS_FILE), os.path.join(d, CHECKPOINT_FILE))
                  for d in out_dirs]
-    first = int(np.asarray(states.round)[0])
+    first = int(np.ravel(np.asarray(states.round))[0])
     if first >= rounds:
       say(f"finished earlier ({first} rounds): nothing to compute\n")
       return [h[:rounds] for h in histories]
@@ -386,11 +366,11 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
         for i in range(r):
           if i in stopped:
             continue
-          record = _jsonable(unstack(metrics, i))
+          record = _jsonable(batch.run_slice(metrics, i))
           if evals is not None:
-            record.update(_jsonable(unstack(evals, i)))
+            record.update(_jsonable(batch.run_slice(evals, i)))
           if extras is not None and extras[i] is not None:
-            record.update(extras[i](unstack(states, i), record))
+            record.update(extras[i](batch.run_slice(states, i), record))
           record["wall_s"] = wall
           histories[i].append(record)
           if sinks[i]:
@@ -401,14 +381,17 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
             _check_finite(record, t)
           except NonFiniteError as e:
             stopped[i] = str(e)
-            say(f"run {i} stopped: {e}\n")
+            if r > 1:
+              say(f"run {i} stopped: {e}\n")
         if progress is not None:
-          progress.write(batch_progress_line(label, t, rounds, histories, stopped) + "\n")
+          line = (progress_line(label, t, rounds, histories[0][-1]) if r == 1 else
+                  batch_progress_line(label, t, rounds, histories, stopped))
+          progress.write(line + "\n")
           progress.flush()
         if (t + 1) % checkpoint_every == 0 or t == rounds - 1:
           for i, p in enumerate(paths):
             if p and i not in stopped:
-              checkpoint.save(p[1], unstack(states, i), fingerprints[i],
+              checkpoint.save(p[1], batch.run_slice(states, i), fingerprints[i],
                               keep_previous=True)
         if len(stopped) == r:
           break
@@ -417,7 +400,8 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
         if sink:
           _close(sink)
     if stopped:
-      error = NonFiniteError("; ".join(f"run {i}: {m}" for i, m in sorted(stopped.items())))
+      error = NonFiniteError(stopped[0] if r == 1 else
+                             "; ".join(f"run {i}: {m}" for i, m in sorted(stopped.items())))
       error.records = histories
       raise error
     return histories
@@ -427,7 +411,7 @@ def _start_batch(batch, states, out_dirs, resume, overwrite, fingerprints, say, 
   """The stacked states to start from and each run's history: with `resume`, every run from the
   latest round all of them hold a checkpoint of (the latest or the one before it)."""
   r = batch.num_runs
-  template = jax.tree.map(lambda a: np.asarray(a[0]), states)
+  template = jax.tree.map(np.asarray, batch.run_slice(states, 0))
   found = []
   for i, d in enumerate(out_dirs):
     ckpt = os.path.join(d, CHECKPOINT_FILE)
@@ -441,15 +425,15 @@ def _start_batch(batch, states, out_dirs, resume, overwrite, fingerprints, say, 
                                os.path.join(d, METRICS_FILE), writer)
       loaded.append(state)
       histories.append(history)
-    say(f"resuming {r} runs after round {done} ({out_dirs[0]} ...)\n")
-    return stack_runs(loaded, batch.placement), histories
+    say(f"resuming {found[0][done]} after round {done}\n" if r == 1 else
+        f"resuming {r} runs after round {done} ({out_dirs[0]} ...)\n")
+    return batch.stack([jax.tree.map(jnp.asarray, s) for s in loaded]), histories
   if resume:
-    say("no common checkpoint of the runs: starting them fresh\n")
-  fresh = []
-  for d, fp in zip(out_dirs, fingerprints):
-    _, history = _start(None, d, False, overwrite or resume, fp, say, writer)
-    fresh.append(history)
-  return states, fresh
+    say(f"no checkpoint in {out_dirs[0]}: starting fresh\n" if r == 1 else
+        "no common checkpoint of the runs: starting them fresh\n")
+  for d in out_dirs:
+    _fresh(d, overwrite or resume, writer)
+  return states, [[] for _ in out_dirs]
 
 
 def batch_progress_line(label: str, t: int, rounds: int, histories: list[list[dict]],
