@@ -288,14 +288,34 @@ def train_slots(config: RoundConfig, params, arrays: DataArrays, run: RunValues,
   return slots, valid, res
 
 
+def select(config: RoundConfig, state: EngineState, inputs: RoundInputs, fmask, seed):
+  """The selector's (choice among `fmask`, new state) this round, with the round's SELECT key:
+  the one selection decision, made by the round and, ahead of it, by host-store planning."""
+  return config.selector.select(state.selector_state,
+                                keylib.round_key(seed, inputs.round, keylib.SELECT), inputs, fmask)
+
+
+def apply_filter(config: RoundConfig, state: EngineState, inputs: RoundInputs, avail, seed,
+                 local):
+  """The filter's (filtered-in set, new state, info) this round, with the round's FILTER key."""
+  return config.filter.apply(state.filter_state,
+                             keylib.round_key(seed, inputs.round, keylib.FILTER), inputs, avail,
+                             local)
+
+
+def filtered_set(state: EngineState, avail, filter_round, fresh):
+  """The set the selector chooses from: the filter's `fresh` set on the run's filtering rounds,
+  else the kept one, both within the available clients."""
+  return jnp.where(filter_round, fresh & avail, state.filtered & avail)
+
+
 def select_and_participate(config: RoundConfig, state: EngineState, inputs: RoundInputs, fmask,
                            seed):
   """(chosen, selector state, train mask, aggregate mask, rule state, contract counts) of the
   round."""
   t = inputs.round
   n = fmask.shape[0]
-  chosen, sel_state = config.selector.select(
-      state.selector_state, keylib.round_key(seed, t, keylib.SELECT), inputs, fmask)
+  chosen, sel_state = select(config, state, inputs, fmask, seed)
   check_mask(config, "selector", "its choice", chosen, n)
   train_m, agg_m, part_state = config.participation.apply(
       state.participation_state, keylib.round_key(seed, t, keylib.PARTICIPATE), inputs, chosen)
@@ -355,7 +375,6 @@ def _pick(config: RoundConfig, state: EngineState, arrays: DataArrays, run: RunV
 
   own = filter_round_flag(config, state, avail)
   filtering = _any_run(config, own)
-  fkey = keylib.round_key(run.seed, t, keylib.FILTER)
   reused = state.filtered & avail
   reuse_selection = lambda: select_and_participate(config, state, inputs, reused, run.seed)
   local = None
@@ -372,10 +391,10 @@ def _pick(config: RoundConfig, state: EngineState, arrays: DataArrays, run: RunV
     reuse_selection = lambda: kept
 
   def filter_branch():
-    fmask, fstate, info = filt.apply(state.filter_state, fkey, inputs, avail, local)
+    fmask, fstate, info = apply_filter(config, state, inputs, avail, run.seed, local)
     check_mask(config, "filter", "its filtered-in set", fmask, avail.shape[0])
     outside = jnp.where(own, _count(fmask & ~avail), 0)
-    fmask = jnp.where(own, fmask & avail, reused)
+    fmask = filtered_set(state, avail, own, fmask)
     fstate = jax.tree.map(lambda a, b: jnp.where(own, a, b), fstate, state.filter_state)
     info = jax.tree.map(lambda a: jnp.where(own, a, jnp.zeros_like(a)), info)
     return (fmask, fstate, info, outside,
@@ -630,17 +649,15 @@ def plan_rows(config: RoundConfig, state: EngineState, arrays: DataArrays, run: 
   clients only): every available client on a round when FilFL trains them all, else the
   selector's choice, made as the round will make it (same state, keys and stats)."""
   inputs = round_inputs(config, state, arrays, run, stats)
-  t, avail = inputs.round, inputs.available
+  avail = inputs.available
   filt, fmask = config.filter, avail
   if filt is not None:
     filter_round = filter_round_flag(config, state, avail)
     fresh = avail
     if not filt.trains_available:
-      fresh = filt.apply(state.filter_state, keylib.round_key(run.seed, t, keylib.FILTER),
-                         inputs, avail, None)[0] & avail
-    fmask = jnp.where(filter_round, fresh, state.filtered & avail)
-  chosen, _ = config.selector.select(state.selector_state,
-                                     keylib.round_key(run.seed, t, keylib.SELECT), inputs, fmask)
+      fresh = apply_filter(config, state, inputs, avail, run.seed, None)[0]
+    fmask = filtered_set(state, avail, filter_round, fresh)
+  chosen, _ = select(config, state, inputs, fmask, run.seed)
   if filt is not None and filt.trains_available:
     return jnp.where(filter_round, avail, chosen)
   return chosen
