@@ -388,25 +388,20 @@ def lr_schedule(cfg: cfglib.JobConfig):
 
 # --- The simulator ------------------------------------------------------------------------------
 
-def engine_options(cfg: cfglib.JobConfig, datasets=()) -> dict:
-  """The engine config as `Simulator` arguments; with the job's `datasets`, the capacity that
-  pads every run to one shape, so the job's runs share one compiled round."""
+def engine_options(cfg: cfglib.JobConfig) -> dict:
+  """The engine config as `Simulator` arguments."""
   e = cfg.engine
-  options = {"nonfinite": e.nonfinite, "store": e.store, "server_optimizer": server_optimizer(cfg),
-             "system_profile": system_profile(cfg), "deadline_s": e.deadline_s or None}
-  if datasets:
-    options["capacity"] = fs.Capacity.of(list(datasets))
-  return options
+  return {"nonfinite": e.nonfinite, "store": e.store, "server_optimizer": server_optimizer(cfg),
+          "system_profile": system_profile(cfg), "deadline_s": e.deadline_s or None}
 
 
 def simulator(run: cfglib.JobConfig, data: fs.FederatedDataset, seed: int, *, model=None,
               capacity=None, **overrides) -> fs.Simulator:
   """The `Simulator` of one run: its config's model, local training, availability and parts on
-  `data`; `overrides` replace any `Simulator` argument (a launcher's own selector, rule, ...)."""
+  `data`, padded to `capacity` (the job's runs then share one compiled round); `overrides`
+  replace any `Simulator` argument (a launcher's own selector, rule, ...)."""
   model = model if model is not None else model_for(run, data)
-  options = engine_options(run)
-  if capacity is not None:
-    options["capacity"] = capacity
+  options = {**engine_options(run), "capacity": capacity}
   profile = options["system_profile"]
   p = run.parts
   ctx = context(run, data, model, profile, seed)

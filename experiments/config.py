@@ -45,176 +45,159 @@ class DataConfig:
   dataset: str = option("digits", "Dataset (digits ships with scikit-learn).", choices=fs.DATASETS)
   partition: str = option("dirichlet", "How a centralized pool is split.", choices=PARTITIONS)
   num_clients: int = option(50, "Total clients in the population (N), >= 1.", lower=1)
-  dirichlet_alpha: float = option(0.5, "Concentration of the Dirichlet label partition "
-                                  "(alpha); smaller is more skewed, > 0.", lower=1e-6)
-  classes_per_client: int = option(2, "Classes each client holds under "
-                                   "--partition=k_classes (k), 1..C.", lower=1)
+  dirichlet_alpha: float = option(0.5, "Concentration of the Dirichlet label partition (alpha); "
+                                  "smaller is more skewed, > 0.", lower=1e-6)
+  classes_per_client: int = option(2, "Classes each client holds under --partition=k_classes (k), "
+                                   "1..C.", lower=1)
   dominant_fraction: float = option(0.8, "Dominant-class share of the dominant partition.",
                                     lower=0.0, upper=1.0)
-  test_fraction: float = option(0.2, "Share of each client's examples held out as its test "
-                                "split, in [0, 0.9].", lower=0.0, upper=0.9)
-  val_fraction: float = option(0.0, "Share of each client's examples held out as its "
-                               "validation split, in [0, 0.9].", lower=0.0, upper=0.9)
+  test_fraction: float = option(0.2, "Share of each client's examples held out as its test split, "
+                                "in [0, 0.9].", lower=0.0, upper=0.9)
+  val_fraction: float = option(0.0, "Share of each client's examples held out as its validation "
+                               "split, in [0, 0.9].", lower=0.0, upper=0.9)
   public_fraction: float = option(0.0, "Server public set: stratified share of the pool (or of "
                                   "each client for synth/leaf).", lower=0.0, upper=0.9)
-  data_dir: str = option(sources.FASHION_MNIST_DIR, "Folder of the Fashion-MNIST IDX "
-                         "files, or the TFDS data dir holding ArrayRecord files.")
+  data_dir: str = option(sources.FASHION_MNIST_DIR, "Folder of the Fashion-MNIST IDX files, or the "
+                         "TFDS data dir holding ArrayRecord files.")
   leaf_files: tuple[str, ...] = option((), "LEAF JSON files or glob patterns for --dataset=leaf.")
-  tfds_name: str = option("mnist", "TFDS dataset name for --dataset=tfds (e.g. cifar10), "
-                          "read from --data_dir, never downloaded.")
-  synth_alpha: float = option(1.0, "SYNTH(alpha, beta): spread of the clients' models "
-                              "(alpha), >= 0.", lower=0.0)
+  tfds_name: str = option("mnist", "TFDS dataset name for --dataset=tfds (e.g. cifar10), read from "
+                          "--data_dir, never downloaded.")
+  synth_alpha: float = option(1.0, "SYNTH(alpha, beta): spread of the clients' models (alpha), >= "
+                              "0.", lower=0.0)
   synth_beta: float = option(1.0, "SYNTH(alpha, beta): spread of the clients' feature means "
                              "(beta), >= 0.", lower=0.0)
-  max_examples: int | None = option(None, "Keep at most this many examples of the centralized "
-                                    "pool (a seeded sample), >= 1.", lower=1)
+  max_examples: int | None = option(None, "Keep at most this many examples of the centralized pool "
+                                    "(a seeded sample), >= 1.", lower=1)
   store_dir: str | None = option(None, "Read the federated dataset from a memory-mapped store "
-                                 "folder (fedjax_sel.data.store.write_store / synth_store) "
-                                 "instead of "
-                                 "--dataset.")
+                                 "folder (fedjax_sel.data.store.write_store / synth_store) instead "
+                                 "of --dataset.")
   corrupt_fraction: float = option(0.0, "Share of the clients whose data are corrupted (bad "
                                    "clients), in [0, 1].", lower=0.0, upper=1.0)
   corrupt_kinds: tuple[str, ...] = option(CORRUPTION_KINDS, "How the bad clients' data are "
                                           "corrupted, split evenly among them: shuffle (random "
-                                          "labels), flip (one wrong "
-                  f"class per client), noise (Gaussian features); values among {CORRUPTION_KINDS}.")
+                                          "labels), flip (one wrong class per client), noise "
+                                          "(Gaussian features); values among "
+                                          f"{CORRUPTION_KINDS}.")
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  model: str = option("mlp", "Model the clients train (its size follows "
-                      "--hidden, --resnet_width, --norm).", choices=fs.MODELS)
+  model: str = option("mlp", "Model the clients train (its size follows --hidden, --resnet_width, "
+                      "--norm).", choices=fs.MODELS)
   hidden: tuple[str, ...] = option(("200", "200"), "Hidden layer widths of --model=mlp (e.g. "
-                                                   "200,100 for "
-                                   "FedSRC's MNIST MLP 784-200-100-10, 64 for its FEMNIST MLP).")
-  norm: str = option("group", "Normalization layers of --model=resnet18: "
-                     "group (GroupNorm) or batch (BatchNorm; each client keeps running statistics "
-                     "during local training, averaged like the weights).",
-                     choices=("group", "batch"))
-  resnet_width: int = option(64, "Channels of ResNet18's first stage (64 in the paper; "
-                             "smaller for quick CPU runs).", lower=2)
-  conv_impl: str = option("auto", "Convolution lowering: auto (oneDNN's CPU "
-                          "kernels on a single CPU device where the onednn extra is installed, "
-                          "else "
-                          "patches), patches (shifted slices and a matmul), lax (XLA's "
-                          "convolution) or "
-                          "onednn.", choices=CONV_IMPLS)
+                                   "200,100 for FedSRC's MNIST MLP 784-200-100-10, 64 for its "
+                                   "FEMNIST MLP).")
+  norm: str = option("group", "Normalization layers of --model=resnet18: group (GroupNorm) or "
+                     "batch (BatchNorm; each client keeps running statistics during local "
+                     "training, averaged like the weights).", choices=("group", "batch"))
+  resnet_width: int = option(64, "Channels of ResNet18's first stage (64 in the paper; smaller for "
+                             "quick CPU runs).", lower=2)
+  conv_impl: str = option("auto", "Convolution lowering: auto (oneDNN's CPU kernels on a single "
+                          "CPU device where the onednn extra is installed, else patches), patches "
+                          "(shifted slices and a matmul), lax (XLA's convolution) or onednn.",
+                          choices=CONV_IMPLS)
 
 
 @dataclasses.dataclass(frozen=True)
 class LocalConfig:
   lr: float = option(0.1, "Client learning rate (eta_l), a finite number >= 0.", lower=0.0)
-  lr_decay: float = option(1.0, "Multiply lr by this every --lr_decay_every rounds.", lower=0.0,
-                           upper=1.0)
-  lr_decay_every: int = option(10, "Rounds between multiplications of the learning rate "
-                               "by --lr_decay, >= 1.", lower=1)
+  lr_decay: float = option(1.0, "Multiply lr by this every --lr_decay_every rounds.",
+                           lower=0.0, upper=1.0)
+  lr_decay_every: int = option(10, "Rounds between multiplications of the learning rate by "
+                               "--lr_decay, >= 1.", lower=1)
   momentum: float = option(0.0, "Client SGD momentum (heavy ball), in [0, 1); 0 is plain SGD.",
                            lower=0.0, upper=0.999)
-  weight_decay: float = option(0.0, "Client decoupled weight decay (AdamW-style, per step), "
-                               ">= 0.", lower=0.0)
+  weight_decay: float = option(0.0, "Client decoupled weight decay (AdamW-style, per step), >= 0.",
+                               lower=0.0)
   batch_size: int = option(16, "Examples per local training step (B), >= 1.", lower=1)
-  local_epochs: int = option(2, "Passes over its data each client makes per round (E), >= "
-                             "1.", lower=1)
+  local_epochs: int = option(2, "Passes over its data each client makes per round (E), >= 1.",
+                             lower=1)
   local_steps: int | None = option(None, "A fixed number of local steps per client and round "
                                    "instead of --local_epochs, >= 1.", lower=1)
   prox_mu: float = option(0.0, "FedProx proximal coefficient (mu), >= 0; 0 is FedAvg.", lower=0.0)
-  chunk_size: int | None = option(None, "Clients vmapped together (default: from the step's "
-                                  "cost: 1-4 on CPU, what fits a quarter of device memory on "
-                                  "accelerators).", lower=1,
-                                  result=False)
+  chunk_size: int | None = option(None, "Clients vmapped together (default: from the step's cost: "
+                                  "1-4 on CPU, what fits a quarter of device memory on "
+                                  "accelerators).", lower=1, result=False)
 
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-  rounds: int = option(30, "Communication rounds to run (T), >= 1; a resumed job runs up "
-                       "to this many in total.", lower=1, result=False)
-  clients_per_round: int = option(10, "Clients trained per round (K), 1..n "
-                                  "(--num_available).", lower=1)
+  rounds: int = option(30, "Communication rounds to run (T), >= 1; a resumed job runs up to this "
+                       "many in total.", lower=1, result=False)
+  clients_per_round: int = option(10, "Clients trained per round (K), 1..n (--num_available).",
+                                  lower=1)
   num_available: int = option(25, "n, clients available per round (0: all clients).", lower=0)
-  avail_period: int = option(5, "Rounds between redraws of the available clients (uniform "
-                             "and probability models), >= 1.", lower=1)
+  avail_period: int = option(5, "Rounds between redraws of the available clients (uniform and "
+                             "probability models), >= 1.", lower=1)
   availability: str = option("uniform", "Availability model: uniform (exactly --num_available "
-                                        "clients, redrawn every "
-                             "--avail_period rounds), probability (client k available with its own "
-                             "probability, drawn once in --avail_prob_range), diurnal (a day "
-                             "cycle of "
-                             "--diurnal_period rounds, each client with its own phase), trace "
-                             "(read from "
+                             "clients, redrawn every --avail_period rounds), probability (client k "
+                             "available with its own probability, drawn once in "
+                             "--avail_prob_range), diurnal (a day cycle of --diurnal_period "
+                             "rounds, each client with its own phase), trace (read from "
                              "--avail_trace). The last three vary the number available by round, "
-                             "at most "
-                             "--avail_capacity.",
+                             "at most --avail_capacity.",
                              choices=("uniform", "probability", "diurnal", "trace"))
   avail_prob_range: tuple[str, ...] = option(("0.2", "0.8"), "probability model: each client's "
-                                             "availability probability is drawn uniformly in "
-                                             "[low, high] (within [0, 1]).")
+                                             "availability probability is drawn uniformly in [low, "
+                                             "high] (within [0, 1]).")
   diurnal_period: int = option(24, "diurnal model: rounds in one day, >= 1.", lower=1)
   diurnal_mean: float = option(0.5, "diurnal model: mean availability probability, in [0, 1].")
-  diurnal_amplitude: float = option(0.4, "diurnal model: swing of the probability over the "
-                                    "day, in [0, 1] (clipped to [0, 1] at each round).")
+  diurnal_amplitude: float = option(0.4, "diurnal model: swing of the probability over the day, in "
+                                    "[0, 1] (clipped to [0, 1] at each round).")
   avail_trace: str | None = option(None, "trace model: a CSV (header client,start,end: client "
-                                   "available in rounds start <= t < end) or JSON "
-                                   "({\"available\": {\"<client>\": "
-                                   "[[start, end], ...]}, \"rounds\": T}) file; cycled past its "
-                                   "end.")
-  avail_capacity: int = option(0, "Most clients available at once under the probability, "
-                               "diurnal and trace models (sizes FilFL's training slots; 0: the "
-                               "number of "
+                                   "available in rounds start <= t < end) or JSON ({\"available\": "
+                                   "{\"<client>\": [[start, end], ...]}, \"rounds\": T}) file; "
+                                   "cycled past its end.")
+  avail_capacity: int = option(0, "Most clients available at once under the probability, diurnal "
+                               "and trace models (sizes FilFL's training slots; 0: the number of "
                                "clients, or the trace's largest round).", lower=0)
-  system_profile: str = option("none", "Clients' speeds and bandwidths for the simulated "
-                               "clock: none (rounds take no time), lognormal (drawn around "
-                               "--speed_median and "
-                               "--bandwidth_median, the same population for every seed), or a CSV "
-                               "file with "
-                               "the header client,speed,bandwidth. Rounds then report "
-                               "round_time_s and "
-                               "sim_time_s.")
-  speed_median: float = option(100.0, "lognormal profile: median compute speed, training "
-                               "samples per second (> 0).")
+  system_profile: str = option("none", "Clients' speeds and bandwidths for the simulated clock: "
+                               "none (rounds take no time), lognormal (drawn around --speed_median "
+                               "and --bandwidth_median, the same population for every seed), or a "
+                               "CSV file with the header client,speed,bandwidth. Rounds then "
+                               "report round_time_s and sim_time_s.")
+  speed_median: float = option(100.0, "lognormal profile: median compute speed, training samples "
+                               "per second (> 0).")
   speed_sigma: float = option(0.8, "lognormal profile: sigma of log speed (>= 0).")
-  bandwidth_median: float = option(1e6, "lognormal profile: median bandwidth, bytes per "
-                                   "second (> 0).")
+  bandwidth_median: float = option(1e6, "lognormal profile: median bandwidth, bytes per second (> "
+                                   "0).")
   bandwidth_sigma: float = option(0.8, "lognormal profile: sigma of log bandwidth (>= 0).")
-  deadline_s: float = option(0.0, "Round deadline in simulated seconds: clients that finish "
-                             "later are stragglers, left out of the aggregate (0: no deadline; "
-                             "needs "
+  deadline_s: float = option(0.0, "Round deadline in simulated seconds: clients that finish later "
+                             "are stragglers, left out of the aggregate (0: no deadline; needs "
                              "--system_profile).", lower=0.0)
-  nonfinite: str = option("stop", "When a model or loss is not finite: "
-                          "stop the run naming the round, or exclude the diverged client updates "
-                          "from "
-                          "aggregation and count them (nonfinite_clients).",
-                          choices=("stop", "exclude"))
-  store: str = option("auto", "Clients' data on the device "
-                      "(fast while they fit), in host memory / a memory-mapped store with each "
-                      "round's available clients' rows sent to the device, or auto (host when the "
-                      "data exceed a share of device memory).", choices=("auto", "device", "host"),
-                      result=False)
-  eval_every: int = option(1, "Evaluate the global model every this many rounds.", lower=1,
-                           result=False)
+  nonfinite: str = option("stop", "When a model or loss is not finite: stop the run naming the "
+                          "round, or exclude the diverged client updates from aggregation and "
+                          "count them (nonfinite_clients).", choices=("stop", "exclude"))
+  store: str = option("auto", "Clients' data on the device (fast while they fit), in host memory / "
+                      "a memory-mapped store with each round's available clients' rows sent to the "
+                      "device, or auto (host when the data exceed a share of device memory).",
+                      choices=("auto", "device", "host"), result=False)
+  eval_every: int = option(1, "Evaluate the global model every this many rounds.",
+                           lower=1, result=False)
 
 
 @dataclasses.dataclass(frozen=True)
 class OutputConfig:
-  out_dir: str = option("runs/run", "Folder of the job: per-run metrics and checkpoints, "
-                        "summary, figures, flags.txt and job.json.")
+  out_dir: str = option("runs/run", "Folder of the job: per-run metrics and checkpoints, summary, "
+                        "figures, flags.txt and job.json.")
   resume: bool = option(False, "Continue each run from its checkpoint in --out_dir (refused, "
                         "naming the settings, if they changed; runs without one start fresh).")
-  overwrite: bool = option(False, "Replace the previous runs in --out_dir (without it or "
-                           "--resume, an --out_dir holding a run is refused).")
-  checkpoint_every: int = option(10, "Rounds between checkpoints of each run (a resumed "
-                                 "run continues from its last), >= 1.", lower=1)
-  last_k: int = option(10, "Rounds of the summaries' last-k mean (the final round alone is "
-                       "noisy), >= 1.", lower=1)
+  overwrite: bool = option(False, "Replace the previous runs in --out_dir (without it or --resume, "
+                           "an --out_dir holding a run is refused).")
+  checkpoint_every: int = option(10, "Rounds between checkpoints of each run (a resumed run "
+                                 "continues from its last), >= 1.", lower=1)
+  last_k: int = option(10, "Rounds of the summaries' last-k mean (the final round alone is noisy), "
+                       ">= 1.", lower=1)
   plot: bool = option(False, "Draw the figures after the runs (needs matplotlib).")
-  figure_format: str = option("png", "File format of the --plot "
-                              "figures: png, or pdf / svg (vector, for papers).",
-                              choices=("png", "pdf", "svg"))
-  tensorboard: bool = option(False, "Also write each run's per-round scalars as TensorBoard "
-                             "events under its folder (tensorboard --logdir=<out_dir>); needs the "
+  figure_format: str = option("png", "File format of the --plot figures: png, or pdf / svg "
+                              "(vector, for papers).", choices=("png", "pdf", "svg"))
+  tensorboard: bool = option(False, "Also write each run's per-round scalars as TensorBoard events "
+                             "under its folder (tensorboard --logdir=<out_dir>); needs the "
                              "tensorboard extra, pip install -e '.[tensorboard]'.")
   batch_runs: bool = option(True, "Advance a method's runs (its seeds, and --sweep values) "
                             "together as one batched compiled program (device store); "
-                            "--nobatch_runs runs "
-                            "them one after another, still sharing one compiled round.")
+                            "--nobatch_runs runs them one after another, still sharing one "
+                            "compiled round.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,8 +210,8 @@ class DistributedConfig:
   distributed_auto: bool = option(False, "Join a multi-host run by jax.distributed's cluster "
                                   "detection (SLURM, Cloud TPU, ...) instead of the three flags "
                                   "above.")
-  distributed_timeout: int = option(60, "Seconds to wait for every process to join a "
-                                    "multi-host run before failing.", lower=1)
+  distributed_timeout: int = option(60, "Seconds to wait for every process to join a multi-host "
+                                    "run before failing.", lower=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,6 +331,13 @@ def replace(cfg: Any, path: str, value: Any) -> Any:
   if inner is None:
     return cfg
   return dataclasses.replace(cfg, **{head: replace(inner, rest, value)})
+
+
+def preset_help(presets: dict[str, dict]) -> str:
+  """One line per preset listing the fields it sets, as flags (for a --preset flag's help)."""
+  return "; ".join(f"{name}: " + ", ".join(f"--{k}={','.join(v) if isinstance(v, list) else v}"
+                                          for k, v in values.items())
+                   for name, values in presets.items())
 
 
 def field_names(section: str) -> tuple[str, ...]:

@@ -24,7 +24,7 @@ import numpy as np
 from absl import app
 
 import fedjax_sel as fs
-from experiments import build, config, distributed, fedalign_report, flag_binding, job
+from experiments import build, config, fedalign_report, flag_binding, job
 from experiments.config import option
 from fedjax_sel.data.corruption import LABEL_NOISE_MODES, NOISE_PRESETS, noisy_clients
 from fedjax_sel.parts.rules import fedalign
@@ -48,18 +48,12 @@ PRESETS = {
 GROUP_DEFAULTS = {"priority_per_round": 1, "others_per_round": 10}  # Capped at the group's size.
 
 
-def _preset_help() -> str:
-  return "; ".join(f"{name}: " + ", ".join(f"--{k}={','.join(v) if isinstance(v, list) else v}"
-                                          for k, v in values.items())
-                   for name, values in PRESETS.items())
-
-
 @dataclasses.dataclass(frozen=True)
 class FedALIGNOptions:
   """The FedALIGN launcher's own settings."""
 
   preset: str | None = option(None, "The paper's setups; each value is overridable by its flag. "
-                              + _preset_help(), choices=tuple(sorted(PRESETS)), result=False)
+                              + config.preset_help(PRESETS), choices=tuple(sorted(PRESETS)), result=False)
   methods: tuple[str, ...] = option(("fedalign", "none", "all"), "Runs to compare: fedalign, "
                                     "none (FedAvg on the priority clients only), all (FedAvg on "
                                     "every client).", result=False)
@@ -189,33 +183,24 @@ def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
   build.check_population(cfg)
   build.check_runs(cfg)
   job.start(cfg, flag_lines)
-  loaded = {(s, g): load(cfg, s, g) for g in groups(cfg) for s in cfg.seeds}
-  results = {}
-  for group in groups(cfg):
-    capacity = fs.Capacity.of([loaded[(s, group)][0] for s in cfg.seeds])
 
-    def build_run(method, run, seed, tag, group=group, capacity=capacity):
-      del tag
-      data, priority = loaded[(seed, group)]
-      avail, selector, k = participation_parts(cfg, priority)
-      print(f"== {group} {method.label} seed {seed}: {data.name}, N={data.num_clients}, priority "
-            f"{np.flatnonzero(priority).tolist()}")
-      sim = build.simulator(run, data, seed, capacity=capacity, availability=avail,
-                            selector=selector, clients_per_round=k,
-                            participation=make_rule(run, method.key, priority, group),
-                            eval_mask=priority)
-      return sim, round_extras(priority)
+  def build_run(spec):
+    data, priority = spec.data
+    avail, selector, k = participation_parts(cfg, priority)
+    print(f"== {spec.group} {spec.method.label} seed {spec.seed}: {data.name}, "
+          f"N={data.num_clients}, priority {np.flatnonzero(priority).tolist()}")
+    sim = build.simulator(spec.run, data, spec.seed, capacity=spec.capacity, availability=avail,
+                          selector=selector, clients_per_round=k,
+                          participation=make_rule(spec.run, spec.method.key, priority, spec.group),
+                          eval_mask=priority)
+    return sim, round_extras(priority)
 
-    results[group] = job.run_methods(cfg, build_run, group)
+  results, _ = job.run_groups(cfg, groups(cfg), lambda seed, g: load(cfg, seed, g), build_run)
   if job.writer():  # Process 0 of a multi-host run.
     fedalign_report.write_outputs(cfg, results)
 
 
-def main(argv):
-  del argv
-  cfg = flag_binding.job_config(resolve)
-  distributed.join(cfg.distributed)
-  execute(cfg, flag_binding.flag_lines(cfg))
+main = flag_binding.launcher_main(resolve, execute)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,7 @@ import dataclasses
 
 from absl import app
 
-import fedjax_sel as fs
-from experiments import build, config, distributed, fedsrc_report, flag_binding, job
+from experiments import build, config, fedsrc_report, flag_binding, job
 from experiments.config import option
 
 SPLITS = {"iid": {"partition": "iid"},
@@ -120,32 +119,23 @@ def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
   build.check_population(cfg)
   build.check_runs(cfg)
   job.start(cfg, flag_lines)
-  loaded = {(s, g): load(cfg, s, g) for g in groups(cfg) for s in cfg.seeds}
-  results = {}
-  for group in groups(cfg):
-    capacity = fs.Capacity.of([loaded[(s, group)][0] for s in cfg.seeds])
 
-    def build_run(method, run, seed, tag, group=group, capacity=capacity):
-      del tag
-      data, kinds = loaded[(seed, group)]
-      print(f"== {group} {method.label} seed {seed}: {data.name}, N={data.num_clients}, bad "
-            f"clients {int((kinds != 'good').sum())}")
-      uses_rule = run.parts.rule is not None
-      sim = build.simulator(run, data, seed, capacity=capacity, eval_mask=kinds == "good")
-      return sim, fedsrc_report.round_extras(cfg, kinds, uses_rule, data)
+  def build_run(spec):
+    data, kinds = spec.data
+    print(f"== {spec.group} {spec.method.label} seed {spec.seed}: {data.name}, "
+          f"N={data.num_clients}, bad clients {int((kinds != 'good').sum())}")
+    sim = build.simulator(spec.run, data, spec.seed, capacity=spec.capacity,
+                          eval_mask=kinds == "good")
+    return sim, fedsrc_report.round_extras(cfg, kinds, spec.run.parts.rule is not None, data)
 
-    runs = job.run_methods(cfg, build_run, group)
-    results[group] = {label: [(recs, *loaded[(seed, group)]) for seed, recs in zip(cfg.seeds, rs)]
-                      for label, rs in runs.items()}
+  runs, loaded = job.run_groups(cfg, groups(cfg), lambda seed, g: load(cfg, seed, g), build_run)
+  results = {g: {name: [(recs, *loaded[(seed, g)]) for seed, recs in zip(cfg.seeds, group)]
+                 for name, group in by_name.items()} for g, by_name in runs.items()}
   if job.writer():  # Process 0 of a multi-host run.
     fedsrc_report.write_outputs(cfg, results)
 
 
-def main(argv):
-  del argv
-  cfg = flag_binding.job_config(resolve)
-  distributed.join(cfg.distributed)
-  execute(cfg, flag_binding.flag_lines(cfg))
+main = flag_binding.launcher_main(resolve, execute)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,7 @@ import dataclasses
 import numpy as np
 from absl import app
 
-import fedjax_sel as fs
-from experiments import build, config, distributed, filfl_report, flag_binding, job
+from experiments import build, config, filfl_report, flag_binding, job
 from experiments.config import option
 from fedjax_sel.data import sources
 
@@ -57,12 +56,6 @@ DATA_HELP = {"cifar10": sources.PREPARE["tfds"].format(name="cifar10"),
              "shakespeare": sources.PREPARE["shakespeare"] + " into data/leaf/shakespeare/"}
 
 
-def _preset_help() -> str:
-  return "; ".join(f"{name}: " + ", ".join(f"--{k}={','.join(v) if isinstance(v, list) else v}"
-                                          for k, v in values.items())
-                   for name, values in PRESETS.items())
-
-
 @dataclasses.dataclass(frozen=True)
 class FilFLOptions:
   """The FilFL launcher's own settings."""
@@ -78,7 +71,7 @@ class FilFLOptions:
   public_size: int | None = option(None, "Keep at most this many public examples (a seeded "
                                    "sample; m).", lower=1)
   preset: str | None = option(None, "The paper's setups; each sets (unless the flag is given): "
-                              + _preset_help(), choices=tuple(sorted(PRESETS)), result=False)
+                              + config.preset_help(PRESETS), choices=tuple(sorted(PRESETS)), result=False)
   fedprox: bool = option(False, "FedProx local objective with the preset's mu (" + ", ".join(
       f"{k}: {v}" for k, v in FEDPROX_MU.items()) + "); without a preset, set --prox_mu.",
                          result=False)
@@ -149,24 +142,23 @@ def load(cfg: config.JobConfig, seed: int):
 def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
   check(cfg)
   job.start(cfg, flag_lines)
-  loaded = {s: load(cfg, s) for s in cfg.seeds}  # All data errors surface before any training.
-  capacity = fs.Capacity.of([data for data, _ in loaded.values()])
 
-  def build_run(method, run, seed, tag):
-    del tag
-    data, bad = loaded[seed]
-    model = build.model_for(run, data)
-    print(f"== {method.label} seed {seed}: {data.name}, N={data.num_clients}, "
+  def build_run(spec):
+    data, bad = spec.data
+    model = build.model_for(spec.run, data)
+    print(f"== {spec.method.label} seed {spec.seed}: {data.name}, N={data.num_clients}, "
           f"bad clients={int(bad.sum())}, public m={len(data.public_y)}, model={model.name}"
           f"{' (BatchNorm)' if model.train_apply else ''}")
-    return build.simulator(run, data, seed, model=model, capacity=capacity, eval_mask=~bad,
-                           availability=build.availability(run, cfg.options.avail_reference)), None
+    avail = build.availability(spec.run, cfg.options.avail_reference)
+    return build.simulator(spec.run, data, spec.seed, model=model, capacity=spec.capacity,
+                           eval_mask=~bad, availability=avail), None
 
-  runs = job.run_methods(cfg, build_run)
+  results, loaded = job.run_groups(cfg, [""], lambda seed, _: load(cfg, seed), build_run)
+  runs = results[""]
   bad_rows = []
   for name, group in runs.items():
     for seed, recs in zip(cfg.seeds, group):
-      bad = loaded[seed][1]
+      bad = loaded[(seed, "")][1]
       for r in recs:
         if r.get("filtered_in") is not None and r["filter_round"]:
           ids = np.array(r["filtered_in"], dtype=int)
@@ -176,11 +168,7 @@ def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
     filfl_report.write_outputs(cfg, runs, bad_rows)
 
 
-def main(argv):
-  del argv
-  cfg = flag_binding.job_config(resolve)
-  distributed.join(cfg.distributed)
-  execute(cfg, flag_binding.flag_lines(cfg))
+main = flag_binding.launcher_main(resolve, execute)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from typing import Any
 from absl import app, flags
 
 from experiments import config as cfglib
+from experiments import distributed
 from fedjax_sel import registry
 
 FLAGS = flags.FLAGS
@@ -324,6 +325,17 @@ def job_config(resolve: Resolve | None = None) -> cfglib.JobConfig:
     cfg = resolve(cfg, frozenset(explicit))
   check_values(cfg)
   return cfg
+
+
+def launcher_main(resolve: Resolve, execute: Callable[[cfglib.JobConfig, list[str]], None]):
+  """A launcher's `main(argv)`: its job from the command line (`job_config(resolve)`), the
+  multi-host join, then `execute(cfg, flag_lines(cfg))`."""
+  def main(argv):
+    del argv
+    cfg = job_config(resolve)
+    distributed.join(cfg.distributed)
+    execute(cfg, flag_lines(cfg))
+  return main
 
 
 def _flag_values(cfg: cfglib.JobConfig) -> dict[str, Any]:

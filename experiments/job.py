@@ -204,51 +204,72 @@ def run_all(cfg: cfglib.JobConfig, runs: list[Run]) -> list[list[dict]]:
                         extras=[r.extra for r in runs], on_records=on_records, **common)
 
 
-BuildRun = Callable[[cfglib.Method, cfglib.JobConfig, int, str],
-                    tuple[fs.Simulator, Callable | None]]
+class RunSpec(NamedTuple):
+  """One run to build: its group of runs, method, run config (the method's parts and the swept
+  value in place), seed, swept value's tag ("NAME=V" or ""), its data (what the launcher's `load`
+  returned for this seed and group, the dataset first) and the `Capacity` its group pads to."""
+
+  group: str
+  method: cfglib.Method
+  run: cfglib.JobConfig
+  seed: int
+  tag: str
+  data: tuple
+  capacity: fs.Capacity
+
+  @property
+  def name(self) -> str:
+    """The method's label, then " NAME=V": the key of its results."""
+    return f"{self.method.label} {self.tag}".strip()
+
+  @property
+  def path(self) -> tuple[str, ...]:
+    """The run's folder under the job's: `<group>/<method key>/<NAME=V>/seed<s>`, empty levels
+    left out."""
+    return tuple(p for p in (self.group, self.method.key, self.tag, f"seed{self.seed}") if p)
 
 
-def result_name(method: cfglib.Method, tag: str) -> str:
-  """The name of a method's runs of one swept value: its label, then " NAME=V"."""
-  return f"{method.label} {tag}".strip()
+BuildRun = Callable[[RunSpec], tuple[fs.Simulator, Callable | None]]
+Load = Callable[[int, str], tuple]
 
 
-def run_path(group: str, method: cfglib.Method, tag: str, seed: int) -> tuple[str, ...]:
-  """A run's folder under the job's: `<group>/<method key>/<NAME=V>/seed<s>`, empty levels left
-  out."""
-  return tuple(p for p in (group, method.key, tag, f"seed{seed}") if p)
-
-
-def run_methods(cfg: cfglib.JobConfig, build_run: BuildRun,
-                group: str = "") -> dict[str, list[list[dict]]]:
-  """Runs every method of the job: its runs (swept values x seeds) as one batch (`run_all`).
+def run_groups(cfg: cfglib.JobConfig, groups: list[str], load: Load, build_run: BuildRun
+               ) -> tuple[dict[str, dict[str, list[list[dict]]]], dict[tuple[int, str], tuple]]:
+  """Runs the job: every group's data loaded first (every data error before any training), then
+  per group each method's runs (swept values x seeds) as one batch (`run_all`).
 
   Args:
     cfg: the job.
-    build_run: `(method, run config, seed, tag) -> (simulator, per-round extra or None)`, `tag`
-      the swept value's "NAME=V" (or "").
-    group: a launcher's group of runs (a data split, a scenario): the first folder level and
-      label word.
+    groups: the launcher's groups of runs (data splits, scenarios, noise levels), each with its
+      own data; [""] for one group without a folder level of its own.
+    load: `(seed, group) -> (dataset, ...)`, the data of a seed's runs in a group.
+    build_run: `RunSpec -> (simulator, per-round extra or None)`.
 
   Returns:
-    {`result_name(method, tag)`: the records of each seed's run}.
+    ({group: {`RunSpec.name`: the records of each seed's run}}, {(seed, group): loaded data}).
   """
-  out = {}
-  for method in cfg.methods:
-    runs, names = [], []
-    for m, value, run in cfg.runs():
-      if m is not method:
-        continue
-      tag = "" if value is None else cfg.sweep.tag(value)
-      names.append(result_name(method, tag))
-      for seed in cfg.seeds:
-        sim, extra = build_run(method, run, seed, tag)
-        label = " ".join(p for p in (group, method.label, f"s{seed}", tag) if p) + " "
-        runs.append(Run(sim, run_path(group, method, tag, seed), label, extra, settings(run)))
-    results = run_all(cfg, runs)
-    n = len(cfg.seeds)
-    out.update({name: results[i * n:(i + 1) * n] for i, name in enumerate(names)})
-  return out
+  loaded = {(s, g): load(s, g) for g in groups for s in cfg.seeds}
+  results = {}
+  for group in groups:
+    capacity = fs.Capacity.of([loaded[(s, group)][0] for s in cfg.seeds])
+    out = {}
+    for method in cfg.methods:
+      runs, names = [], []
+      for m, value, run in cfg.runs():
+        if m is not method:
+          continue
+        tag = "" if value is None else cfg.sweep.tag(value)
+        for seed in cfg.seeds:
+          spec = RunSpec(group, method, run, seed, tag, loaded[(seed, group)], capacity)
+          sim, extra = build_run(spec)
+          label = " ".join(p for p in (group, method.label, f"s{seed}", tag) if p) + " "
+          runs.append(Run(sim, spec.path, label, extra, settings(run)))
+        names.append(spec.name)
+      records = run_all(cfg, runs)
+      n = len(cfg.seeds)
+      out.update({name: records[i * n:(i + 1) * n] for i, name in enumerate(names)})
+    results[group] = out
+  return results, loaded
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ import dataclasses
 from absl import app
 
 import fedjax_sel as fs
-from experiments import build, config, distributed, flag_binding, job, report
+from experiments import build, config, flag_binding, job, report
 from fedjax_sel import registry
 
 DEFAULTS = config.JobConfig()
@@ -61,21 +61,23 @@ def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
   build.check_runs(cfg)
   build.check_corruption(cfg)
   job.start(cfg, flag_lines)
-  datasets = {s: build.corrupt(cfg, build.load_data(cfg, s), s)[:2] for s in cfg.seeds}
-  capacity = fs.Capacity.of([data for data, _ in datasets.values()])
 
-  def build_run(method, run, seed, tag):
-    del tag
-    data, bad = datasets[seed]
+  def load(seed, group):
+    del group
+    return build.corrupt(cfg, build.load_data(cfg, seed), seed)[:2]
+
+  def build_run(spec):
+    data, bad = spec.data
     eval_mask = ~bad if bad.any() else None  # clean_* metrics: the uncorrupted clients.
-    if run.parts.rule is not None and run.parts.rule.name == "fedalign":
-      priority = build.priority_mask(run, data.num_clients, data.label_hist, seed)
+    if spec.run.parts.rule is not None and spec.run.parts.rule.name == "fedalign":
+      priority = build.priority_mask(spec.run, data.num_clients, data.label_hist, spec.seed)
       eval_mask = priority & ~bad  # The priority clients' clean data.
-    print(f"== {method.label} seed {seed}: {data.name}, N={data.num_clients}, "
-          f"bad clients={int(bad.sum())}, model={run.model.model}")
-    return build.simulator(run, data, seed, capacity=capacity, eval_mask=eval_mask), None
+    print(f"== {spec.method.label} seed {spec.seed}: {data.name}, N={data.num_clients}, "
+          f"bad clients={int(bad.sum())}, model={spec.run.model.model}")
+    return build.simulator(spec.run, data, spec.seed, capacity=spec.capacity,
+                           eval_mask=eval_mask), None
 
-  groups = job.run_methods(cfg, build_run)
+  groups = job.run_groups(cfg, [""], load, build_run)[0][""]
   if not job.writer():  # Process 0 of a multi-host run writes the files.
     return
   report.write_summary(cfg, fs.summary_table([(f"{group} seed {s}", r)
@@ -89,11 +91,7 @@ def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
     print(f"figure: {path}")
 
 
-def main(argv):
-  del argv
-  cfg = flag_binding.job_config(resolve)
-  distributed.join(cfg.distributed)
-  execute(cfg, flag_binding.flag_lines(cfg))
+main = flag_binding.launcher_main(resolve, execute)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,7 @@ import os
 import numpy as np
 from absl import app
 
-import fedjax_sel as fs
-from experiments import build, config, distributed, flag_binding, job, uacs_report
+from experiments import build, config, flag_binding, job, uacs_report
 from experiments.config import option
 from fedjax_sel import registry
 from fedjax_sel.data.boundary import SCENARIOS, boundary_dataset, check_config
@@ -131,31 +130,29 @@ def load(cfg: config.JobConfig, scenario, seed: int):
 def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
   chosen = check(cfg)
   job.start(cfg, flag_lines)
-  loaded = {(s, k): load(cfg, s, k) for s in chosen for k in cfg.seeds}
-  results, finals, sims = {}, {}, {}
-  for scenario in chosen:
-    group = uacs_report.group_name(scenario)
-    capacity = fs.Capacity.of([loaded[(scenario, s)][0] for s in cfg.seeds])
+  scenario_of = {uacs_report.group_name(s): s for s in chosen}
+  finals, sims = {}, {}
 
-    def build_run(method, run, seed, tag, scenario=scenario, group=group, capacity=capacity):
-      data, is_boundary = loaded[(scenario, seed)]
-      model = build.model_for(run, data)
-      sim = build.simulator(run, data, seed, model=model, capacity=capacity)
-      key = (group, job.result_name(method, tag), seed)
-      sims[key] = (sim, os.path.join(cfg.output.out_dir,
-                                     *job.run_path(group, method, tag, seed)))
+  def build_run(spec):
+    data, is_boundary = spec.data
+    model = build.model_for(spec.run, data)
+    sim = build.simulator(spec.run, data, spec.seed, model=model, capacity=spec.capacity)
+    key = (spec.group, spec.name, spec.seed)
+    sims[key] = (sim, os.path.join(cfg.output.out_dir, *spec.path))
+    last = spec.run.engine.rounds - 1
 
-      def extra(state, record):
-        if record["round"] == run.engine.rounds - 1:
-          finals[key] = (model, state.params)
-        picked = np.asarray(record["selected"], int)
-        return {"boundary_selected": int(is_boundary[picked].sum())}
+    def extra(state, record):
+      if record["round"] == last:
+        finals[key] = (model, state.params)
+      picked = np.asarray(record["selected"], int)
+      return {"boundary_selected": int(is_boundary[picked].sum())}
 
-      print(f"== {group} {method.label} seed {seed}: {data.name}, N={data.num_clients}, "
-            f"boundary clients {np.flatnonzero(is_boundary).tolist()}")
-      return sim, extra
+    print(f"== {spec.group} {spec.method.label} seed {spec.seed}: {data.name}, "
+          f"N={data.num_clients}, boundary clients {np.flatnonzero(is_boundary).tolist()}")
+    return sim, extra
 
-    results[group] = job.run_methods(cfg, build_run, group)
+  results, loaded = job.run_groups(cfg, list(scenario_of),
+                                   lambda seed, g: load(cfg, scenario_of[g], seed), build_run)
   for key, (sim, folder) in sims.items():  # Runs that finished earlier: their final model.
     if key not in finals:
       state, _ = checkpoint.load(os.path.join(folder, CHECKPOINT_FILE), sim.init())
@@ -164,11 +161,7 @@ def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
     uacs_report.write_outputs(cfg, results, loaded, finals, chosen)
 
 
-def main(argv):
-  del argv
-  cfg = flag_binding.job_config(resolve)
-  distributed.join(cfg.distributed)
-  execute(cfg, flag_binding.flag_lines(cfg))
+main = flag_binding.launcher_main(resolve, execute)
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ def plot(cfg: config.JobConfig, results, loaded, finals, scenarios, path: str) -
                            squeeze=False)
   for row, scenario in zip(axes, scenarios):
     group = group_name(scenario)
-    data, is_b = loaded[(scenario, seed)]
+    data, is_b = loaded[(seed, group)]
     ax = row[0]
     if scenario != "library":
       box = boundary_config(cfg, scenario)
