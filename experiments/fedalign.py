@@ -53,7 +53,8 @@ class FedALIGNOptions:
   """The FedALIGN launcher's own settings."""
 
   preset: str | None = option(None, "The paper's setups; each value is overridable by its flag. "
-                              + config.preset_help(PRESETS), choices=tuple(sorted(PRESETS)), result=False)
+                              + config.preset_help(PRESETS), choices=tuple(sorted(PRESETS)),
+                              result=False)
   methods: tuple[str, ...] = option(("fedalign", "none", "all"), "Runs to compare: fedalign, "
                                     "none (FedAvg on the priority clients only), all (FedAvg on "
                                     "every client).", result=False)

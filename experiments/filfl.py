@@ -71,7 +71,8 @@ class FilFLOptions:
   public_size: int | None = option(None, "Keep at most this many public examples (a seeded "
                                    "sample; m).", lower=1)
   preset: str | None = option(None, "The paper's setups; each sets (unless the flag is given): "
-                              + config.preset_help(PRESETS), choices=tuple(sorted(PRESETS)), result=False)
+                              + config.preset_help(PRESETS), choices=tuple(sorted(PRESETS)),
+                              result=False)
   fedprox: bool = option(False, "FedProx local objective with the preset's mu (" + ", ".join(
       f"{k}: {v}" for k, v in FEDPROX_MU.items()) + "); without a preset, set --prox_mu.",
                          result=False)
