@@ -28,10 +28,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_sel.client.evaluation import ClientMetrics
 from fedjax_sel.data import integrity
 from fedjax_sel.data.federated import ClientPool, FederatedDataset, device_pool
 from fedjax_sel.data.store import capacity, client_chunks, compact
 from fedjax_sel.engine import programs
+from fedjax_sel.engine import round as round_lib
 from fedjax_sel.engine.round import DataArrays, EngineState
 
 SPLITS = ("train", "val", "test")
@@ -220,28 +222,25 @@ class HostPlacement:
     raise ValueError("steps() runs rounds without the host; with store='host' call step()")
 
   def evaluate(self, params) -> dict:
-    """`evaluate` over the population in chunks of clients."""
+    """`evaluate` over the population in chunks of clients: each client's metrics from its
+    chunk, pooled as on the device (`round.pooled_metrics`)."""
     sim = self.sim
     n = sim.num_clients
-    out = {}
     metrics_fn = sim.program(programs.pool_metrics)
+    per_split = {}
     for split in ("test", "train"):
       pool = getattr(sim.data, split)
-      sums = np.zeros((3, n))
+      fields = [np.zeros(n, np.float32) for _ in ClientMetrics._fields]
       for ids in client_chunks(n, self._stream_clients):
         rows = compact(pool, ids, self._stream_capacity[split])
         integrity.check_rows(rows, f"data.{split} (rows read from the host store)",
                              sim.data.num_classes)
         m = metrics_fn(sim.keyed, params, device_pool(rows))
-        sums += np.stack([np.asarray(m.loss) * np.asarray(m.count),
-                          np.asarray(m.accuracy) * np.asarray(m.count), np.asarray(m.count)])
-      masks = {"": np.ones(n, bool)}
-      if sim.config.clean_metrics:
-        masks["clean_"] = np.asarray(sim.eval_mask)
-      for prefix, mask in masks.items():
-        count = max(sums[2][mask].sum(), 1.0)
-        out[f"{prefix}{split}_loss"] = jnp.float32(sums[0][mask].sum() / count)
-        out[f"{prefix}{split}_accuracy"] = jnp.float32(sums[1][mask].sum() / count)
+        for field, values in zip(fields, m):
+          field[ids] = np.asarray(values)[ids]
+      per_split[split] = ClientMetrics(*(jnp.asarray(f) for f in fields))
+    mask = jnp.asarray(sim.eval_mask) if sim.config.clean_metrics else None
+    out = round_lib.pooled_metrics(sim.config, per_split, mask)
     if sim.data.public_y.shape[0]:
       out.update(sim.program(programs.public)(sim.keyed, params, self.arrays.public_x,
                                               self.arrays.public_y))

@@ -666,15 +666,24 @@ def plan_rows(config: RoundConfig, state: EngineState, arrays: DataArrays, run: 
 def evaluate(config: RoundConfig, params, arrays: DataArrays) -> dict:
   """Global model metrics: pooled test and train loss / accuracy (and over `eval_mask`), and on
   the public set when there is one."""
-  out = {}
-  for split, pool in (("test", arrays.test), ("train", arrays.train)):
-    m = client_metrics(config.model, params, pool, config.eval_batch_size)
-    out[f"{split}_loss"], out[f"{split}_accuracy"] = m.pooled()
-    if config.clean_metrics:
-      clean = m._replace(count=jnp.where(arrays.eval_mask, m.count, 0.0))
-      out[f"clean_{split}_loss"], out[f"clean_{split}_accuracy"] = clean.pooled()
+  per_split = {split: client_metrics(config.model, params, pool, config.eval_batch_size)
+               for split, pool in (("test", arrays.test), ("train", arrays.train))}
+  out = pooled_metrics(config, per_split, arrays.eval_mask)
   if arrays.public_y.shape[0]:
     out.update(public_metrics(config.model, params, arrays.public_x, arrays.public_y))
+  return out
+
+
+def pooled_metrics(config: RoundConfig, per_split: dict, eval_mask) -> dict:
+  """`{split}_loss` / `{split}_accuracy` pooled over every client's examples of each split's
+  `ClientMetrics` (and `clean_...` over the `eval_mask` clients): the one pooling of the device and
+  the host placements."""
+  out = {}
+  for split, m in per_split.items():
+    out[f"{split}_loss"], out[f"{split}_accuracy"] = m.pooled()
+    if config.clean_metrics:
+      clean = m._replace(count=jnp.where(eval_mask, m.count, 0.0))
+      out[f"clean_{split}_loss"], out[f"clean_{split}_accuracy"] = clean.pooled()
   return out
 
 
