@@ -927,3 +927,13 @@ def test_there_are_at_least_forty_new_reliability_cases():
   new = (len(STORE_CASES) + len(API_II_CASES) + len(CONTRACT_CASES) + len(RESUME_CASES)
          + len(LEAF_CASES) + 3 + 2 + 1 + 1 + 1 + 4)  # Launcher cases added, tests below.
   assert new >= 40
+
+
+def test_a_selector_built_for_another_k_is_refused():
+  """K is held once: the simulator's clients_per_round; a selector built for another K stops the
+  build, naming both."""
+  data = ragged_dataset([20, 12, 9, 15])
+  model = fs.build_model("logreg", data.feature_shape, data.num_classes)
+  with pytest.raises(ValueError, match="built for K = 3 clients but clients_per_round = 2"):
+    fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
+                 fs.uniform_availability(4, 4), fs.random_selector(3), fs.fedavg(), 2, 0)

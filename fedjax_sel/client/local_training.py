@@ -115,8 +115,9 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
     client_sharding: optional `NamedSharding` of a leading clients axis, for several devices.
     combine: optional `[K]` weights; then the chunks are folded into `sum_k combine_k w^k` as they
       finish (a linear aggregate, e.g. FedAvg) and the K local models are never held at once.
-    prox_mu: optional traced FedProx coefficient used instead of `hp.prox_mu` (which then only
-      says whether the term is on), so runs with different mu share one compiled program.
+    prox_mu: optional traced FedProx coefficient used instead of `hp.prox_mu`; given, the
+      proximal term is on whatever its value (so runs with different mu, 0 included, share one
+      compiled program).
 
   Returns:
     A `LocalResult` over the K slots, in the order given; with `combine`, its `params` is the
@@ -131,11 +132,12 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
   total_rows = pool.x.shape[0]
   global_weights = trainable(model, global_params)
   mu = hp.prox_mu if prox_mu is None else prox_mu
+  proximal = prox_mu is not None or bool(hp.prox_mu)
 
   def loss_fn(weights, params, xb, yb, mask):
     losses, new_params = train_losses(model, with_trainable(model, params, weights), xb, yb, mask)
     mean = jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-    if hp.prox_mu:  # FedAvg skips the term: its value and gradient are passes over every weight.
+    if proximal:  # FedAvg skips the term: its value and gradient are passes over every weight.
       mean += 0.5 * mu * sum(jnp.sum((p - g) ** 2) for p, g in
                                      zip(jax.tree.leaves(weights), jax.tree.leaves(global_weights)))
     return mean, (jnp.sum(losses * mask), jnp.sum(losses * losses * mask), new_params)

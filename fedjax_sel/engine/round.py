@@ -121,7 +121,7 @@ class RunValues(NamedTuple):
   Attributes:
     seed: int32; every key derives from (seed, round, purpose, client id).
     lr: float32 base client learning rate (the config's `lr_factor(t)` multiplies it).
-    prox_mu: float32 FedProx coefficient (used when the config's `local.prox_mu` is non-zero).
+    prox_mu: float32 FedProx coefficient (used when the config's `proximal` is on).
   """
 
   seed: jax.Array
@@ -134,7 +134,7 @@ class RoundConfig(NamedTuple):
 
   Attributes:
     model, optimizer, local: the model bundle, client optimizer factory and local settings
-      (`local.chunk_size` resolved; `local.prox_mu` only says whether FedProx is on).
+      (`local.chunk_size` resolved; `local.prox_mu` is 0: mu is a run value, `RunValues.prox_mu`).
     availability, selector, aggregator, filter, participation: the parts (filter may be None).
     k: K training slots.
     needs: the stats the parts read, sorted.
@@ -148,6 +148,8 @@ class RoundConfig(NamedTuple):
     runs_axis: the vmapped runs axis name when runs are batched, else None.
     server_optimizer: a `server_optimizers.ServerOptimizer` stepping the global model with the
       pseudo-gradient `w_t - aggregate`, or None (the aggregate is the new global model).
+    proximal: whether local training adds FedProx's proximal term (static; its mu is the run
+      value `RunValues.prox_mu`, so runs with different mu share one program).
     clock: a `system.Clock` timing the clients and the round (with its deadline dropping
       stragglers), or None (no simulated time).
   """
@@ -172,6 +174,7 @@ class RoundConfig(NamedTuple):
   runs_axis: str | None = None
   server_optimizer: Any = None
   clock: Any = None
+  proximal: bool = False
 
 
 def program_key(config: RoundConfig) -> Any:
@@ -284,7 +287,7 @@ def train_slots(config: RoundConfig, params, arrays: DataArrays, run: RunValues,
                                                arrays.train.counts[slots])
   res = local_train(config.model, config.optimizer, config.local, params, arrays.train, slots,
                     valid, keys, lr, config.max_count, config.client_sharding, combine,
-                    prox_mu=run.prox_mu)
+                    prox_mu=run.prox_mu if config.proximal else None)
   return slots, valid, res
 
 

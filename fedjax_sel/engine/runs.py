@@ -143,9 +143,8 @@ class RunBatch:
       if sim.on_host:
         raise ValueError(f"run {i} keeps its data on the host (store='host'): host-store runs "
                          "advance one by one; use store='device' to batch them")
-    prox = any(sim.config.local.prox_mu for sim in sims)
-    configs = [s.config._replace(local=s.config.local._replace(prox_mu=float(prox)))
-               for s in sims]
+    prox = any(sim.config.proximal for sim in sims)
+    configs = [s.config._replace(proximal=prox) for s in sims]
     first = round_lib.program_key(configs[0])
     for i, config in enumerate(configs[1:], 1):
       if round_lib.program_key(config) != first:

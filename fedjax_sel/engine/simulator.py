@@ -129,6 +129,17 @@ def _check_arguments(data, optimizer, local, availability, seed, eval_mask, lr_s
                        f"{first} at round 0 (a negative rate runs gradient ascent)")
 
 
+def _check_k(selector, clients_per_round: int) -> None:
+  """K is the simulator's: a selector built for another K (its spec's `k`, or UACS-FL's `m`) is
+  refused, naming both."""
+  spec = getattr(selector, "spec", None) or {}
+  built = next((spec[key] for key in ("k", "m") if key in spec), None)
+  if built is not None and int(built) != clients_per_round:
+    raise ValueError(f"the selector {spec.get('name', '')!r} was built for K = {built} clients "
+                     f"but clients_per_round = {clients_per_round}: build it with the "
+                     "simulator's K")
+
+
 def _check_model(model: Model, data: FederatedDataset, init_params) -> None:
   """The model takes the data's inputs and predicts its classes; `init_params` fit the model."""
   if model.num_classes != data.num_classes:
@@ -260,6 +271,7 @@ class Simulator:
     if not 1 <= clients_per_round <= availability.num_available:
       raise ValueError(f"clients_per_round (K) must be in 1..{availability.num_available} "
                        f"(clients available per round), got {clients_per_round}")
+    _check_k(selector, clients_per_round)
     if capacity is not None and not capacity.holds(data):
       raise ValueError(f"capacity {capacity} is smaller than the dataset (train / val / test rows "
                        f"{[getattr(data, s).x.shape[0] for s in ('train', 'val', 'test')]}, "
@@ -321,13 +333,14 @@ class Simulator:
     self.capacity = capacity or Capacity.of([data])
     self.config = RoundConfig(
         model=model, optimizer=optimizer,
-        local=local._replace(prox_mu=1.0 if local.prox_mu else 0.0, memory_budget_bytes=None),
+        local=local._replace(prox_mu=0.0, memory_budget_bytes=None),
         availability=availability, selector=selector, aggregator=aggregator, filter=filter,
         participation=participation, k=clients_per_round, needs=tuple(sorted(needs)),
         stream=self.stream, exclude_nonfinite=exclude,
         max_count=data.train.max_count if self.on_host else self.capacity.max_count,
         eval_batch_size=eval_batch_size, lr_factor=factor, clean_metrics=eval_mask is not None,
-        client_sharding=self.client_sharding, server_optimizer=server_optimizer, clock=clock)
+        client_sharding=self.client_sharding, server_optimizer=server_optimizer, clock=clock,
+        proximal=bool(local.prox_mu))
     self.keyed = Keyed(program_key(self.config), self.config)
     self.run_values = RunValues(jnp.int32(seed), jnp.float32(base), jnp.float32(local.prox_mu))
     self.placement = HostPlacement(self, host_rows) if self.on_host else DevicePlacement(
