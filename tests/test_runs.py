@@ -95,6 +95,18 @@ def test_batched_runs_equal_the_same_runs_one_by_one(method):
           assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), (*where, key)
 
 
+def test_a_batch_uploads_each_runs_data_once():
+  """Building a run uploads nothing; a RunBatch places its runs' data on the device once,
+  stacked, and the runs' own copies are never made."""
+  sims = _sims("fedavg", _datasets(), METHODS["fedavg"])
+  batch = fs.RunBatch(sims)
+  assert all("arrays" not in sim.placement.__dict__ for sim in sims)
+  for i, sim in enumerate(sims):
+    got = np.asarray(batch.arrays.train.x[i])
+    assert got.shape == sim.placement.host.train.x.shape
+    np.testing.assert_array_equal(got, np.asarray(sim.placement.host.train.x, np.float32))
+
+
 def test_a_second_seed_compiles_no_new_round():
   a, b = _datasets()[:2]
   cap = fs.Capacity.of([a, b])

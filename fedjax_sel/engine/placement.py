@@ -19,6 +19,7 @@ Examples:
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -117,12 +118,18 @@ def to_device(arrays: DataArrays, sharding=None) -> DataArrays:
 
 
 class DevicePlacement:
-  """All of a run's data on the device, padded to `capacity`."""
+  """All of a run's data on the device, padded to `capacity`: `host` holds them padded in host
+  memory, and they are uploaded the first time `arrays` is read (a run advanced in a `RunBatch`
+  is uploaded once, with the batch's, never on its own)."""
 
   def __init__(self, sim, capacity_: Capacity):
     self.sim = sim
     pools = [padded_pool(getattr(sim.data, s), getattr(capacity_, s)) for s in SPLITS]
-    self.arrays = to_device(host_arrays(sim.data, sim.eval_mask, pools), sim.replicated)
+    self.host = host_arrays(sim.data, sim.eval_mask, pools)
+
+  @functools.cached_property
+  def arrays(self) -> DataArrays:
+    return to_device(self.host, self.sim.replicated)
 
   def step(self, state: EngineState):
     sim = self.sim

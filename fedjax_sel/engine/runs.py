@@ -152,8 +152,8 @@ class RunBatch:
                          f"{', '.join(_differences(configs[0], config)) or 'their data shapes'} "
                          "(runs may differ only in seed, learning rate, FedProx mu, data values "
                          "and part-state values; pad their data to one Capacity)")
-    shapes = {jax.tree.map(np.shape, s.arrays) == jax.tree.map(np.shape, sims[0].arrays)
-              for s in sims}
+    hosts = [s.placement.host for s in sims]  # The runs' data, not yet on the device.
+    shapes = {jax.tree.map(np.shape, h) == jax.tree.map(np.shape, hosts[0]) for h in hosts}
     if shapes != {True}:
       raise ValueError("the runs' data have different shapes: build them with one "
                        "capacity=Capacity.of(datasets) (and public sets of one size)")
@@ -172,7 +172,7 @@ class RunBatch:
       config = config._replace(client_sharding=None)
     self.config = BatchConfig(config, chunk)
     self.keyed = Keyed((round_lib.program_key(config), chunk), self.config)
-    self.arrays = stack_runs([s.arrays for s in sims], self.placement)
+    self.arrays = stack_runs(hosts, self.placement)  # Each run's data uploaded once, here.
     self.run_values = stack_runs([s.run_values for s in sims], self.placement)
 
   def run_slice(self, tree: Any, i: int) -> Any:

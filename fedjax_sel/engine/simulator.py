@@ -346,7 +346,12 @@ class Simulator:
     self.placement = HostPlacement(self, host_rows) if self.on_host else DevicePlacement(
         self, self.capacity)
     self.host_rows = self.placement.host_rows if self.on_host else None
-    self.arrays = self.placement.arrays
+
+  @property
+  def arrays(self) -> DataArrays:
+    """The run's data as the compiled programs read them (on the device, uploaded on first use;
+    the host placement's are the shapes of a round's rows)."""
+    return self.placement.arrays
 
   @property
   def needs(self) -> tuple[str, ...]:
