@@ -47,12 +47,13 @@ from fedjax_sel.parts.selectors.oort import OortConfig, oort_selector
 from fedjax_sel.parts.selectors.uacs import entropy_selector, grad_norm_selector
 from fedjax_sel.parts.server_optimizers import (ServerOptimizer, fedadagrad, fedadam, fedavgm,
                                                 fedyogi, server_sgd)
-from fedjax_sel.parts.types import (AggregateInputs, Aggregator, ClientState, Filter, Participation,
-                                    RoundInputs, RoundOutcome, Selector, everyone)
+from fedjax_sel.parts.types import (AggregateInputs, Aggregator, ClientState, Filter, PartCosts,
+                                    Participation, RoundInputs, RoundOutcome, Selector, everyone)
 
 __all__ = [
     # Parts: types, availability, selectors, filters, rules, aggregators, server optimizers.
-    "AggregateInputs", "Aggregator", "ClientState", "Filter", "Participation", "RoundInputs",
+    "AggregateInputs", "Aggregator", "ClientState", "Filter", "PartCosts", "Participation",
+    "RoundInputs",
     "RoundOutcome", "Selector", "everyone",
     "Availability", "uniform_availability", "probability_availability", "diurnal_availability",
     "trace_availability", "load_trace_availability",

@@ -91,15 +91,15 @@ def test_divfl_uses_stale_table():
                          jnp.zeros(2), None, None)
   # The filling round's rows already are the gradients at w_t: observing recomputes none.
   state = sel.observe(state, inputs_for(4, grad=grad), outcome)
-  assert int(sel.report(state)["gradients_computed"]) == 4
+  assert int(sel.costs(state).gradients_computed) == 4
   # Next round the gradients have moved, but only client 0 trained: the others keep stale rows,
   # and only the K = 2 slots' gradients are computed.
   moved = np.array([[100.0, 0], [-50, 0], [-50, 0], [-50, 0]])
   chosen, state = sel.select(state, None, inputs_for(4, grad=moved, round_idx=1), jnp.ones(4, bool))
   assert np.flatnonzero(chosen).tolist() == [1, 2]  # Selected on the stale table.
   state = sel.observe(state, inputs_for(4, grad=moved, round_idx=1), outcome)
-  np.testing.assert_allclose(np.asarray(state["table"]), [[100, 0], [1, 0], [10, 0], [11, 0]])
-  assert int(sel.report(state)["gradients_computed"]) == 2
+  np.testing.assert_allclose(np.asarray(state.table), [[100, 0], [1, 0], [10, 0], [11, 0]])
+  assert int(sel.costs(state).gradients_computed) == 2
 
 
 SELECTORS = {
@@ -170,7 +170,7 @@ def test_divfl_same_selections_with_fewer_gradients(small_data):
   for a, b in zip(eager_recs, lazy_recs):
     assert np.asarray(a["selected"]).tolist() == np.asarray(b["selected"]).tolist()
   np.testing.assert_allclose(np.asarray(eager.selector_state["table"]),
-                             np.asarray(lazy.selector_state["table"]), rtol=1e-6, atol=1e-7)
+                             np.asarray(lazy.selector_state.table), rtol=1e-6, atol=1e-7)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), eager.params,
                lazy.params)
   assert [int(r["gradients_computed"]) for r in eager_recs] == [n] * rounds

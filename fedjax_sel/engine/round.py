@@ -526,13 +526,17 @@ def update_clients(clients: ClientState, t, chosen, did, slots, trained,
       consecutive_skips=jnp.where(did, 0, clients.consecutive_skips + skipped.astype(jnp.int32)))
 
 
+def _or(value, default):
+  return default if value is None else value
+
+
 def stat_costs(config: RoundConfig, arrays: DataArrays, avail, chosen,
                sel_evaluated) -> tuple[jax.Array, ...]:
   """Samples clients evaluated (forward) and differentiated (forward and backward) to compute
   this round's stats, the `[N]` clients that evaluated for the selector or filter, and the `[N]`
   evaluated and differentiated samples of each client: a stat
-  the filter reads costs every available client; one the selector reads, the clients its report
-  names as `evaluated` (power-of-choice's d candidates; default every available client); one
+  the filter reads costs every available client; one the selector reads, the clients its costs
+  name as `evaluated` (power-of-choice's d candidates; default every available client); one
   only the participation rule reads, the selected clients (they alone decide)."""
   evals = grads = jnp.zeros((), jnp.float32)
   evaluators = jnp.zeros_like(avail)
@@ -581,7 +585,7 @@ def round_step(config: RoundConfig, state: EngineState, arrays: DataArrays, run:
   # Power-of-choice's `evaluated` candidates are fixed when it selects (before `observe`).
   evals, grads, evaluators, client_evals, client_grads = stat_costs(
       config, arrays, avail, picked.chosen,
-      config.selector.report(picked.selector_state).get("evaluated", avail))
+      _or(config.selector.costs(picked.selector_state).evaluated, avail))
   on_time, round_time, stragglers, times = round_clock(config, picked, evaluators,
                                                        client_evals, client_grads)
   new_params, agg_state, trained, finite, aggregated, local_models, res = aggregate(
@@ -596,16 +600,18 @@ def round_step(config: RoundConfig, state: EngineState, arrays: DataArrays, run:
   did = jnp.zeros((n,), bool).at[slots].max(trained)
   clients = update_clients(state.clients, t, chosen, did, slots, trained, res.train_loss)
 
-  sel_report = config.selector.report(sel_state)
-  grads += jnp.asarray(sel_report.get("gradient_samples", 0.0), jnp.float32)
+  sel_costs = config.selector.costs(sel_state)
+  grads += jnp.asarray(sel_costs.gradient_samples, jnp.float32)
   gradients_computed = (n * len({"grad", "grad_norm"} & set(config.needs))
-                        + jnp.asarray(sel_report.get("gradients_computed", 0), jnp.int32))
+                        + jnp.asarray(sel_costs.gradients_computed, jnp.int32))
   # The clients that evaluated the model for the selector's or filter's stats downloaded it.
   downloads = jnp.maximum(picked.downloads, jnp.sum(evaluators).astype(jnp.float32))
   round_costs = Costs(
       client_eval_samples=evals, client_grad_samples=grads, train_samples=picked.train_samples,
       uploads=picked.uploads, downloads=downloads,
-      server_public_samples=jnp.asarray(picked.info.get("public_samples", 0.0), jnp.float32),
+      server_public_samples=jnp.asarray(
+          0.0 if config.filter is None else config.filter.costs(picked.info).server_public_samples,
+          jnp.float32),
       sim_time_s=round_time)
   costs = jax.tree.map(jnp.add, state.costs, round_costs)
 
@@ -635,7 +641,7 @@ def round_step(config: RoundConfig, state: EngineState, arrays: DataArrays, run:
       "trained_clients": did,
       "aggregated_clients": agg,
       "rule": config.participation.report(part_state),
-      "selector": sel_report,
+      "selector": config.selector.report(sel_state),
       "gradients_computed": gradients_computed,
       "contract": picked.broken,
   }

@@ -128,6 +128,31 @@ def _keep_state(state, *_):
   return state
 
 
+class PartCosts(NamedTuple):
+  """What a part charges the round beyond the engine's own accounting, as the engine reads it
+  (display-only numbers go in a part's `report` or `info` instead).
+
+  Attributes:
+    evaluated: `[N]` bool clients that computed the part's stats (power-of-choice's d candidates),
+      charged instead of every available client; None: every available client.
+    gradients_computed: int32 client gradients the part asked `inputs.gradients` for this round
+      (simulation work, added to the round's `gradients_computed`).
+    gradient_samples: float32 training samples of those clients (their cost, added to
+      `client_grad_samples`).
+    server_public_samples: float32 samples of the server's public set the part evaluated
+      (FilFL's greedy passes and OPT).
+  """
+
+  evaluated: Any = None
+  gradients_computed: Any = 0
+  gradient_samples: Any = 0.0
+  server_public_samples: Any = 0.0
+
+
+def _no_costs(*_) -> PartCosts:
+  return PartCosts()
+
+
 class Selector(NamedTuple):
   """Picks at most K clients from a mask.
 
@@ -135,11 +160,9 @@ class Selector(NamedTuple):
   `select(state, key, inputs, mask) -> (chosen [N] bool, state)`.
   `reads_local_models`: whether `observe` reads `outcome.params` (the stacked local models).
   `report(state) -> dict` of scalars written into the round's metrics under `"selector"`, read
-  after `observe`; its `gradients_computed` entry (clients whose gradient the selector asked
-  `inputs.gradients` for) is added to the round's `gradients_computed` metric, and its
-  `gradient_samples` entry (their training samples) to the `client_grad_samples` cost; its
-  `evaluated` entry (`[N]` bool) names the clients that computed the selector's stats (e.g.
-  power-of-choice's d candidates), charged instead of every available client.
+  after `observe` (display only).
+  `costs(state) -> PartCosts`: what the selector charges; its `evaluated` is read right after
+  `select`, its gradient counts after `observe`.
   """
 
   init: Callable[[int, Any], Any]
@@ -149,6 +172,7 @@ class Selector(NamedTuple):
   reads_local_models: bool = False
   report: Callable[[Any], dict] = lambda state: {}
   spec: dict | None = None
+  costs: Callable[[Any], PartCosts] = _no_costs
 
 
 class Filter(NamedTuple):
@@ -160,6 +184,7 @@ class Filter(NamedTuple):
   Filtering runs on rounds with `t % period == 0` or a change of availability; other rounds reuse
   the last filtered-in set (intersected with the available set). `uses_public`: `apply` reads
   the server's public set (`inputs.public_x`, `inputs.public_y`), which must then be non-empty.
+  `costs(info) -> PartCosts`: what a filtering round charged (from its `info`).
   """
 
   init: Callable[[int], Any]
@@ -169,6 +194,7 @@ class Filter(NamedTuple):
   needs: tuple[str, ...] = ()
   uses_public: bool = False
   spec: dict | None = None
+  costs: Callable[[dict], PartCosts] = _no_costs
 
 
 class Participation(NamedTuple):

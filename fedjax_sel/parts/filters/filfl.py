@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel import registry
-from fedjax_sel.parts.types import Filter
+from fedjax_sel.parts.types import Filter, PartCosts
 
 Params = Any
 # params -> mean loss on the public set (a scalar).
@@ -305,7 +305,9 @@ def filfl_filter(public_loss: Callable[[Params, jax.Array, jax.Array], jax.Array
     return filtered, state, info
 
   return Filter(init=lambda n: (), apply=apply, period=config.period, trains_available=True,
-                uses_public=True, spec={"name": "filfl", **config._asdict(),
+                uses_public=True,
+                costs=lambda info: PartCosts(server_public_samples=info["public_samples"]),
+                spec={"name": "filfl", **config._asdict(),
                                         "public_loss": getattr(public_loss, "__qualname__", "?")})
 
 

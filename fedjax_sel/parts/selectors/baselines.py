@@ -15,13 +15,15 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
+
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel import registry
-from fedjax_sel.parts.types import Selector
+from fedjax_sel.parts.types import PartCosts, Selector
 
 
 def top_k_mask(scores: jax.Array, mask: jax.Array, k: int) -> jax.Array:
@@ -58,6 +60,12 @@ def weighted_sample_without_replacement(key: jax.Array, weights: jax.Array, mask
   return top_k_mask(scores, mask & (weights > 0), d)
 
 
+class PowerOfChoiceState(NamedTuple):
+  """`[N]` bool: the round's d candidates (they alone evaluated the model)."""
+
+  candidates: jax.Array
+
+
 def power_of_choice(k: int, d: int | None = None, variant: str = "pow") -> Selector:
   """Power-of-choice (docs/papers/filfl.md, 'Selectors after the filter'): d candidates drawn with
   probability p_k = m_k / sum m, then the K with the highest loss at w_t (ties to the lower index).
@@ -80,12 +88,13 @@ def power_of_choice(k: int, d: int | None = None, variant: str = "pow") -> Selec
     candidates = weighted_sample_without_replacement(
         key, inputs.num_examples.astype(jnp.float32), mask, d)
     loss = inputs.clients.last_loss if stat is None else inputs.stats[stat]
-    return top_k_mask(loss, candidates, k), {"candidates": candidates}
+    return top_k_mask(loss, candidates, k), PowerOfChoiceState(candidates)
 
   # Only the d candidates evaluate the model (the engine charges the loss to them alone).
-  return Selector(init=lambda n, params: {"candidates": jnp.zeros((n,), bool)}, select=select,
-                  needs=(stat,) if stat else (),
-                  report=lambda state: {"evaluated": state["candidates"]},
+  return Selector(init=lambda n, params: PowerOfChoiceState(jnp.zeros((n,), bool)),
+                  select=select, needs=(stat,) if stat else (),
+                  report=lambda state: {"evaluated": state.candidates},
+                  costs=lambda state: PartCosts(evaluated=state.candidates),
                   spec={"name": "power_of_choice", "k": k, "d": d, "variant": variant})
 
 
@@ -122,6 +131,20 @@ def facility_location_greedy(proxies: jax.Array, ground: jax.Array, k: int) -> j
 DIVFL_PROXIES = ("gradient", "update")
 
 
+class DivFLState(NamedTuple):
+  """DivFL's stale proxies and what refreshing them cost this round.
+
+  Attributes:
+    table: `[N, D]` each client's gradient proxy (flattened).
+    gradients_computed: int32 gradients asked of `inputs.gradients` this round.
+    gradient_samples: float32 training samples of the clients whose gradient was used.
+  """
+
+  table: jax.Array
+  gradients_computed: jax.Array
+  gradient_samples: jax.Array
+
+
 def divfl(k: int, proxy: str = "gradient") -> Selector:
   """DivFL (docs/papers/filfl.md, 'Selectors after the filter'): a stale table of gradient proxies
   for all N clients, greedy facility location over the mask.
@@ -145,9 +168,8 @@ def divfl(k: int, proxy: str = "gradient") -> Selector:
 
   def init(n, params):
     dim = sum(int(np.size(a)) for a in jax.tree.leaves(params))
-    return {"table": jnp.zeros((n, dim), jnp.float32),
-            "gradients_computed": jnp.zeros((), jnp.int32),
-            "gradient_samples": jnp.zeros((), jnp.float32)}
+    return DivFLState(jnp.zeros((n, dim), jnp.float32), jnp.zeros((), jnp.int32),
+                      jnp.zeros((), jnp.float32))
 
   def filling(inputs):
     # A function of the round alone (not of the state), so that under a runs axis the branch is
@@ -159,14 +181,13 @@ def divfl(k: int, proxy: str = "gradient") -> Selector:
     n = mask.shape[0]
     fill = filling(inputs)
     table = jax.lax.cond(fill, lambda: flat(inputs.gradients(jnp.arange(n, dtype=jnp.int32))),
-                         lambda: state["table"])
-    return facility_location_greedy(table, mask, k), {
-        "table": table,
-        "gradients_computed": jnp.where(fill, n, 0).astype(jnp.int32),
-        "gradient_samples": jnp.where(fill, jnp.sum(inputs.num_examples), 0).astype(jnp.float32)}
+                         lambda: state.table)
+    return facility_location_greedy(table, mask, k), DivFLState(
+        table, jnp.where(fill, n, 0).astype(jnp.int32),
+        jnp.where(fill, jnp.sum(inputs.num_examples), 0).astype(jnp.float32))
 
   def observe(state, inputs, outcome):
-    table = state["table"]
+    table = state.table
     slots = outcome.slots
     fresh = filling(inputs)
     if proxy == "gradient":  # Rows filled this round already hold the gradients at w_t.
@@ -178,14 +199,15 @@ def divfl(k: int, proxy: str = "gradient") -> Selector:
       rows = flat(jax.tree.map(lambda p, g: p - g[None], outcome.params, inputs.params))
       refreshed, samples = 0, 0.0
     new_rows = jnp.where(outcome.trained[:, None], rows, table[slots])
-    return {**state, "table": table.at[slots].set(new_rows),
-            "gradients_computed": state["gradients_computed"] + refreshed,
-            "gradient_samples": state["gradient_samples"] + samples}
+    return DivFLState(table.at[slots].set(new_rows), state.gradients_computed + refreshed,
+                      state.gradient_samples + samples)
 
   return Selector(init=init, select=select, observe=observe,
                   reads_local_models=proxy == "update",
-                  report=lambda state: {key: state[key] for key in ("gradients_computed",
-                                                                    "gradient_samples")},
+                  report=lambda state: {"gradients_computed": state.gradients_computed,
+                                        "gradient_samples": state.gradient_samples},
+                  costs=lambda state: PartCosts(gradients_computed=state.gradients_computed,
+                                                gradient_samples=state.gradient_samples),
                   spec={"name": "divfl", "k": k, "proxy": proxy})
 
 
