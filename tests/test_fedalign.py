@@ -58,7 +58,7 @@ def test_masks_equal_algorithm1_with_ties(metric, seed):
   apply = jax.jit(rule.apply)
   for t in (0, 1, 2, 7):
     _, _, st = apply(rule.init(n), None, inputs_for(values, metric, t, counts), jnp.asarray(chosen))
-    obj, eps = np.float32(st["objective"]), np.float32(st["eps"])
+    obj, eps = np.float32(st.objective), np.float32(st.eps)
     w = np.where(priority & chosen, counts, 0)
     np.testing.assert_allclose(obj, np.sum(w * values) / w.sum(), rtol=1e-5)
     # Ties: non-priority clients exactly at F + eps and F - eps.
@@ -70,14 +70,14 @@ def test_masks_equal_algorithm1_with_ties(metric, seed):
     for vals in (values, tied):
       train, agg, st2 = apply(rule.init(n), None, inputs_for(vals, metric, t, counts),
                               jnp.asarray(chosen))
-      assert np.float32(st2["objective"]) == obj
-      want_t, want_a = algorithm1(vals, obj, eps, priority, chosen, bool(st2["warmup"]), metric)
+      assert np.float32(st2.objective) == obj
+      want_t, want_a = algorithm1(vals, obj, eps, priority, chosen, bool(st2.warmup), metric)
       np.testing.assert_array_equal(np.asarray(train), want_t)
       np.testing.assert_array_equal(np.asarray(agg), want_a)
       others = ~priority & chosen
-      np.testing.assert_allclose(float(st2["closest_gap"]), np.abs(vals[others] - obj).min(),
+      np.testing.assert_allclose(float(st2.closest_gap), np.abs(vals[others] - obj).min(),
                                  atol=1e-6)
-  assert bool(st2["warmup"]) is False
+  assert bool(st2.warmup) is False
 
 
 def test_schedules_and_warmup_rounds():

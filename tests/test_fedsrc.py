@@ -107,8 +107,8 @@ def test_masks_equal_numpy_transcription(mode, seed):
   state = rule.observe(state, None, outcome(np.where(want_t, losses, 0.0), want_t))
   want_alpha = (np.clip(cfg.alpha0 + cfg.alpha_gain * (cfg.target - rate), 0, cfg.alpha_max)
                 if mode == "paper" else cfg.alpha0)
-  np.testing.assert_allclose(float(state["alpha"]), want_alpha, rtol=1e-5)
-  np.testing.assert_allclose(float(state["rate"]), rate, rtol=1e-6)
+  np.testing.assert_allclose(float(state.alpha), want_alpha, rtol=1e-5)
+  np.testing.assert_allclose(float(state.rate), rate, rtol=1e-6)
 
 
 def test_reinclusion_and_fewer_than_two_participants():
@@ -130,8 +130,8 @@ def test_reinclusion_and_fewer_than_two_participants():
                               jnp.ones(n, bool))
   assert np.asarray(train).sum() == 1 and not np.asarray(agg).any()
   after = rule.observe(st, None, outcome(np.where(np.asarray(train), 50.0, 0.0), np.asarray(train)))
-  assert float(after["median"]) == float(state["median"])
-  assert float(after["spread"]) == float(state["spread"])
+  assert float(after.median) == float(state.median)
+  assert float(after.spread) == float(state.spread)
   # q = 1: every abstainer takes part anyway.
   rule = fedsrc.fedsrc_rule(fedsrc.FedSRCConfig(reinclude_prob=1.0))
   train, _, _ = rule.apply(state, jax.random.PRNGKey(0), round_inputs("test_loss", high, hist),
@@ -267,8 +267,8 @@ def test_reported_decision_loss_sets_the_next_threshold():
   reported = np.asarray(train) & (np.arange(n) % 2 == 0)
   state = rule.observe(state, None, outcome(np.full(n, 0.01, np.float32), reported))
   med = np.median(checked[reported])
-  np.testing.assert_allclose(float(state["median"]), med, rtol=1e-6)
-  np.testing.assert_allclose(float(state["spread"]),
+  np.testing.assert_allclose(float(state.median), med, rtol=1e-6)
+  np.testing.assert_allclose(float(state.spread),
                              np.sqrt(np.mean((checked[reported] - med) ** 2)), rtol=1e-5)
   with pytest.raises(ValueError, match="reported_loss"):
     fedsrc.fedsrc_rule(fedsrc.FedSRCConfig(reported_loss="last"))

@@ -85,7 +85,7 @@ def fixed_state(cfg, seed, explored_share=0.6, history_len=None):
            "history": rng.uniform(0.0, 50.0, 2 * cfg.pacer_step).astype(np.float32),
            "last_exploit": rng.random(N) < 0.4, "reported": rng.random(N) < 0.7,
            "preferred": np.float32(np.inf)}
-  return {key: jnp.asarray(v) for key, v in state.items()}
+  return oort.OortState(**{key: jnp.asarray(v) for key, v in state.items()})
 
 
 @pytest.mark.parametrize("seed,cur,flat", [(0, 7, False), (1, 40, False), (2, 40, True),
@@ -94,26 +94,26 @@ def test_plan_equals_fedscales_rule_on_fixed_inputs(seed, cur, flat):
   cfg = oort.OortConfig()
   state = fixed_state(cfg, seed)
   if flat:  # A flat utility history: the pacer relaxes the threshold.
-    state["history"] = jnp.full_like(state["history"], 10.0)
-    state["last_exploit"] = jnp.zeros(N, bool)
+    state = state._replace(history=jnp.full_like(state.history, 10.0),
+                           last_exploit=jnp.zeros(N, bool))
   feasible = np.random.default_rng(seed + 100).random(N) < 0.8
   k = 6
   inputs = RoundInputs(jnp.int32(cur - 1), None, jnp.asarray(feasible), {}, ClientState.create(N),
                        jnp.asarray(SIZES), None)
   got = oort.plan(cfg, k, state, inputs, jnp.asarray(feasible))
-  s = {key: np.asarray(v) for key, v in state.items()}
-  arms = {c: {"reward": float(s["reward"][c]) if s["count"][c] > 0 else float(SIZES[c]),
-              "duration": float(s["duration"][c]), "time_stamp": int(s["time_stamp"][c]),
-              "count": int(s["count"][c])} for c in range(N)}
-  want = transcription(cfg, k, arms, list(s["history"]),
-                       float(s["exploration"]), float(s["exploration_min"]),
-                       float(s["round_threshold"]), set(np.flatnonzero(s["last_exploit"])),
-                       set(np.flatnonzero(s["reported"])), set(np.flatnonzero(feasible)),
+  s = type(state)(*(np.asarray(v) for v in state))
+  arms = {c: {"reward": float(s.reward[c]) if s.count[c] > 0 else float(SIZES[c]),
+              "duration": float(s.duration[c]), "time_stamp": int(s.time_stamp[c]),
+              "count": int(s.count[c])} for c in range(N)}
+  want = transcription(cfg, k, arms, list(s.history),
+                       float(s.exploration), float(s.exploration_min),
+                       float(s.round_threshold), set(np.flatnonzero(s.last_exploit)),
+                       set(np.flatnonzero(s.reported)), set(np.flatnonzero(feasible)),
                        SIZES, cur)
-  assert float(got.state["round_threshold"]) == want["threshold"]
+  assert float(got.state.round_threshold) == want["threshold"]
   if flat:
     assert want["threshold"] == 35.0
-  assert float(got.state["exploration"]) == pytest.approx(want["exploration"])
+  assert float(got.state.exploration) == pytest.approx(want["exploration"])
   assert float(got.preferred) == pytest.approx(want["preferred"])
   assert int(got.exploit_len) == want["exploit_len"]
   for c, sc in want["scores"].items():
@@ -131,7 +131,7 @@ def test_draws_follow_the_scores_and_fill_k():
   cfg = oort.OortConfig(exploration_factor=0.3 / 0.98 * 1.0, exploration_min=0.3)
   sel = oort.oort_selector(2, config=cfg)
   state = sel.init(N, None)
-  state = dict(state, count=jnp.ones(N, jnp.int32),
+  state = state._replace(count=jnp.ones(N, jnp.int32),
                reward=jnp.asarray(np.linspace(1.0, 16.0, N), jnp.float32))
   feasible = jnp.asarray(np.arange(N) < 8)
   inputs = RoundInputs(jnp.int32(4), None, feasible, {}, ClientState.create(N),
@@ -142,7 +142,7 @@ def test_draws_follow_the_scores_and_fill_k():
   chosen, new = draw(jax.random.split(jax.random.PRNGKey(0), 3000))
   assert (np.asarray(chosen).sum(axis=1) == 2).all()
   assert not np.asarray(chosen & ~feasible).any()
-  hits = np.asarray(new["last_exploit"]).sum(axis=0)
+  hits = np.asarray(new.last_exploit).sum(axis=0)
   share = np.asarray(jnp.where(p.candidates, p.scores, 0.0))
   np.testing.assert_allclose(hits / 3000, share / share.sum(), atol=0.03)
 
@@ -160,8 +160,8 @@ def test_oort_runs_in_the_engine_with_the_clock():
     state, metrics = sim.step(state)
     assert int(metrics["num_selected"]) == 5
   sel = state.selector_state
-  trained = np.asarray(sel["count"]) > 0
-  assert trained.sum() >= 5 and (np.asarray(sel["reward"])[trained] > 0).all()
+  trained = np.asarray(sel.count) > 0
+  assert trained.sum() >= 5 and (np.asarray(sel.reward)[trained] > 0).all()
   assert float(metrics["selector"]["exploration"]) < 0.9
 
 

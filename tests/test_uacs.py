@@ -77,7 +77,7 @@ def test_exploration_frequency_and_uniformity():
   keys = jax.random.split(jax.random.PRNGKey(0), draws)
   chosen, state = jax.jit(jax.vmap(lambda k: sel.select(
       sel.init(n, None), k, stats_inputs(entropy=scores), jnp.asarray(mask))))(keys)
-  chosen, explored = np.asarray(chosen), np.asarray(state["explored"])
+  chosen, explored = np.asarray(chosen), np.asarray(state.explored)
   se = np.sqrt(eps * (1 - eps) / draws)
   assert abs(explored.mean() - eps) < 3 * se
   greedy = np.zeros(n, bool)

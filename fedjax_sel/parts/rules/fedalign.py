@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -122,6 +123,29 @@ def alignment_masks(value, objective, eps, priority, chosen, warmup, metric: str
   return train, train & (priority | (others & may_join))
 
 
+class FedALIGNState(NamedTuple):
+  """FedALIGN's round values (reported under "rule", `eps0` and `priority` aside).
+
+  Attributes:
+    eps: eps_t (0 during the warm-up).
+    warmup: whether the round is in the warm-up (priority clients only).
+    objective: F(w_t), the priority clients' data-weighted metric.
+    others_trained, others_aggregated: non-priority clients trained / aggregated.
+    closest_gap: the smallest |F_k - F| of a selected non-priority client.
+    eps0: eps_0 (a state value: runs of one program may differ in it).
+    priority: `[N]` bool, the priority clients.
+  """
+
+  eps: jax.Array
+  warmup: jax.Array
+  objective: jax.Array
+  others_trained: jax.Array
+  others_aggregated: jax.Array
+  closest_gap: jax.Array
+  eps0: jax.Array
+  priority: jax.Array
+
+
 def fedalign_rule(priority, rounds: int, eps0: float = 0.2, schedule: str | Schedule = "linear",
                   warmup_fraction: float = 0.1, metric: str = "loss",
                   split: str = "train") -> Participation:
@@ -156,29 +180,29 @@ def fedalign_rule(priority, rounds: int, eps0: float = 0.2, schedule: str | Sche
   def init(num_clients):
     del num_clients
     z = jnp.zeros((), jnp.float32)
-    return {"eps": z, "warmup": jnp.asarray(True), "objective": z, "others_trained": z,
-            "others_aggregated": z, "closest_gap": z, "eps0": jnp.float32(eps0),
-            "priority": jnp.asarray(priority)}
+    return FedALIGNState(eps=z, warmup=jnp.asarray(True), objective=z, others_trained=z,
+                         others_aggregated=z, closest_gap=z, eps0=jnp.float32(eps0),
+                         priority=jnp.asarray(priority))
 
   def apply(state, key, inputs: RoundInputs, chosen):
     del key
-    prio = state["priority"]
+    prio = state.priority
     value = inputs.stats[stat]
     weights = jnp.where(prio & chosen, inputs.num_examples, 0).astype(jnp.float32)
     objective = jnp.sum(weights * value) / jnp.maximum(jnp.sum(weights), 1e-30)
     warmup = jnp.asarray(inputs.round) < w_rounds
-    eps = eps_fn(inputs.round, state["eps0"])
+    eps = eps_fn(inputs.round, state.eps0)
     train, aggregate = alignment_masks(value, objective, eps, prio, chosen, warmup, metric)
     count = lambda m: jnp.sum(m & ~prio).astype(jnp.float32)
     others = ~prio & chosen
     gap = jnp.min(jnp.where(others, jnp.abs(value - objective), jnp.inf))
-    return train, aggregate, dict(state, eps=jnp.where(warmup, 0.0, eps), warmup=warmup,
+    return train, aggregate, state._replace(eps=jnp.where(warmup, 0.0, eps), warmup=warmup,
                                   objective=objective, others_trained=count(train),
                                   others_aggregated=count(aggregate),
                                   closest_gap=jnp.where(jnp.any(others), gap, 0.0))
 
   def report(state):
-    return {k: v for k, v in state.items() if k not in ("eps0", "priority")}
+    return {k: v for k, v in state._asdict().items() if k not in ("eps0", "priority")}
 
   spec = {"name": "fedalign", "priority": np.flatnonzero(priority).tolist(), "rounds": rounds,
           "eps0": float(eps0), "warmup_fraction": float(warmup_fraction), "metric": metric,
@@ -187,13 +211,19 @@ def fedalign_rule(priority, rounds: int, eps0: float = 0.2, schedule: str | Sche
   return Participation(init=init, apply=apply, needs=(stat,), report=report, spec=spec)
 
 
+class PriorityState(NamedTuple):
+  """`[N]` bool: the priority clients."""
+
+  priority: jax.Array
+
+
 def priority_only(priority) -> Participation:
   """The "None" baseline: only the priority clients train and are aggregated (FedAvg on P)."""
   check_priority(priority)
   priority = np.asarray(priority, bool)
-  return Participation(init=lambda n: {"priority": jnp.asarray(priority)},
-                       apply=lambda state, key, inputs, chosen: (chosen & state["priority"],
-                                                                 chosen & state["priority"], state),
+  return Participation(init=lambda n: PriorityState(jnp.asarray(priority)),
+                       apply=lambda state, key, inputs, chosen: (chosen & state.priority,
+                                                                 chosen & state.priority, state),
                        spec={"name": "priority_only",
                              "priority": np.flatnonzero(priority).tolist()})
 

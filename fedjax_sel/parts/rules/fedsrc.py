@@ -166,6 +166,35 @@ def client_thresholds(cfg: FedSRCConfig, median, spread, alpha, rhi):
   return phi - rhi * spread
 
 
+class FedSRCState(NamedTuple):
+  """FedSRC's server threshold and round values.
+
+  Attributes:
+    ready: whether the server has losses to set a threshold from (after a round with >= 2).
+    median, spread: the reported losses' median and spread (MAD or sample std).
+    alpha: the spread multiplier, adapted to the participation target (paper mode).
+    phi: the round's server threshold (0 before `ready`).
+    selected, passed: sampled clients, and those under their threshold.
+    rate: share of the sampled clients that trained.
+    gated: whether the round's clients checked a threshold.
+    checked: `[N]` the loss each client checked.
+    beta, target: run values (runs of one program may differ in them).
+  """
+
+  ready: jax.Array
+  median: jax.Array
+  spread: jax.Array
+  alpha: jax.Array
+  phi: jax.Array
+  selected: jax.Array
+  passed: jax.Array
+  rate: jax.Array
+  gated: jax.Array
+  checked: jax.Array
+  beta: jax.Array
+  target: jax.Array
+
+
 def fedsrc_rule(cfg: FedSRCConfig = FedSRCConfig()) -> Participation:
   """The FedSRC participation rule.
 
@@ -182,28 +211,28 @@ def fedsrc_rule(cfg: FedSRCConfig = FedSRCConfig()) -> Participation:
 
   def init(num_clients):
     f = lambda v: jnp.asarray(v, jnp.float32)
-    return {"ready": jnp.asarray(False), "median": f(0.0), "spread": f(0.0),
-            "alpha": f(cfg.alpha0), "phi": f(0.0), "selected": f(0.0), "passed": f(0.0),
-            "rate": f(1.0), "gated": jnp.asarray(False),
-            "checked": jnp.zeros((num_clients,), jnp.float32), "beta": f(cfg.beta),
-            "target": f(cfg.target)}
+    return FedSRCState(ready=jnp.asarray(False), median=f(0.0), spread=f(0.0),
+                       alpha=f(cfg.alpha0), phi=f(0.0), selected=f(0.0), passed=f(0.0),
+                       rate=f(1.0), gated=jnp.asarray(False),
+                       checked=jnp.zeros((num_clients,), jnp.float32), beta=f(cfg.beta),
+                       target=f(cfg.target))
 
   def apply(state, key, inputs: RoundInputs, chosen):
-    run_cfg = rule_cfg._replace(beta=state["beta"])
+    run_cfg = rule_cfg._replace(beta=state.beta)
     value = inputs.stats[run_cfg.decision_stat]
     rhi = heterogeneity_index(inputs.label_hist, run_cfg.kappa)
-    thresholds = client_thresholds(run_cfg, state["median"], state["spread"], state["alpha"], rhi)
+    thresholds = client_thresholds(run_cfg, state.median, state.spread, state.alpha, rhi)
     passed = value <= thresholds
     n = chosen.shape[0]
     u = jax.vmap(lambda k: jax.random.uniform(k))(keylib.client_keys(key, jnp.arange(n)))
     forced = u < run_cfg.reinclude_prob
     if run_cfg.reinclude_after > 0:
       forced |= inputs.clients.consecutive_skips >= run_cfg.reinclude_after
-    train = chosen & jnp.where(state["ready"], passed | forced, True)
-    phi = server_threshold(run_cfg, state["median"], state["spread"], state["alpha"])
-    state = dict(state, phi=jnp.where(state["ready"], phi, 0.0),
+    train = chosen & jnp.where(state.ready, passed | forced, True)
+    phi = server_threshold(run_cfg, state.median, state.spread, state.alpha)
+    state = state._replace(phi=jnp.where(state.ready, phi, 0.0),
                  selected=jnp.sum(chosen).astype(jnp.float32),
-                 passed=jnp.sum(chosen & passed).astype(jnp.float32), gated=state["ready"],
+                 passed=jnp.sum(chosen & passed).astype(jnp.float32), gated=state.ready,
                  checked=value.astype(jnp.float32))
     aggregate = train & (jnp.sum(train) >= 2)
     return train, aggregate, state
@@ -213,26 +242,26 @@ def fedsrc_rule(cfg: FedSRCConfig = FedSRCConfig()) -> Participation:
     reported = outcome.trained
     n = jnp.sum(reported)
     losses = (outcome.train_loss if rule_cfg.reported_loss == "train" else
-              state["checked"][outcome.slots]).astype(jnp.float32)
+              state.checked[outcome.slots]).astype(jnp.float32)
     if rule_cfg.mode == "paper":
       median, spread = median_spread(losses, reported)
     else:
       median, _ = median_spread(losses, reported)
       spread = sample_std(losses, reported)
     enough = n >= 2
-    rate = n / jnp.maximum(state["selected"], 1.0)
-    alpha = state["alpha"]
+    rate = n / jnp.maximum(state.selected, 1.0)
+    alpha = state.alpha
     if rule_cfg.mode == "paper":
-      stepped = jnp.clip(alpha + rule_cfg.alpha_gain * (state["target"] - rate), 0.0,
+      stepped = jnp.clip(alpha + rule_cfg.alpha_gain * (state.target - rate), 0.0,
                          rule_cfg.alpha_max)
-      alpha = jnp.where(state["gated"], stepped, alpha)
-    return dict(state, ready=state["ready"] | enough,
-                median=jnp.where(enough, median, state["median"]),
-                spread=jnp.where(enough, spread, state["spread"]), alpha=alpha, rate=rate)
+      alpha = jnp.where(state.gated, stepped, alpha)
+    return state._replace(ready=state.ready | enough,
+                median=jnp.where(enough, median, state.median),
+                spread=jnp.where(enough, spread, state.spread), alpha=alpha, rate=rate)
 
   def report(state):
-    return {k: state[k] for k in ("gated", "phi", "alpha", "median", "spread", "selected", "passed",
-                                  "rate")}
+    return {k: getattr(state, k) for k in ("gated", "phi", "alpha", "median", "spread",
+                                           "selected", "passed", "rate")}
 
   return Participation(init=init, apply=apply, needs=(cfg.decision_stat,), observe=observe,
                        report=report, spec={"name": "fedsrc", **cfg._asdict()})

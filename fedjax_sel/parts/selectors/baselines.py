@@ -217,6 +217,12 @@ def all_selector() -> Selector:
                   spec={"name": "all"})
 
 
+class GroupState(NamedTuple):
+  """`[N]` int32: each client's group."""
+
+  groups: jax.Array
+
+
 def group_random_selector(groups, sizes: tuple[int, ...]) -> Selector:
   """A uniform sample of `sizes[g]` clients from each group g of the mask (all of a group that
   holds fewer); `groups` is an `[N]` int array of group ids 0..G-1 (e.g. FedALIGN's priority and
@@ -239,10 +245,10 @@ def group_random_selector(groups, sizes: tuple[int, ...]) -> Selector:
     chosen = jnp.zeros(mask.shape, bool)
     for g, size in enumerate(sizes):
       if size:
-        chosen |= top_k_mask(u, mask & (state["groups"] == g), size)
+        chosen |= top_k_mask(u, mask & (state.groups == g), size)
     return chosen, state
 
-  return Selector(init=lambda n, params: {"groups": jnp.asarray(groups)}, select=select,
+  return Selector(init=lambda n, params: GroupState(jnp.asarray(groups)), select=select,
                   spec={"name": "group_random", "sizes": [int(s) for s in sizes],
                         "groups": groups.tolist()})
 

@@ -72,6 +72,35 @@ class OortConfig(NamedTuple):
   sample_window: float = 5.0
 
 
+class OortState(NamedTuple):
+  """Oort's per-client statistics and its pacer.
+
+  Attributes:
+    reward: `[N]` statistical utility at the client's last participation (|B_k| sqrt(mean l^2)).
+    duration: `[N]` the client's last round duration (seconds; the given or equal ones before).
+    time_stamp: `[N]` round after which the client last reported (0: never).
+    count: `[N]` participations.
+    exploration, exploration_min: the exploration share and its floor (decayed each round).
+    round_threshold: the pacer's preferred-duration percentile.
+    history: the last 2 * pacer_step rounds' summed utilities (the pacer's window).
+    last_exploit: `[N]` the clients exploited last round.
+    reported: `[N]` clients that have reported once.
+    preferred: the preferred round duration (the threshold's percentile of the durations).
+  """
+
+  reward: jax.Array
+  duration: jax.Array
+  time_stamp: jax.Array
+  count: jax.Array
+  exploration: jax.Array
+  exploration_min: jax.Array
+  round_threshold: jax.Array
+  history: jax.Array
+  last_exploit: jax.Array
+  reported: jax.Array
+  preferred: jax.Array
+
+
 class OortPlan(NamedTuple):
   """The deterministic part of a selection (what `select` samples from), for tests and reports."""
 
@@ -82,7 +111,7 @@ class OortPlan(NamedTuple):
   explore_len: jax.Array     # clients to explore
   explore_pool: jax.Array    # [N] bool, the unexplored clients kept by the sample window
   explore_weight: jax.Array  # [N] their weights
-  state: dict                # the state after the pacer and the exploration decay
+  state: OortState           # the state after the pacer and the exploration decay
 
 
 def check_config(cfg: OortConfig) -> None:
@@ -106,28 +135,28 @@ def _sorted_quantile(values, mask, q) -> jax.Array:
   return ordered[jnp.maximum(index, 0)]
 
 
-def plan(cfg: OortConfig, k: int, state: dict, inputs: RoundInputs, mask) -> OortPlan:
+def plan(cfg: OortConfig, k: int, state: OortState, inputs: RoundInputs, mask) -> OortPlan:
   """Steps 1-5 of a selection, up to the random draws."""
   n = mask.shape[0]
   cur = jnp.asarray(inputs.round, jnp.int32) + 1
   size = inputs.num_examples.astype(jnp.float32)
-  explored = state["count"] > 0
-  reward = jnp.where(explored, state["reward"], size)
+  explored = state.count > 0
+  reward = jnp.where(explored, state.reward, size)
   # 1. Pacer.
-  back = state["last_exploit"] & state["reported"]
+  back = state.last_exploit & state.reported
   util = jnp.sum(jnp.where(back, reward, 0.0)) / (jnp.sum(back) + 1e-4)
-  history = jnp.concatenate([state["history"][1:], util[None]])
+  history = jnp.concatenate([state.history[1:], util[None]])
   step = cfg.pacer_step
   last, current = jnp.sum(history[:step]), jnp.sum(history[step:])
   pace = (cur >= 2 * step) & (cur % step == 0)
-  threshold = state["round_threshold"]
+  threshold = state.round_threshold
   threshold = jnp.where(pace & (jnp.abs(current - last) <= last * 0.1),
                         jnp.minimum(100.0, threshold + cfg.pacer_delta),
                         jnp.where(pace & (jnp.abs(current - last) >= last * 5),
                                   jnp.maximum(cfg.pacer_delta, threshold - cfg.pacer_delta),
                                   threshold))
   # 2. Preferred duration, over every client.
-  duration = state["duration"]
+  duration = state.duration
   preferred = jnp.where(threshold < 100.0,
                         _sorted_quantile(duration, jnp.ones((n,), bool), threshold / 100.0),
                         jnp.inf)
@@ -140,12 +169,12 @@ def plan(cfg: OortConfig, k: int, state: dict, inputs: RoundInputs, mask) -> Oor
   high = jnp.max(jnp.where(positive, reward, -jnp.inf))
   spread = jnp.maximum(high - low, 1e-4)
   uncertainty = jnp.sqrt(0.1 * jnp.log(cur.astype(jnp.float32))
-                         / (state["time_stamp"].astype(jnp.float32) + 1.0))
+                         / (state.time_stamp.astype(jnp.float32) + 1.0))
   lake = mask & explored
   scores = jnp.where(lake, ((jnp.minimum(reward, clip) - low) / spread + uncertainty) * penalty,
                      0.0)
   # 4. Exploitation count and candidates.
-  exploration = jnp.maximum(state["exploration"] * cfg.exploration_decay, state["exploration_min"])
+  exploration = jnp.maximum(state.exploration * cfg.exploration_decay, state.exploration_min)
   exploit_len = jnp.minimum(jnp.floor(k * (1.0 - exploration)).astype(jnp.int32), jnp.sum(lake))
   ranked = jnp.sort(jnp.where(lake, scores, -jnp.inf))[::-1]
   cut = jnp.where(exploit_len < jnp.sum(lake), ranked[jnp.minimum(exploit_len, n - 1)], 0.0)
@@ -159,9 +188,9 @@ def plan(cfg: OortConfig, k: int, state: dict, inputs: RoundInputs, mask) -> Oor
   rank = jnp.argsort(jnp.argsort(-weight))  # 0 for the heaviest.
   pool = unexplored & (rank < window)
   none_left = ~jnp.any(~explored)
-  new_state = dict(state, history=history, round_threshold=threshold,
+  new_state = state._replace(history=history, round_threshold=threshold,
                    exploration=jnp.where(none_left, 0.0, exploration),
-                   exploration_min=jnp.where(none_left, 0.0, state["exploration_min"]),
+                   exploration_min=jnp.where(none_left, 0.0, state.exploration_min),
                    reported=jnp.zeros((n,), bool))
   return OortPlan(scores, preferred, exploit_len, candidates, explore_len, pool,
                   jnp.where(pool, weight, 0.0), new_state)
@@ -196,14 +225,14 @@ def oort_selector(k: int, durations=None, config: OortConfig = OortConfig()) -> 
   def init(n, params):
     del params
     duration = jnp.ones((n,), jnp.float32) if given is None else jnp.asarray(given)
-    return {"reward": jnp.zeros((n,), jnp.float32), "duration": duration,
-            "time_stamp": jnp.zeros((n,), jnp.int32), "count": jnp.zeros((n,), jnp.int32),
-            "exploration": jnp.float32(config.exploration_factor),
-            "exploration_min": jnp.float32(config.exploration_min),
-            "round_threshold": jnp.float32(config.round_threshold),
-            "history": jnp.zeros((2 * config.pacer_step,), jnp.float32),
-            "last_exploit": jnp.zeros((n,), bool), "reported": jnp.zeros((n,), bool),
-            "preferred": jnp.float32(jnp.inf)}
+    return OortState(reward=jnp.zeros((n,), jnp.float32), duration=duration,
+                     time_stamp=jnp.zeros((n,), jnp.int32), count=jnp.zeros((n,), jnp.int32),
+                     exploration=jnp.float32(config.exploration_factor),
+                     exploration_min=jnp.float32(config.exploration_min),
+                     round_threshold=jnp.float32(config.round_threshold),
+                     history=jnp.zeros((2 * config.pacer_step,), jnp.float32),
+                     last_exploit=jnp.zeros((n,), bool), reported=jnp.zeros((n,), bool),
+                     preferred=jnp.float32(jnp.inf))
 
   def select(state, key, inputs, mask):
     p = plan(config, k, state, inputs, mask)
@@ -214,26 +243,26 @@ def oort_selector(k: int, durations=None, config: OortConfig = OortConfig()) -> 
     chosen = exploit | explore
     fill = _weighted_draw(k_fill, jnp.ones(mask.shape, jnp.float32), mask & ~chosen,
                           k - jnp.sum(chosen))
-    return chosen | fill, dict(p.state, last_exploit=exploit, preferred=p.preferred)
+    return chosen | fill, p.state._replace(last_exploit=exploit, preferred=p.preferred)
 
   def observe(state, inputs: RoundInputs, outcome: RoundOutcome):
     slots, done = outcome.slots, outcome.trained
     size = inputs.num_examples[slots].astype(jnp.float32)
     utility = size * jnp.sqrt(jnp.maximum(outcome.train_loss_sq, 0.0))
     keep = lambda new, old: jnp.where(done, new, old)
-    duration = state["duration"]
+    duration = state.duration
     if outcome.client_times is not None:
       duration = duration.at[slots].set(keep(outcome.client_times[slots], duration[slots]))
     cur = jnp.asarray(inputs.round, jnp.int32) + 1
-    return dict(state, reward=state["reward"].at[slots].set(keep(utility, state["reward"][slots])),
+    return state._replace(reward=state.reward.at[slots].set(keep(utility, state.reward[slots])),
                 duration=duration,
-                time_stamp=state["time_stamp"].at[slots].set(keep(cur, state["time_stamp"][slots])),
-                count=state["count"].at[slots].add(done.astype(jnp.int32)),
-                reported=state["reported"].at[slots].max(done))
+                time_stamp=state.time_stamp.at[slots].set(keep(cur, state.time_stamp[slots])),
+                count=state.count.at[slots].add(done.astype(jnp.int32)),
+                reported=state.reported.at[slots].max(done))
 
   def report(state):
-    return {"exploration": state["exploration"], "round_threshold": state["round_threshold"],
-            "preferred_duration": state["preferred"]}
+    return {"exploration": state.exploration, "round_threshold": state.round_threshold,
+            "preferred_duration": state.preferred}
 
   return Selector(init=init, select=select, observe=observe, report=report,
                   spec={"name": "oort", "k": k, **config._asdict(),

@@ -20,13 +20,14 @@ Examples:
   ...                      None, None)
   >>> chosen, state = sel.select(sel.init(4, None), jax.random.PRNGKey(0), inputs,
   ...                            jnp.ones(4, bool))
-  >>> jnp.flatnonzero(chosen).tolist(), bool(state["explored"])
+  >>> jnp.flatnonzero(chosen).tolist(), bool(state.explored)
   ([1, 3], False)
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -44,22 +45,28 @@ def _check_m(m: int) -> None:
     raise ValueError(f"clients per round m must be >= 1, got {m}")
 
 
+class EntropyState(NamedTuple):
+  """`eps`: the exploration probability (a state value, so runs of one program may differ in
+  it); `explored`: whether the last round explored."""
+
+  eps: jax.Array
+  explored: jax.Array
+
+
 def entropy_selector(m: int, eps: float = 0.1) -> Selector:
-  """Epsilon-greedy top-m on the mean predictive entropy. State: `{"eps": the exploration
-  probability (a state value, so runs of one program may differ in it), "explored": whether the
-  last round explored}`."""
+  """Epsilon-greedy top-m on the mean predictive entropy (state: `EntropyState`)."""
   _check_m(m)
   if not 0.0 <= eps <= 1.0:
     raise ValueError(f"exploration probability eps must be in [0, 1], got {eps}")
 
   def select(state, key, inputs, mask):
     k_coin, k_pick = jax.random.split(key)
-    explored = jax.random.uniform(k_coin) < state["eps"]
+    explored = jax.random.uniform(k_coin) < state.eps
     at_random = top_k_mask(jax.random.uniform(k_pick, mask.shape), mask, m)
     greedy = top_k_mask(inputs.stats["entropy"], mask, m)
-    return jnp.where(explored, at_random, greedy), {"eps": state["eps"], "explored": explored}
+    return jnp.where(explored, at_random, greedy), EntropyState(state.eps, explored)
 
-  return Selector(init=lambda n, params: {"eps": jnp.float32(eps), "explored": jnp.asarray(False)},
+  return Selector(init=lambda n, params: EntropyState(jnp.float32(eps), jnp.asarray(False)),
                   select=select, needs=("entropy",),
                   spec={"name": "entropy", "m": m, "eps": float(eps)})
 
