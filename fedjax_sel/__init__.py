@@ -2,22 +2,23 @@
 self-regulation.
 
 The flat namespace below is the public API (every part factory included, as optax exports every
-transform); the modules are grouped by layer, and imports flow one way (down this list):
+transform). The modules are grouped by layer; each layer imports only the layers before it in this
+list:
 
-- `parts/`: the round's parts, pure functions over client-state arrays: `types` (the part types),
-  `availability`, `selectors/` (`baselines`: random, power of choice, DivFL, all, per group;
-  `uacs`; `oort`), `filters/` (`filfl`), `rules/` (`fedalign`, `fedsrc`), `aggregators`,
-  `server_optimizers`. They import nothing but `keys`, `registry` and each other.
+- `registry` (every part by kind and name, with its settings) and `keys` (PRNG keys from seed,
+  round and client id).
+- `data/` (pools, partitioners, sources, stores) and `models/` (flax modules, the `Model` bundle).
+- `parts/`: the round's parts, pure functions over client-state arrays: `types` (the part types,
+  their costs), `availability`, `selectors/` (`baselines`: random, power of choice, DivFL, all,
+  per group; `uacs`; `oort`), `filters/` (`filfl`), `rules/` (`fedalign`, `fedsrc`),
+  `aggregators`, `server_optimizers`.
 - `client/`: what one client computes: `local_training`, `evaluation`, `chunking`,
   `compiled_cost` (XLA's memory and FLOP counts), `system` (speeds, bandwidths, the clock).
-- `data/` (pools, partitioners, sources, stores) and `models/` (flax modules, the `Model` bundle).
 - `engine/`: `round` (the round as pure stages), `signature` and `programs` (the compiled
   programs, shared by signature), `placement` (where the clients' data live), `simulator` (the
   `Simulator`), `runs` (runs as a batch axis).
 - `host/`: the host side of a run: `runner` (the loop, records, resume), `checkpoint`,
   `folder_lock`, `tracking` (TensorBoard), `plotting`, `compilation` (the persistent cache).
-- `registry` (every part by kind and name, with its settings) and `keys` (PRNG keys from seed,
-  round and client id).
 """
 
 __version__ = "0.3.0"  # Before the imports: the runner writes it into checkpoint fingerprints.

@@ -700,7 +700,7 @@ RESUME_CASES = [  # (name, keyword arguments of the resumed run, needle of the r
     ("aggregator changed", {"aggregator": coordinate_median()},
      "'name': 'fedavg'.* -> .*'name': 'median'"),
     ("aggregator setting changed", {"aggregator": fs.fedavg("uniform")}, "weighting"),
-    ("selector changed", {"selector": power_of_choice(2, 4)}, "power_of_choice"),
+    ("selector changed", {"selector": power_of_choice(2, 4)}, "'name': 'poc'"),
     ("selector setting changed", {"selector": fs.random_selector(3)}, "'k': 2.* -> .*'k': 3"),
     ("schedule changed", {"lr_schedule": fs.step_decay_lr(0.1, 0.5, 2)}, "lr_schedule"),
     ("local steps changed", {"local": fs.LocalHParams(batch_size=4, num_steps=3)}, "local"),

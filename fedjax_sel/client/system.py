@@ -35,7 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-EVAL_COST = 1.0 / 3.0  # An evaluated sample, in training steps (forward only).
+from fedjax_sel.parts.types import FORWARD_COST
+
 PROFILE_FIELDS = ("client", "speed", "bandwidth")
 
 
@@ -135,6 +136,6 @@ def client_times(clock: Clock, train, evaluated, gradient, transfers) -> jax.Arr
   samples, gradient samples and model transfers (downloads plus uploads)."""
   speed = jnp.asarray(clock.profile.speed, jnp.float32)
   bandwidth = jnp.asarray(clock.profile.bandwidth, jnp.float32)
-  work = (jnp.asarray(train, jnp.float32) + EVAL_COST * jnp.asarray(evaluated, jnp.float32)
+  work = (jnp.asarray(train, jnp.float32) + FORWARD_COST * jnp.asarray(evaluated, jnp.float32)
           + jnp.asarray(gradient, jnp.float32))
   return work / speed + jnp.asarray(transfers, jnp.float32) * clock.model_bytes / bandwidth

@@ -128,6 +128,12 @@ def _keep_state(state, *_):
   return state
 
 
+# A forward pass over one sample, in training steps per sample (a step is about a forward and a
+# backward pass of twice its cost): what the clock charges an evaluated sample and what FedSRC's
+# net savings subtract.
+FORWARD_COST = 1.0 / 3.0
+
+
 class PartCosts(NamedTuple):
   """What a part charges the round beyond the engine's own accounting, as the engine reads it
   (display-only numbers go in a part's `report` or `info` instead).

@@ -307,7 +307,7 @@ def filfl_filter(public_loss: Callable[[Params, jax.Array, jax.Array], jax.Array
   return Filter(init=lambda n: (), apply=apply, period=config.period, trains_available=True,
                 uses_public=True,
                 costs=lambda info: PartCosts(server_public_samples=info["public_samples"]),
-                spec={"name": "filfl", **config._asdict(),
+                spec={"name": config.mode, **config._asdict(),
                                         "public_loss": getattr(public_loss, "__qualname__", "?")})
 
 

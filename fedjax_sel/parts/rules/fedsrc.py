@@ -48,7 +48,7 @@ import numpy as np
 from fedjax_sel import keys as keylib
 from fedjax_sel import registry
 from fedjax_sel.parts.aggregators import median_spread
-from fedjax_sel.parts.types import Participation, RoundInputs, RoundOutcome
+from fedjax_sel.parts.types import FORWARD_COST, Participation, RoundInputs, RoundOutcome
 
 MODES = ("paper", "reference")
 DECISION_STATS = ("test_loss", "val_loss", "batch_loss", "loss")
@@ -269,7 +269,6 @@ def fedsrc_rule(cfg: FedSRCConfig = FedSRCConfig()) -> Participation:
 
 # --- Accounting (host side, from the per-round records) ---------------------------------------
 
-FORWARD_COST = 1.0 / 3.0  # A forward pass over one sample, in training-step-per-sample units.
 
 
 class Savings(NamedTuple):

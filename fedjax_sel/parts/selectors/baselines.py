@@ -95,7 +95,7 @@ def power_of_choice(k: int, d: int | None = None, variant: str = "pow") -> Selec
                   select=select, needs=(stat,) if stat else (),
                   report=lambda state: {"evaluated": state.candidates},
                   costs=lambda state: PartCosts(evaluated=state.candidates),
-                  spec={"name": "power_of_choice", "k": k, "d": d, "variant": variant})
+                  spec={"name": "poc", "k": k, "d": d, "variant": variant})
 
 
 def facility_location_greedy(proxies: jax.Array, ground: jax.Array, k: int) -> jax.Array:
