@@ -137,6 +137,33 @@ def register(kind: str, name: str, settings: type = NoSettings, doc: str | None 
   return wrap
 
 
+class Makes:
+  """A settings mixin for a part its settings build alone (`make()`, no context): its check
+  builds it, a refusal naming the field `REFUSED`; register it with `register_made`."""
+
+  REFUSED = ""
+
+  def make(self) -> Any:
+    raise NotImplementedError
+
+  def check(self, context: BuildContext) -> None:
+    del context
+    try:
+      self.make()
+    except ValueError as e:
+      raise SettingError(self.REFUSED, f"is refused: {e}") from e
+
+
+def register_made(kind: str, name: str, settings: type, doc: str) -> None:
+  """Registers part `name` of `kind` whose `Makes` settings build it (`settings.make()`)."""
+  def factory(s, context: BuildContext) -> Any:
+    del context
+    return s.make()
+  factory.__qualname__ = f"{kind}_{name}"
+  factory.__module__ = settings.__module__  # Listed, and found by module:name, with its module.
+  register(kind, name, settings, doc)(factory)
+
+
 def _load_builtin() -> None:
   for module in BUILTIN_MODULES:
     importlib.import_module(module)

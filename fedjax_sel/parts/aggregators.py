@@ -293,7 +293,7 @@ def _median(settings, context: registry.BuildContext) -> Aggregator:
 
 
 @dataclasses.dataclass(frozen=True)
-class TrimmedMeanSettings:
+class TrimmedMeanSettings(registry.Makes):
   """The trimmed mean's share and rounding."""
 
   beta: float = registry.setting(0.3, "Trimmed mean: share trimmed per side, in [0, 0.5).",
@@ -301,20 +301,14 @@ class TrimmedMeanSettings:
   rounding: str = registry.setting("floor", "Trimmed mean: int(beta*n) (floor, textbook) or "
                                    "ceil(beta*n) (the reference code's) per side.",
                                    flag="trim_rounding", choices=TRIM_ROUNDINGS)
+  REFUSED = "beta"
 
-  def check(self, context: registry.BuildContext) -> None:
-    del context
-    try:
-      trimmed_mean(self.beta, self.rounding)
-    except ValueError as e:
-      raise registry.SettingError("beta", f"is refused: {e}") from e
+  def make(self) -> Aggregator:
+    return trimmed_mean(self.beta, self.rounding)
 
 
-@registry.register("aggregator", "trimmed_mean", TrimmedMeanSettings)
-def _trimmed_mean(settings: TrimmedMeanSettings, context: registry.BuildContext) -> Aggregator:
-  """Coordinate-wise trimmed mean (Yin et al. 2018)."""
-  del context
-  return trimmed_mean(settings.beta, settings.rounding)
+registry.register_made("aggregator", "trimmed_mean", TrimmedMeanSettings,
+                       "Coordinate-wise trimmed mean (Yin et al. 2018).")
 
 
 def parse_f(text: str) -> float | int:
@@ -374,24 +368,18 @@ def _multi_krum(settings: MultiKrumSettings, context: registry.BuildContext) -> 
 
 
 @dataclasses.dataclass(frozen=True)
-class FedASLSettings:
+class FedASLSettings(registry.Makes):
   """FedASL's band and in-band weight."""
 
   alpha: float = registry.setting(1.0, "FedASL: band around the median loss, in sigmas.",
                                   flag="fedasl_alpha")
   beta: float = registry.setting(0.2, "FedASL: weight v_k of a client inside the band, in sigmas "
                                  "of the losses, >= 0.", flag="fedasl_beta")
+  REFUSED = "alpha"
 
-  def check(self, context: registry.BuildContext) -> None:
-    del context
-    try:
-      fedasl(self.alpha, self.beta)
-    except ValueError as e:
-      raise registry.SettingError("alpha", f"/ beta refused: {e}") from e
+  def make(self) -> Aggregator:
+    return fedasl(self.alpha, self.beta)
 
 
-@registry.register("aggregator", "fedasl", FedASLSettings)
-def _fedasl(settings: FedASLSettings, context: registry.BuildContext) -> Aggregator:
-  """FedASL: models weighted by their loss's distance to the median loss."""
-  del context
-  return fedasl(settings.alpha, settings.beta)
+registry.register_made("aggregator", "fedasl", FedASLSettings,
+                       "FedASL: models weighted by their loss's distance to the median loss.")
