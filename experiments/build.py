@@ -28,8 +28,7 @@ from fedjax_sel.data.corruption import KINDS as CORRUPTION_KINDS
 from fedjax_sel.data.corruption import corrupt_clients, corruption_kinds
 from fedjax_sel.models import CONV_MODELS, resolve_conv_impl
 
-PART_FLAGS = {"selector": "selector", "filter": "filter", "rule": "rule",
-              "aggregator": "aggregator", "server_optimizer": "server_opt"}
+PART_FLAGS = cfglib.PART_FLAGS
 DEFAULT_PUBLIC_FRACTION = 0.05  # A filter's public set, unless --public_fraction says otherwise.
 DEFAULT_VAL_FRACTION = 0.1  # The validation split a part decides on, unless given.
 
@@ -150,8 +149,11 @@ class _Hist(NamedTuple):
 # --- Population: counts, availability, clock ----------------------------------------------------
 
 def num_available(cfg: cfglib.JobConfig) -> int:
-  """The most clients available at once under the uniform model (n, or N for 0)."""
-  return cfg.engine.num_available or cfg.data.num_clients
+  """The most clients available at once: the uniform model's n (N for 0), else N (the others'
+  capacity is checked with the model, `check_population`)."""
+  avail = cfg.parts.availability
+  n = avail.settings.num_available if avail.name == "uniform" else 0
+  return n or cfg.data.num_clients
 
 
 def store_clients(cfg: cfglib.JobConfig, given: frozenset) -> cfglib.JobConfig:
@@ -177,46 +179,16 @@ def open_data_store(cfg: cfglib.JobConfig) -> fs.FederatedDataset:
 
 def check_counts(cfg: cfglib.JobConfig) -> None:
   """K <= n <= N (n: the uniform model's --num_available; the other models vary it)."""
-  e = cfg.engine
-  k, n, total = e.clients_per_round, e.num_available, cfg.data.num_clients
-  if e.availability != "uniform":
-    n = 0
-  if not k <= (n or total) <= total:
+  k, n, total = cfg.engine.clients_per_round, num_available(cfg), cfg.data.num_clients
+  if not k <= n <= total:
     raise app.UsageError(f"need --clients_per_round <= --num_available <= --num_clients, got "
                          f"{k}, {n}, {total}")
 
 
-def availability(cfg: cfglib.JobConfig, redraw_first_period: bool = False) -> fs.Availability:
-  """The availability model (errors naming the flag or file). The probabilities and phases
-  describe the population, so they are drawn with a fixed seed: every run seed of a job sees the
-  same population (and shares one compiled round)."""
-  from fedjax_sel.parts import availability as models  # pylint: disable=import-outside-toplevel
-  e = cfg.engine
-  n = cfg.data.num_clients
-  capacity = e.avail_capacity or None
-  try:
-    if e.availability == "uniform":
-      return fs.uniform_availability(n, e.num_available or n, e.avail_period,
-                                     redraw_first_period=redraw_first_period)
-    if e.availability == "probability":
-      try:
-        low, high = (float(v) for v in e.avail_prob_range)
-      except ValueError as err:
-        raise ValueError(f"--avail_prob_range must be two numbers low,high, got "
-                         f"{','.join(e.avail_prob_range)}") from err
-      if not 0.0 <= low <= high <= 1.0:
-        raise ValueError(f"--avail_prob_range must satisfy 0 <= low <= high <= 1, got {low}, "
-                         f"{high}")
-      probs = np.random.default_rng(0).uniform(low, high, n)
-      return models.probability_availability(probs, capacity, e.avail_period)
-    if e.availability == "diurnal":
-      return models.diurnal_availability(n, e.diurnal_period, e.diurnal_mean,
-                                         e.diurnal_amplitude, capacity)
-    if e.avail_trace is None:
-      raise ValueError("--availability=trace needs --avail_trace=FILE")
-    return models.load_trace_availability(e.avail_trace, n, capacity)
-  except (ValueError, FileNotFoundError) as err:
-    raise app.UsageError(f"--availability={e.availability}: {err}") from err
+def availability(cfg: cfglib.JobConfig) -> fs.Availability:
+  """The availability model (`fedjax_sel.parts.availability`, by its registered name), errors
+  naming the flag or file."""
+  return part("availability", cfg.parts.availability, context(cfg))
 
 
 def system_profile(cfg: cfglib.JobConfig):
@@ -247,7 +219,7 @@ def check_population(cfg: cfglib.JobConfig) -> None:
   server_optimizer(cfg)
   available = availability(cfg).num_available
   if available < cfg.engine.clients_per_round:
-    raise app.UsageError(f"--availability={cfg.engine.availability} makes at most {available} "
+    raise app.UsageError(f"--availability={cfg.parts.availability.name} makes at most {available} "
                          f"clients available at once, fewer than --clients_per_round="
                          f"{cfg.engine.clients_per_round}; raise --avail_capacity or lower K")
 

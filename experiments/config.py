@@ -28,7 +28,7 @@ from fedjax_sel.data.corruption import KINDS as CORRUPTION_KINDS
 from fedjax_sel.data.partition import PARTITIONS
 from fedjax_sel.models import CONV_IMPLS
 
-VERSION = 2  # Of the config.json layout; a file of another version is refused, naming both.
+VERSION = 3  # Of the config.json layout; a file of another version is refused, naming both.
 
 
 def option(default: Any, help: str, *, choices: tuple | None = None,  # pylint: disable=redefined-builtin
@@ -126,31 +126,6 @@ class EngineConfig:
                        "many in total.", lower=1, result=False)
   clients_per_round: int = option(10, "Clients trained per round (K), 1..n (--num_available).",
                                   lower=1)
-  num_available: int = option(25, "n, clients available per round (0: all clients).", lower=0)
-  avail_period: int = option(5, "Rounds between redraws of the available clients (uniform and "
-                             "probability models), >= 1.", lower=1)
-  availability: str = option("uniform", "Availability model: uniform (exactly --num_available "
-                             "clients, redrawn every --avail_period rounds), probability (client k "
-                             "available with its own probability, drawn once in "
-                             "--avail_prob_range), diurnal (a day cycle of --diurnal_period "
-                             "rounds, each client with its own phase), trace (read from "
-                             "--avail_trace). The last three vary the number available by round, "
-                             "at most --avail_capacity.",
-                             choices=("uniform", "probability", "diurnal", "trace"))
-  avail_prob_range: tuple[str, ...] = option(("0.2", "0.8"), "probability model: each client's "
-                                             "availability probability is drawn uniformly in [low, "
-                                             "high] (within [0, 1]).")
-  diurnal_period: int = option(24, "diurnal model: rounds in one day, >= 1.", lower=1)
-  diurnal_mean: float = option(0.5, "diurnal model: mean availability probability, in [0, 1].")
-  diurnal_amplitude: float = option(0.4, "diurnal model: swing of the probability over the day, in "
-                                    "[0, 1] (clipped to [0, 1] at each round).")
-  avail_trace: str | None = option(None, "trace model: a CSV (header client,start,end: client "
-                                   "available in rounds start <= t < end) or JSON ({\"available\": "
-                                   "{\"<client>\": [[start, end], ...]}, \"rounds\": T}) file; "
-                                   "cycled past its end.")
-  avail_capacity: int = option(0, "Most clients available at once under the probability, diurnal "
-                               "and trace models (sizes FilFL's training slots; 0: the number of "
-                               "clients, or the trace's largest round).", lower=0)
   system_profile: str = option("none", "Clients' speeds and bandwidths for the simulated clock: "
                                "none (rounds take no time), lognormal (drawn around --speed_median "
                                "and --bandwidth_median, the same population for every seed), or a "
@@ -232,19 +207,24 @@ def setting_flag(name: str, field: dataclasses.Field) -> str:
   return field.metadata.get("flag") or f"{name}_{field.name}"
 
 
-OPTIONAL_KINDS = ("filter", "rule", "server_optimizer")  # None: the round has no such part.
+OPTIONAL_KINDS = ("filter", "rule", "server_optimizer")
+# The flag choosing each kind of part.
+PART_FLAGS = {"selector": "selector", "filter": "filter", "rule": "rule",
+              "aggregator": "aggregator", "server_optimizer": "server_opt",
+              "availability": "availability"}  # None: the round has no such part.
 
 
 @dataclasses.dataclass(frozen=True)
 class PartsConfig:
-  """The parts of the round: a selector and an aggregator, and optionally a filter, a
-  participation rule and a server optimizer."""
+  """The parts of the round: a selector, an aggregator and the clients' availability model, and
+  optionally a filter, a participation rule and a server optimizer."""
 
   selector: Part = dataclasses.field(default_factory=lambda: part("selector", "random"))
   filter: Part | None = None
   rule: Part | None = None
   aggregator: Part = dataclasses.field(default_factory=lambda: part("aggregator", "fedavg"))
   server_optimizer: Part | None = None
+  availability: Part = dataclasses.field(default_factory=lambda: part("availability", "uniform"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -85,9 +85,7 @@ DEFAULTS = config.updated(
 SWEEPABLE = {"lr": "local.lr", "prox_mu": "local.prox_mu", "eps0": "parts.rule.settings.eps0"}
 # Its own participation (full, or per group) and its own noise (--synth_noise): no availability,
 # K or corruption flags.
-NOT_USED = ("clients_per_round", "num_available", "avail_period", "availability",
-            "avail_prob_range", "diurnal_period", "diurnal_mean", "diurnal_amplitude",
-            "avail_trace", "avail_capacity", "corrupt_fraction", "corrupt_kinds")
+NOT_USED = ("clients_per_round", "corrupt_fraction", "corrupt_kinds")
 flag_binding.define(DEFAULTS, exclude=NOT_USED, choose=("server_optimizer",),
                     parts={"rule": ("fedalign",), "aggregator": ("fedavg",)}, sweepable=SWEEPABLE)
 

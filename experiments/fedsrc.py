@@ -58,7 +58,7 @@ DEFAULTS = config.updated(
 SWEEPABLE = {"lr": "local.lr", "prox_mu": "local.prox_mu",  # Run values or part state.
              "participation_target": "parts.rule.settings.target",
              "fedsrc_beta": "parts.rule.settings.beta"}
-flag_binding.define(DEFAULTS, choose=("server_optimizer",),
+flag_binding.define(DEFAULTS, choose=("server_optimizer", "availability"),
                     parts={"rule": ("fedsrc",), "aggregator": None}, sweepable=SWEEPABLE)
 
 

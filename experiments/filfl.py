@@ -62,8 +62,6 @@ class FilFLOptions:
 
   filters: tuple[str, ...] = option(("none", "dgf", "rgf"), "Runs to compare: none "
                                     "(FedAvg/FedProx), dgf, rgf.", result=False)
-  avail_reference: bool = option(False, "Redraw availability every round during the first "
-                                 "--avail_period rounds (FilFL reference mode).")
   public_mode: str = option("stratified", "Public set source: a stratified share of the pool "
                             "held out by the server, or a share of each client's data "
                             "(--public_fraction).", choices=("stratified", "per_client"))
@@ -86,7 +84,8 @@ DEFAULTS = config.updated(
     out_dir="runs/filfl")
 DEFAULTS = dataclasses.replace(DEFAULTS, seeds=(0, 1, 2))
 SWEEPABLE = {"lr": "local.lr", "prox_mu": "local.prox_mu"}
-flag_binding.define(DEFAULTS, choose=("selector", "server_optimizer"), parts={"filter": ("dgf",)},
+flag_binding.define(DEFAULTS, choose=("selector", "server_optimizer", "availability"),
+                    parts={"filter": ("dgf",)},
                     sweepable=SWEEPABLE)
 
 
@@ -150,9 +149,8 @@ def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
     print(f"== {spec.method.label} seed {spec.seed}: {data.name}, N={data.num_clients}, "
           f"bad clients={int(bad.sum())}, public m={len(data.public_y)}, model={model.name}"
           f"{' (BatchNorm)' if model.train_apply else ''}")
-    avail = build.availability(spec.run, cfg.options.avail_reference)
     return build.simulator(spec.run, data, spec.seed, model=model, capacity=spec.capacity,
-                           eval_mask=~bad, availability=avail), None
+                           eval_mask=~bad), None
 
   results, loaded = job.run_groups(cfg, [""], lambda seed, _: load(cfg, seed), build_run)
   runs = results[""]

@@ -29,10 +29,8 @@ from fedjax_sel import registry
 
 FLAGS = flags.FLAGS
 flags.disclaim_key_flags()  # The flags `define` declares are the calling launcher's (its --help).
-# The flag choosing each kind of part, and the value meaning "no such part".
-PART_FLAGS = {"selector": "selector", "filter": "filter", "rule": "rule",
-              "aggregator": "aggregator", "server_optimizer": "server_opt"}
-NONE = "none"
+PART_FLAGS = cfglib.PART_FLAGS
+NONE = "none"  # The value of a part's flag meaning "no such part".
 PART_HELP = {
     "selector": "Client selector (applied to the available, filtered-in clients)",
     "filter": "Client filter before selection (none: every available client may be selected)",
@@ -40,6 +38,12 @@ PART_HELP = {
     "aggregator": "How the server combines the trained models",
     "server_optimizer": "Server optimizer stepping the global model with the pseudo-gradient "
                         "(global minus aggregate); none: the aggregate is the new model",
+    "availability": "Which clients are available each round: uniform (exactly --num_available, "
+                    "redrawn every --avail_period rounds), probability (each client with its own "
+                    "probability, drawn once in --avail_prob_range), diurnal (a day cycle of "
+                    "--diurnal_period rounds, each client with its own phase), trace (read from "
+                    "--avail_trace); the last three vary the number by round, at most "
+                    "--avail_capacity",
 }
 NOT_REPLAYED = ("resume", "overwrite", "config")  # A replay decides these itself.
 

@@ -44,7 +44,8 @@ FINGERPRINT_NAMES = {"seed": "--seeds", "lr_base": "--lr", "prox_mu_value": "--p
                      "availability_draws": "availability (--availability and its flags)",
                      "part_selector": "--selector", "part_filter": "--filter",
                      "part_rule": "--rule", "part_aggregator": "--aggregator",
-                     "part_server_optimizer": "--server_opt"}
+                     "part_server_optimizer": "--server_opt",
+                     "part_availability": "--availability"}
 _JOBS: dict[str, list[dict]] = {}  # out_dir -> the runs recorded in its manifest.
 
 

@@ -40,7 +40,7 @@ flag_binding.define(DEFAULTS, choose=registry.KINDS, sweepable=SWEEPABLE)
 def label(cfg: config.JobConfig) -> str:
   """The method's name from its parts: FedAvg (FedProx) plus whatever differs from it."""
   name = ["FedProx" if cfg.local.prox_mu else "FedAvg"]
-  defaults = {"selector": "random", "aggregator": "fedavg"}
+  defaults = {"selector": "random", "aggregator": "fedavg", "availability": "uniform"}
   for kind, flag in flag_binding.PART_FLAGS.items():
     chosen = getattr(cfg.parts, kind)
     value = "none" if chosen is None else chosen.name

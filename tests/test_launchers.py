@@ -209,7 +209,11 @@ SLOW_COMPOSE_CASES = [  # Wider combinations: pytest -m slow.
 
 
 def _compose(tmp_path, cases):
-  full = [COMPOSE_BASE + case + [f"--out_dir={tmp_path}/c{i}"] for i, case in enumerate(cases)]
+  def base(case):  # --num_available is the uniform availability model's setting.
+    other = any(a.startswith("--availability=") for a in case)
+    return [a for a in COMPOSE_BASE if not (other and a.startswith("--num_available"))]
+
+  full = [base(case) + case + [f"--out_dir={tmp_path}/c{i}"] for i, case in enumerate(cases)]
   results = run_cases("run", full, str(tmp_path), str(tmp_path))
   for i, (case, result) in enumerate(zip(cases, results)):
     assert result["kind"] == "none", (case, result)

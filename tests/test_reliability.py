@@ -194,6 +194,14 @@ LAUNCHER_CASES = [
 ]
 
 
+def _small(launcher, args):
+  """The small job of experiments.run (its --num_available is the uniform availability's)."""
+  if launcher != "run":
+    return []
+  other = any(a.startswith("--availability=") for a in args)
+  return [a for a in SMALL if not (other and a.startswith("--num_available"))]
+
+
 @pytest.fixture(scope="module")
 def launcher_results(tmp_path_factory):
   """Runs every launcher case, one process per launcher, from a folder without data/."""
@@ -201,7 +209,7 @@ def launcher_results(tmp_path_factory):
   build_bad_files(root)
   results = {}
   for launcher in sorted({c[0] for c in LAUNCHER_CASES}):
-    cases = [(SMALL if launcher == "run" else []) + [a.replace("{tmp}", root) for a in args] +
+    cases = [_small(launcher, args) + [a.replace("{tmp}", root) for a in args] +
              ([f"--out_dir={root}/out_{i}"] if not any(a.startswith("--out_dir") for a in args)
               else [])
              for i, (name, args, _) in enumerate(LAUNCHER_CASES) if name == launcher]

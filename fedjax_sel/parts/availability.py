@@ -21,6 +21,7 @@ Examples:
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -31,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel import keys as keylib
+from fedjax_sel import registry
 
 
 class Availability(NamedTuple):
@@ -251,3 +253,148 @@ def load_trace_availability(path: str, num_clients: int,
   if not os.path.isfile(path):
     raise FileNotFoundError(f"availability trace {path}: no such file")
   return trace_availability(read_trace(path, num_clients), capacity)
+
+
+# --- Registered names (fedjax_sel.registry) ------------------------------------------------------
+# The probabilities and phases describe the population, so they are drawn with a fixed seed (the
+# availability's, not the run's): every run seed of a job sees the same population and shares one
+# compiled round.
+
+def _capacity(capacity: int) -> int | None:
+  return capacity or None
+
+
+@dataclasses.dataclass(frozen=True)
+class UniformSettings:
+  """Exactly n clients available, redrawn every period."""
+
+  num_available: int = registry.setting(25, "n, clients available per round (0: all clients).",
+                                        flag="num_available")
+  period: int = registry.setting(5, "Rounds between redraws of the available clients (uniform "
+                                 "and probability models), >= 1.", flag="avail_period")
+  redraw_first_period: bool = registry.setting(False, "Redraw availability every round during "
+                                               "the first --avail_period rounds (FilFL reference "
+                                               "mode).", flag="avail_reference")
+
+  def check(self, context: registry.BuildContext) -> None:
+    if self.period < 1:
+      raise registry.SettingError("period", f"must be >= 1, got {self.period}")
+    if not 0 <= self.num_available <= context.num_clients:
+      raise registry.SettingError("num_available", f"must be in 0..{context.num_clients} "
+                                  f"(--num_clients; 0: all), got {self.num_available}")
+
+
+@registry.register("availability", "uniform", UniformSettings)
+def _uniform(settings: UniformSettings, context: registry.BuildContext) -> Availability:
+  """Exactly n clients available, drawn uniformly and redrawn every period."""
+  n = context.num_clients
+  return uniform_availability(n, settings.num_available or n, settings.period,
+                              redraw_first_period=settings.redraw_first_period)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbabilitySettings:
+  """Each client available with its own probability."""
+
+  prob_range: tuple[str, ...] = registry.setting(("0.2", "0.8"), "probability model: each "
+                                                 "client's availability probability is drawn "
+                                                 "uniformly in [low, high] (within [0, 1]).",
+                                                 flag="avail_prob_range")
+  period: int = registry.setting(5, "Rounds between redraws of the available clients (uniform "
+                                 "and probability models), >= 1.", flag="avail_period")
+  capacity: int = registry.setting(0, "Most clients available at once under the probability, "
+                                   "diurnal and trace models (sizes FilFL's training slots; 0: "
+                                   "the number of clients, or the trace's largest round).",
+                                   flag="avail_capacity")
+
+  def bounds(self) -> tuple[float, float]:
+    try:
+      low, high = (float(v) for v in self.prob_range)
+    except ValueError as e:
+      raise registry.SettingError("prob_range", f"must be two numbers low,high, got "
+                                  f"{','.join(self.prob_range)}") from e
+    if not 0.0 <= low <= high <= 1.0:
+      raise registry.SettingError("prob_range", f"must satisfy 0 <= low <= high <= 1, got {low}, "
+                                  f"{high}")
+    return low, high
+
+  def check(self, context: registry.BuildContext) -> None:
+    self.bounds()
+    _capacity_check(self.capacity, context)
+
+
+def _capacity_check(capacity: int, context: registry.BuildContext) -> None:
+  try:
+    _check_capacity(context.num_clients, _capacity(capacity))
+  except ValueError as e:
+    raise registry.SettingError("capacity", f"is refused: {e}") from e
+
+
+@registry.register("availability", "probability", ProbabilitySettings)
+def _probability(settings: ProbabilitySettings, context: registry.BuildContext) -> Availability:
+  """Client k available with its own probability, drawn once in the range."""
+  low, high = settings.bounds()
+  probs = np.random.default_rng(0).uniform(low, high, context.num_clients)
+  return probability_availability(probs, _capacity(settings.capacity), settings.period)
+
+
+@dataclasses.dataclass(frozen=True)
+class DiurnalSettings:
+  """A day cycle of availability, each client with its own phase."""
+
+  day_rounds: int = registry.setting(24, "diurnal model: rounds in one day, >= 1.",
+                                     flag="diurnal_period")
+  mean: float = registry.setting(0.5, "diurnal model: mean availability probability, in [0, 1].",
+                                 flag="diurnal_mean")
+  amplitude: float = registry.setting(0.4, "diurnal model: swing of the probability over the day, "
+                                      "in [0, 1] (clipped to [0, 1] at each round).",
+                                      flag="diurnal_amplitude")
+  capacity: int = registry.setting(0, "Most clients available at once under the probability, "
+                                   "diurnal and trace models (sizes FilFL's training slots; 0: "
+                                   "the number of clients, or the trace's largest round).",
+                                   flag="avail_capacity")
+
+  def check(self, context: registry.BuildContext) -> None:
+    try:
+      diurnal_availability(context.num_clients, self.day_rounds, self.mean, self.amplitude,
+                           _capacity(self.capacity))
+    except ValueError as e:
+      field = "capacity" if "capacity" in str(e) else "day_rounds"
+      raise registry.SettingError(field, f"is refused: {e}") from e
+
+
+@registry.register("availability", "diurnal", DiurnalSettings)
+def _diurnal(settings: DiurnalSettings, context: registry.BuildContext) -> Availability:
+  """A day cycle of availability probabilities, each client with its own phase."""
+  return diurnal_availability(context.num_clients, settings.day_rounds, settings.mean,
+                              settings.amplitude, _capacity(settings.capacity))
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceSettings:
+  """A recorded availability trace."""
+
+  path: str | None = registry.setting(None, "trace model: a CSV (header client,start,end: client "
+                                      "available in rounds start <= t < end) or JSON "
+                                      "({\"available\": {\"<client>\": [[start, end], ...]}, "
+                                      "\"rounds\": T}) file; cycled past its end.",
+                                      flag="avail_trace")
+  capacity: int = registry.setting(0, "Most clients available at once under the probability, "
+                                   "diurnal and trace models (sizes FilFL's training slots; 0: "
+                                   "the number of clients, or the trace's largest round).",
+                                   flag="avail_capacity")
+
+  def check(self, context: registry.BuildContext) -> None:
+    if self.path is None:
+      raise registry.SettingError("path", "=FILE is needed: the recorded trace to read")
+    _capacity_check(self.capacity, context)
+
+
+@registry.register("availability", "trace", TraceSettings)
+def _trace(settings: TraceSettings, context: registry.BuildContext) -> Availability:
+  """Clients available as a recorded trace says (cycled past its end)."""
+  try:
+    return load_trace_availability(settings.path, context.num_clients,
+                                   _capacity(settings.capacity))
+  except (ValueError, FileNotFoundError) as e:
+    raise registry.SettingError("path", f"={settings.path}: {e}") from e
