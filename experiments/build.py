@@ -27,6 +27,7 @@ from fedjax_sel.data import sources
 from fedjax_sel.data.corruption import KINDS as CORRUPTION_KINDS
 from fedjax_sel.data.corruption import corrupt_clients, corruption_kinds
 from fedjax_sel.models import CONV_MODELS, resolve_conv_impl
+from fedjax_sel.models.bundle import accepts as model_accepts
 
 PART_FLAGS = cfglib.PART_FLAGS
 DEFAULT_PUBLIC_FRACTION = 0.05  # A filter's public set, unless --public_fraction says otherwise.
@@ -296,13 +297,6 @@ def corrupt(cfg: cfglib.JobConfig, data, seed: int):
 
 # --- Model and local training -------------------------------------------------------------------
 
-MODEL_INPUTS = {  # (feature shape, is character text) -> whether the model takes these inputs.
-    "logreg": lambda shape, text: not text, "mlp": lambda shape, text: not text,
-    "leaf_cnn": lambda shape, text: shape == (28, 28, 1),
-    "cifar_cnn": lambda shape, text: len(shape) == 3 and min(shape[:2]) >= 12,
-    "resnet18": lambda shape, text: len(shape) == 3, "char_lstm": lambda shape, text: text}
-
-
 def hidden(cfg: cfglib.JobConfig) -> tuple[int, ...]:
   """--hidden as widths >= 1."""
   text = ",".join(cfg.model.hidden)
@@ -321,11 +315,11 @@ def model_for(cfg: cfglib.JobConfig, data: fs.FederatedDataset) -> fs.Model:
   widths = hidden(cfg)
   # Character windows: 1-D rows of vocabulary indices labelled over the LEAF vocabulary.
   text = len(data.feature_shape) == 1 and data.num_classes == sources.VOCAB_SIZE
-  if not MODEL_INPUTS[m.model](data.feature_shape, text):
+  if not model_accepts(m.model, data.feature_shape, text):
     kind = "character windows" if text else f"features of shape {data.feature_shape}"
     raise app.UsageError(f"--model={m.model} does not fit --dataset={cfg.data.dataset} "
                          f"({kind}); accepted: " + ", ".join(
-                             n for n, ok in MODEL_INPUTS.items() if ok(data.feature_shape, text)))
+                             n for n in fs.MODELS if model_accepts(n, data.feature_shape, text)))
   if m.model in CONV_MODELS:
     try:
       resolve_conv_impl(m.conv_impl)

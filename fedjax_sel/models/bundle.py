@@ -142,6 +142,53 @@ def from_flax(module: nn.Module, input_shape: tuple[int, ...], num_classes: int,
                num_classes, name, train_apply, loss)
 
 
+class ModelOptions(NamedTuple):
+  """The size and lowering options a named model may read."""
+
+  conv_impl: str
+  hidden: tuple[int, ...]
+  norm: str
+  width: int
+
+
+class NamedModel(NamedTuple):
+  """A named model: `make(input_shape, num_classes, options, name) -> Model` and
+  `accepts(feature shape, is character text) -> bool`, the inputs it takes."""
+
+  make: Callable[[tuple[int, ...], int, ModelOptions, str], Model]
+  accepts: Callable[[tuple[int, ...], bool], bool]
+
+
+def _flax(module_of, dtype=jnp.float32, stateful=lambda o: False):
+  def make(input_shape, num_classes, options, name):
+    return from_flax(module_of(num_classes, options), input_shape, num_classes, name, dtype,
+                     stateful=stateful(options))
+  return make
+
+
+_NAMED = {  # One entry per model: how it is built and which inputs it takes.
+    "logreg": NamedModel(_flax(lambda c, o: modules.LogisticRegression(c)),
+                         lambda shape, text: not text),
+    "mlp": NamedModel(_flax(lambda c, o: modules.MLP(c, tuple(o.hidden))),
+                      lambda shape, text: not text),
+    "leaf_cnn": NamedModel(_flax(lambda c, o: modules.LeafCNN(c, o.conv_impl)),
+                           lambda shape, text: shape == (28, 28, 1)),
+    "cifar_cnn": NamedModel(_flax(lambda c, o: modules.CifarCNN(c, o.conv_impl)),
+                            lambda shape, text: len(shape) == 3 and min(shape[:2]) >= 12),
+    "resnet18": NamedModel(_flax(lambda c, o: modules.ResNet18(c, o.width, o.conv_impl, o.norm),
+                                 stateful=lambda o: o.norm == "batch"),
+                           lambda shape, text: len(shape) == 3),
+    "char_lstm": NamedModel(_flax(lambda c, o: modules.CharLSTM(c), jnp.int32),
+                            lambda shape, text: text),
+}
+assert tuple(_NAMED) == MODELS
+
+
+def accepts(name: str, feature_shape: tuple[int, ...], text: bool) -> bool:
+  """Whether model `name` takes features of `feature_shape` (`text`: character windows)."""
+  return _NAMED[name].accepts(tuple(feature_shape), text)
+
+
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *,
                 conv_impl: str = "auto", hidden: tuple[int, ...] = (200, 200),
                 norm: str = "group", width: int = 64) -> Model:
@@ -159,17 +206,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *,
     raise ValueError(f"norm must be one of {modules.NORMS}, got {norm!r}")
   if width < 2:
     raise ValueError(f"resnet width must be >= 2, got {width}")
-  if name == "logreg":
-    return from_flax(modules.LogisticRegression(num_classes), input_shape, num_classes, name)
-  if name == "mlp":
-    return from_flax(modules.MLP(num_classes, tuple(hidden)), input_shape, num_classes, name)
-  if name == "leaf_cnn":
-    return from_flax(modules.LeafCNN(num_classes, conv_impl), input_shape, num_classes, name)
-  if name == "cifar_cnn":
-    return from_flax(modules.CifarCNN(num_classes, conv_impl), input_shape, num_classes, name)
-  if name == "resnet18":
-    return from_flax(modules.ResNet18(num_classes, width, conv_impl, norm), input_shape,
-                     num_classes, name, stateful=norm == "batch")
-  if name == "char_lstm":
-    return from_flax(modules.CharLSTM(num_classes), input_shape, num_classes, name, jnp.int32)
+  if name in _NAMED:
+    options = ModelOptions(conv_impl, tuple(hidden), norm, width)
+    return _NAMED[name].make(tuple(input_shape), num_classes, options, name)
   raise ValueError(f"unknown model {name!r}; accepted: {', '.join(MODELS)}")
