@@ -24,6 +24,7 @@ import fedjax_sel as fs
 from experiments import config as cfglib
 from fedjax_sel import registry
 from fedjax_sel.data import sources
+from fedjax_sel.data.builders import natively_federated
 from fedjax_sel.data.corruption import KINDS as CORRUPTION_KINDS
 from fedjax_sel.data.corruption import corrupt_clients, corruption_kinds
 from fedjax_sel.models import CONV_MODELS, resolve_conv_impl
@@ -266,7 +267,7 @@ def load_data(cfg: cfglib.JobConfig, seed: int, hint: str = "",
     raise app.UsageError(f"--data_dir={spec.data_dir} does not exist; install the Debian "
                          "package dataset-fashion-mnist or point --data_dir at IDX files")
   where = f"--dataset={spec.name} --num_clients={spec.num_clients}"
-  if spec.name not in ("leaf", "synth"):
+  if not natively_federated(spec.name):
     where += f" --partition={spec.partition}"
   if spec.public_fraction:
     where += f" --public_fraction={spec.public_fraction} (the server's share)"

@@ -25,6 +25,7 @@ from absl import app
 
 from experiments import build, config, fedsrc_report, flag_binding, job
 from experiments.config import option
+from fedjax_sel.data.builders import natively_federated
 
 SPLITS = {"iid": {"partition": "iid"},
           "noniid": {"partition": "dominant", "dominant_fraction": 0.8},
@@ -97,7 +98,7 @@ def resolve(cfg: config.JobConfig, given: frozenset) -> config.JobConfig:
 
 def groups(cfg: config.JobConfig) -> list[str]:
   """The groups of runs: the --splits, or `natural` for natively federated data."""
-  return ["natural"] if cfg.data.dataset in ("synth", "leaf") else list(cfg.options.splits)
+  return (["natural"] if natively_federated(cfg.data.dataset) else list(cfg.options.splits))
 
 
 def load(cfg: config.JobConfig, seed: int, group: str):

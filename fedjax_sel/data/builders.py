@@ -8,7 +8,8 @@ Examples:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -114,14 +115,57 @@ def _pool_fraction(xs, ys, fraction: float, seed: int):
   return keep_x, keep_y, (np.concatenate(pub_x), np.concatenate(pub_y))
 
 
+def _tfds(spec: DatasetSpec, seed: int) -> sources.Centralized:
+  del seed
+  return sources.load_tfds(spec.tfds_name, "train", None if spec.data_dir ==
+                           sources.FASHION_MNIST_DIR else spec.data_dir)
+
+
+def _synth(spec: DatasetSpec, seed: int):
+  xs, ys = sources.synthetic(spec.synth_alpha, spec.synth_beta, spec.num_clients, seed,
+                             max_samples=spec.synth_max_samples)
+  return xs, ys, 10
+
+
+def _leaf(spec: DatasetSpec, seed: int):
+  del seed
+  paths = sources.leaf_paths(list(spec.leaf_files))
+  _, xs, ys = sources.load_leaf_json(paths)
+  if spec.num_clients > len(xs):
+    raise ValueError(f"num_clients={spec.num_clients} but the LEAF files {paths} hold "
+                     f"{len(xs)} users")
+  if spec.num_clients:
+    xs, ys = xs[:spec.num_clients], ys[:spec.num_clients]
+  is_text = xs[0].ndim == 2 and xs[0].dtype.kind == "i"
+  return xs, ys, sources.VOCAB_SIZE if is_text else sources.FEMNIST_CLASSES
+
+
+class NamedDataset(NamedTuple):
+  """A named dataset: `load(spec, seed)` gives a centralized pool (`sources.Centralized`, split
+  among the clients by `spec.partition`) or, when `federated`, its own clients' data
+  `(xs, ys, num_classes)`."""
+
+  load: Callable[[DatasetSpec, int], Any]
+  federated: bool = False
+
+
+_NAMED = {  # One entry per dataset.
+    "digits": NamedDataset(lambda spec, seed: sources.load_digits()),
+    "fashion_mnist": NamedDataset(lambda spec, seed: sources.load_idx(spec.data_dir, "train")),
+    "synth": NamedDataset(_synth, federated=True),
+    "leaf": NamedDataset(_leaf, federated=True),
+    "tfds": NamedDataset(_tfds),
+}
+assert tuple(_NAMED) == DATASETS
+
+
+def natively_federated(name: str) -> bool:
+  """Whether dataset `name` comes split by client (no partition applies)."""
+  return _NAMED[name].federated
+
+
 def _centralized(spec: DatasetSpec, seed: int) -> sources.Centralized:
-  if spec.name == "digits":
-    data = sources.load_digits()
-  elif spec.name == "fashion_mnist":
-    data = sources.load_idx(spec.data_dir, "train")
-  else:
-    data = sources.load_tfds(spec.tfds_name, "train", None if spec.data_dir ==
-                             sources.FASHION_MNIST_DIR else spec.data_dir)
+  data = _NAMED[spec.name].load(spec, seed)
   if spec.max_examples is not None and spec.max_examples < len(data.y):
     idx = np.sort(np.random.default_rng(seed).permutation(len(data.y))[:spec.max_examples])
     data = sources.Centralized(data.x[idx], data.y[idx], data.num_classes)
@@ -132,21 +176,8 @@ def build_dataset(spec: DatasetSpec, seed: int) -> FederatedDataset:
   """Builds the federated dataset described by `spec` (seeded)."""
   check_spec(spec)
   public = None
-  if spec.name in ("synth", "leaf"):
-    if spec.name == "synth":
-      xs, ys = sources.synthetic(spec.synth_alpha, spec.synth_beta, spec.num_clients, seed,
-                                 max_samples=spec.synth_max_samples)
-      num_classes = 10
-    else:
-      paths = sources.leaf_paths(list(spec.leaf_files))
-      _, xs, ys = sources.load_leaf_json(paths)
-      if spec.num_clients > len(xs):
-        raise ValueError(f"num_clients={spec.num_clients} but the LEAF files {paths} hold "
-                         f"{len(xs)} users")
-      if spec.num_clients:
-        xs, ys = xs[:spec.num_clients], ys[:spec.num_clients]
-      is_text = xs[0].ndim == 2 and xs[0].dtype.kind == "i"
-      num_classes = sources.VOCAB_SIZE if is_text else sources.FEMNIST_CLASSES
+  if natively_federated(spec.name):
+    xs, ys, num_classes = _NAMED[spec.name].load(spec, seed)
     if spec.public_fraction > 0:
       xs, ys, public = _pool_fraction(xs, ys, spec.public_fraction, seed + 1)
   else:
@@ -167,6 +198,6 @@ def build_dataset(spec: DatasetSpec, seed: int) -> FederatedDataset:
   if public is not None and spec.public_size is not None and spec.public_size < len(public[1]):
     keep = np.sort(np.random.default_rng(seed + 3).permutation(len(public[1]))[:spec.public_size])
     public = (public[0][keep], public[1][keep])
-  name = f"{spec.name}/{spec.partition}" if spec.name not in ("synth", "leaf") else spec.name
+  name = spec.name if natively_federated(spec.name) else f"{spec.name}/{spec.partition}"
   return split_clients(xs, ys, num_classes=num_classes, val_fraction=spec.val_fraction,
                        test_fraction=spec.test_fraction, seed=seed + 2, public=public, name=name)
