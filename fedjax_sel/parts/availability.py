@@ -264,14 +264,26 @@ def _capacity(capacity: int) -> int | None:
   return capacity or None
 
 
+def _capacity_setting():
+  """The setting the probability, diurnal and trace models share (one flag, --avail_capacity)."""
+  return registry.setting(0, "Most clients available at once under the probability, diurnal "
+                          "and trace models (sizes FilFL's training slots; 0: the number of "
+                          "clients, or the trace's largest round).", flag="avail_capacity")
+
+
+def _period_setting():
+  """The setting the uniform and probability models share (one flag, --avail_period)."""
+  return registry.setting(5, "Rounds between redraws of the available clients (uniform and "
+                          "probability models), >= 1.", flag="avail_period")
+
+
 @dataclasses.dataclass(frozen=True)
 class UniformSettings:
   """Exactly n clients available, redrawn every period."""
 
   num_available: int = registry.setting(25, "n, clients available per round (0: all clients).",
                                         flag="num_available")
-  period: int = registry.setting(5, "Rounds between redraws of the available clients (uniform "
-                                 "and probability models), >= 1.", flag="avail_period")
+  period: int = _period_setting()
   redraw_first_period: bool = registry.setting(False, "Redraw availability every round during "
                                                "the first --avail_period rounds (FilFL reference "
                                                "mode).", flag="avail_reference")
@@ -300,12 +312,8 @@ class ProbabilitySettings:
                                                  "client's availability probability is drawn "
                                                  "uniformly in [low, high] (within [0, 1]).",
                                                  flag="avail_prob_range")
-  period: int = registry.setting(5, "Rounds between redraws of the available clients (uniform "
-                                 "and probability models), >= 1.", flag="avail_period")
-  capacity: int = registry.setting(0, "Most clients available at once under the probability, "
-                                   "diurnal and trace models (sizes FilFL's training slots; 0: "
-                                   "the number of clients, or the trace's largest round).",
-                                   flag="avail_capacity")
+  period: int = _period_setting()
+  capacity: int = _capacity_setting()
 
   def bounds(self) -> tuple[float, float]:
     try:
@@ -349,10 +357,7 @@ class DiurnalSettings:
   amplitude: float = registry.setting(0.4, "diurnal model: swing of the probability over the day, "
                                       "in [0, 1] (clipped to [0, 1] at each round).",
                                       flag="diurnal_amplitude")
-  capacity: int = registry.setting(0, "Most clients available at once under the probability, "
-                                   "diurnal and trace models (sizes FilFL's training slots; 0: "
-                                   "the number of clients, or the trace's largest round).",
-                                   flag="avail_capacity")
+  capacity: int = _capacity_setting()
 
   def check(self, context: registry.BuildContext) -> None:
     try:
@@ -379,10 +384,7 @@ class TraceSettings:
                                       "({\"available\": {\"<client>\": [[start, end], ...]}, "
                                       "\"rounds\": T}) file; cycled past its end.",
                                       flag="avail_trace")
-  capacity: int = registry.setting(0, "Most clients available at once under the probability, "
-                                   "diurnal and trace models (sizes FilFL's training slots; 0: "
-                                   "the number of clients, or the trace's largest round).",
-                                   flag="avail_capacity")
+  capacity: int = _capacity_setting()
 
   def check(self, context: registry.BuildContext) -> None:
     if self.path is None:
