@@ -259,7 +259,7 @@ def describe(part) -> dict:
   Examples:
     >>> from fedjax_sel.parts.selectors.baselines import power_of_choice
     >>> describe(power_of_choice(3, d=6))
-    {'name': 'power_of_choice', 'k': 3, 'd': 6, 'variant': 'pow'}
+    {'name': 'poc', 'k': 3, 'd': 6, 'variant': 'pow'}
   """
   if part is None:
     return {"name": "none"}
