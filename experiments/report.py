@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from experiments import config as cfglib
+from fedjax_sel.host.plotting import mean_std
 
 
 def figure_path(cfg: cfglib.JobConfig, name: str) -> str:
@@ -23,6 +24,21 @@ def setup_title(cfg: cfglib.JobConfig, detail: str = "", with_k: bool = True) ->
   parts = [f"{cfg.data.dataset}, N = {cfg.data.num_clients}{k}", cfg.model.model,
            f"{cfg.engine.rounds} rounds"]
   return ", ".join(parts + ([detail] if detail else []))
+
+
+def method_table(cfg: cfglib.JobConfig, groups: dict[str, list[list[dict]]]) -> str:
+  """Per method (and swept value), over its seeds (mean +- sample std, n stated): the final and
+  best test accuracy, the mean over the last --last_k evaluated rounds, the final test loss."""
+  k = cfg.output.last_k
+  lines = [f"| method | seeds | final test acc | best test acc | mean test acc, last {k} evaluated "
+           "rounds | final test loss |", "|---|---|---|---|---|---|"]
+  for name, runs in groups.items():
+    acc = [[r["test_accuracy"] for r in recs if "test_accuracy" in r] for recs in runs]
+    loss = [[r["test_loss"] for r in recs if "test_loss" in r][-1] for recs in runs]
+    lines.append(f"| {name} | {len(runs)} | {mean_std([a[-1] for a in acc])} | "
+                 f"{mean_std([max(a) for a in acc])} | "
+                 f"{mean_std([sum(a[-k:]) / len(a[-k:]) for a in acc])} | {mean_std(loss)} |")
+  return "\n".join(lines + ["", "Mean +- sample std over the seeds (one seed: its value)."])
 
 
 def write_summary(cfg: cfglib.JobConfig, text: str) -> None:

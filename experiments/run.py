@@ -37,16 +37,30 @@ SWEEPABLE = {"lr": "local.lr", "prox_mu": "local.prox_mu"}  # --sweep NAME: conf
 flag_binding.define(DEFAULTS, choose=registry.KINDS, sweepable=SWEEPABLE)
 
 
+AGGREGATION = {"fedavg": "FedAvg", "median": "Median", "trimmed_mean": "Trimmed mean",
+               "krum": "Krum", "multi_krum": "Multi-Krum", "fedasl": "FedASL"}
+SERVER = {"sgd": "server SGD", "momentum": "FedAvgM", "adam": "FedAdam", "yogi": "FedYogi",
+          "adagrad": "FedAdagrad"}
+
+
 def label(cfg: config.JobConfig) -> str:
-  """The method's name from its parts: FedAvg (FedProx) plus whatever differs from it."""
-  name = ["FedProx" if cfg.local.prox_mu else "FedAvg"]
-  defaults = {"selector": "random", "aggregator": "fedavg", "availability": "uniform"}
-  for kind, flag in flag_binding.PART_FLAGS.items():
-    chosen = getattr(cfg.parts, kind)
-    value = "none" if chosen is None else chosen.name
-    if value != defaults.get(kind, "none"):
-      name.append(f"{flag} {value}")
-  return " + ".join(name)
+  """The method's name from what it runs: its aggregation (FedAvg, Krum, ...; FedAdam etc. with a
+  server optimizer; FedProx local training), then its selector, filter and rule when not the
+  plain ones, e.g. "Krum + entropy + fedsrc"."""
+  p = cfg.parts
+  agg = p.aggregator.name
+  if p.server_optimizer is not None and agg == "fedavg":
+    head = SERVER.get(p.server_optimizer.name, p.server_optimizer.name)
+  else:
+    head = AGGREGATION.get(agg, agg)
+    if p.server_optimizer is not None:
+      head += f" ({SERVER.get(p.server_optimizer.name, p.server_optimizer.name)})"
+  if cfg.local.prox_mu:
+    head = "FedProx" if head == "FedAvg" else f"{head} + FedProx"
+  rest = [q.name for q in (p.selector, p.filter, p.rule) if q is not None and q.name != "random"]
+  if p.availability.name != "uniform":
+    rest.append(f"{p.availability.name} availability")
+  return " + ".join([head, *rest])
 
 
 def resolve(cfg: config.JobConfig, given: frozenset) -> config.JobConfig:
@@ -82,7 +96,8 @@ def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
     return
   report.write_summary(cfg, fs.summary_table([(f"{group} seed {s}", r)
                                               for group, runs in groups.items()
-                                              for s, r in zip(cfg.seeds, runs)]))
+                                              for s, r in zip(cfg.seeds, runs)])
+                       + "\n\n" + report.method_table(cfg, groups))
   if cfg.output.plot:
     from fedjax_sel.host.plotting import plot_curves  # pylint: disable=import-outside-toplevel
     path = report.figure_path(cfg, "curves")
