@@ -945,3 +945,16 @@ def test_a_selector_built_for_another_k_is_refused():
   with pytest.raises(ValueError, match="built for K = 3 clients but clients_per_round = 2"):
     fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
                  fs.uniform_availability(4, 4), fs.random_selector(3), fs.fedavg(), 2, 0)
+
+
+def test_a_stat_read_without_declaring_it_names_what_to_declare():
+  """A selector reading inputs.stats["loss"] without needs=("loss",) is told what to declare."""
+  data = ragged_dataset([20, 12, 9, 15])
+  model = fs.build_model("logreg", data.feature_shape, data.num_classes)
+  undeclared = fs.Selector(init=lambda n, params: (),
+                           select=lambda s, key, inputs, mask: (
+                               fs.top_k_mask(inputs.stats["loss"], mask, 2), s))
+  sim = fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
+                     fs.uniform_availability(4, 4), undeclared, fs.fedavg(), 2, 0)
+  with pytest.raises(KeyError, match=r"declare it in the part that reads it, needs=\('loss',\)"):
+    sim.step(sim.init())

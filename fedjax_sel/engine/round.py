@@ -48,7 +48,8 @@ from fedjax_sel.models.bundle import (Model, example_metrics, per_example_loss, 
                                       with_trainable)
 from fedjax_sel.parts.availability import Availability
 from fedjax_sel.parts.types import (SPLIT_STATS, AggregateInputs, Aggregator, ClientState, Filter,
-                                    Participation, RoundInputs, RoundOutcome, Selector, part_name)
+                                    Participation, RoundInputs, RoundOutcome, Selector, Stats,
+                                    part_name)
 
 
 class Costs(NamedTuple):
@@ -269,7 +270,8 @@ def round_inputs(config: RoundConfig, state: EngineState, arrays: DataArrays, ru
   t, params = state.round, state.params
   if stats is None:
     stats = client_stats(config, params, arrays, t, run.seed)
-  return RoundInputs(t, params, config.availability.sample(run.seed, t), stats, state.clients,
+  return RoundInputs(t, params, config.availability.sample(run.seed, t), Stats(stats),
+                     state.clients,
                      arrays.counts[0], arrays.label_hist,
                      lambda ids: client_gradients(config.model, params, arrays.train, ids),
                      arrays.public_x, arrays.public_y)

@@ -134,6 +134,15 @@ def _keep_state(state, *_):
 FORWARD_COST = 1.0 / 3.0
 
 
+class Stats(dict):
+  """The round's per-client statistics by name (`[N]` arrays): those the parts declared in their
+  `needs`. Reading one nobody declared says what to declare (instead of a bare KeyError)."""
+
+  def __missing__(self, name):
+    raise KeyError(f"the stat {name!r} was not computed this round: declare it in the part that "
+                   f"reads it, needs=({name!r},); computed: {sorted(self) or 'none'}")
+
+
 class PartCosts(NamedTuple):
   """What a part charges the round beyond the engine's own accounting, as the engine reads it
   (display-only numbers go in a part's `report` or `info` instead).
