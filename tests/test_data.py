@@ -212,3 +212,12 @@ def test_corruption_kinds_split_evenly_and_flip_is_a_wrong_class():
     x_new, y_new = bad_data.train.client(int(k))
     assert (y_new == y_old).all() and not np.allclose(x_new, x_old)
     assert x_new.min() >= data.train.x.min() - 1e-6 and x_new.max() <= data.train.x.max() + 1e-6
+
+
+def test_split_clients_refuses_a_label_outside_the_classes():
+  """A label of 7 with num_classes=4 is refused naming the client and the value (it was a raw
+  IndexError from the label histogram)."""
+  xs = [np.zeros((3, 2), np.float32), np.zeros((2, 2), np.float32)]
+  ys = [np.array([0, 1, 2]), np.array([3, 7])]
+  with pytest.raises(ValueError, match=r"client 1: label 7 is not an integer class in 0..3"):
+    split_clients(xs, ys, num_classes=4, val_fraction=0.0, test_fraction=0.2, seed=0)

@@ -131,6 +131,13 @@ def split_clients(
   if val_fraction + test_fraction >= 1.0:
     raise ValueError("val_fraction + test_fraction must be < 1, got "
                      f"{val_fraction} + {test_fraction}")
+  for k, y in enumerate(ys):
+    labels = np.asarray(y)
+    bad = labels[(labels < 0) | (labels >= num_classes)] if labels.size else labels
+    if bad.size or (labels.size and labels.dtype.kind not in "iu"):
+      value = bad[0] if bad.size else labels.dtype
+      raise ValueError(f"client {k}: label {value} is not an integer class in 0.."
+                       f"{num_classes - 1} (num_classes={num_classes})")
   rng = np.random.default_rng(seed)
   parts = {"train": ([], []), "val": ([], []), "test": ([], [])}
   for x, y in zip(xs, ys):
