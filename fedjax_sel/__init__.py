@@ -32,6 +32,7 @@ from fedjax_sel.engine.placement import Capacity
 from fedjax_sel.engine.runs import RunBatch
 from fedjax_sel.engine.simulator import (Costs, EngineState, LrSchedule, Simulator, constant_lr,
                                          step_decay_lr)
+from fedjax_sel.host.compilation import default_cache
 from fedjax_sel.host.runner import run, run_batch, summary_table
 from fedjax_sel.models import MODELS, Model, build_model
 from fedjax_sel.parts.aggregators import (coordinate_median, fedasl, fedavg, krum, trimmed_mean,
@@ -50,6 +51,10 @@ from fedjax_sel.parts.server_optimizers import (ServerOptimizer, fedadagrad, fed
                                                 fedyogi, server_sgd)
 from fedjax_sel.parts.types import (AggregateInputs, Aggregator, ClientState, Filter, PartCosts,
                                     Participation, RoundInputs, RoundOutcome, Selector, everyone)
+
+# JAX's persistent compilation cache, on for library users as for the launchers
+# ($FEDJAX_SEL_CACHE_DIR moves it, =off disables it; a cache folder set before wins).
+default_cache()
 
 __all__ = [
     # Parts: types, availability, selectors, filters, rules, aggregators, server optimizers.
