@@ -181,10 +181,9 @@ def run_all(cfg: cfglib.JobConfig, runs: list[Run]) -> list[list[dict]]:
   record_runs(cfg, runs)
   out = cfg.output
   done = len(_JOBS[os.path.abspath(out.out_dir)]) - len(runs)
-  seeds_text = ", ".join(str(r.sim.seed) for r in runs)
-  method = re.sub(r"\s+s\d+(?=\s|$)", "", runs[0].label).strip()
-  print(f"-- runs {done + 1}-{done + len(runs)} of the job: {method}, seeds {seeds_text}",
-        flush=True)
+  method = re.sub(r"\s+s\d+(?=\s|$).*", "", runs[0].label).strip()
+  each = ", ".join(r.label[len(method):].strip() for r in runs)  # "s0 lr=0.05, s1 lr=0.05, ..."
+  print(f"-- runs {done + 1}-{done + len(runs)} of the job: {method}: {each}", flush=True)
   folders = [os.path.join(out.out_dir, *r.path) for r in runs]
   common = dict(eval_every=cfg.engine.eval_every, checkpoint_every=out.checkpoint_every,
                 resume=out.resume, overwrite=out.overwrite)
@@ -295,6 +294,12 @@ def cli(main):
     except app.UsageError as e:
       sys.stderr.write(f"error: {e}\nRun with --help for the flags.\n")
       sys.exit(1)
+    except KeyboardInterrupt:
+      sys.stderr.write("\ninterrupted: every finished round is in its run's metrics.jsonl and "
+                       "each run continues from its last checkpoint (every --checkpoint_every "
+                       "rounds): run the same command, or --config=<out_dir>/config.json, with "
+                       "--resume\n")
+      sys.exit(130)
     except OSError as e:
       if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
         raise

@@ -383,9 +383,11 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
             stopped[i] = str(e)
             if r > 1:
               say(f"run {i} stopped: {e}\n")
+        if t == first:  # The estimate of the time left starts after it (it compiles).
+          since = (t, wall)
         if progress is not None:
-          line = (progress_line(label, t, rounds, histories[0][-1]) if r == 1 else
-                  batch_progress_line(label, t, rounds, histories, stopped))
+          line = (progress_line(label, t, rounds, histories[0][-1], since) if r == 1 else
+                  batch_progress_line(label, t, rounds, histories, stopped, since))
           progress.write(line + "\n")
           progress.flush()
         if (t + 1) % checkpoint_every == 0 or t == rounds - 1:
@@ -437,7 +439,7 @@ def _start_batch(batch, states, out_dirs, resume, overwrite, fingerprints, say, 
 
 
 def batch_progress_line(label: str, t: int, rounds: int, histories: list[list[dict]],
-                        stopped: dict) -> str:
+                        stopped: dict, since: tuple[int, float] | None = None) -> str:
   """One line per round of a batch: runs going, the mean and range of their losses and test
   accuracy."""
   live = [h[-1] for i, h in enumerate(histories) if i not in stopped and h]
@@ -454,17 +456,26 @@ def batch_progress_line(label: str, t: int, rounds: int, histories: list[list[di
     if text:
       parts.append(text)
   if live:
-    parts.append(_elapsed(live[0]["wall_s"], t, rounds))
+    parts.append(_elapsed(live[0]["wall_s"], t, rounds, since))
   return "  ".join(parts)
 
 
-def _elapsed(wall_s: float, t: int, rounds: int) -> str:
-  """Seconds so far and an estimate of those left (the mean round so far times the rounds left)."""
+def _elapsed(wall_s: float, t: int, rounds: int, since: tuple[int, float] | None = None) -> str:
+  """Seconds so far and an estimate of those left: the mean round after `since` (the round and
+  wall time the estimate starts from: after the first round this process ran, which compiles)
+  times the rounds left; no estimate before a round past it has run."""
   left = rounds - t - 1
-  return f"{wall_s:.1f}s" + (f" (~{wall_s / (t + 1) * left:.0f}s left)" if left else "")
+  text = f"{wall_s:.1f}s"
+  if not left:
+    return text
+  start_t, start_wall = since if since is not None else (-1, 0.0)
+  if t <= start_t:
+    return text
+  return text + f" (~{(wall_s - start_wall) / (t - start_t) * left:.0f}s left)"
 
 
-def progress_line(label: str, t: int, rounds: int, record: dict) -> str:
+def progress_line(label: str, t: int, rounds: int, record: dict,
+                  since: tuple[int, float] | None = None) -> str:
   excluded = record.get("nonfinite_clients", 0)
   trained = (f"train {record['local_train_loss']:.4f}" if record["num_trained"] > excluded
              else "no client trained" if not excluded else "every update non-finite")
@@ -478,7 +489,7 @@ def progress_line(label: str, t: int, rounds: int, record: dict) -> str:
     parts.append(f"test acc {record['test_accuracy']:.4f} loss {record['test_loss']:.4f}")
   if record.get("round_time_s"):
     parts.append(f"sim {record['cumulative_cost']['sim_time_s']:.0f}s")
-  parts.append(_elapsed(record["wall_s"], t, rounds))
+  parts.append(_elapsed(record["wall_s"], t, rounds, since))
   return "  ".join(parts)
 
 
