@@ -5,7 +5,8 @@ launcher.
 
 Each argument is a job's `--out_dir`. Its runs are read through its manifest (`job.json`: every
 run's label, seed and folder); a folder without one is read as the runs of its
-`seed<s>/metrics.jsonl` files. Runs are grouped into methods by their label without the seed. Per
+`seed<s>/metrics.jsonl` files. Runs are grouped into methods by their label without the seed (a
+run that stopped, marked so in job.json, is a row of its own, "(stopped)" after its label). Per
 method, over its seeds (mean +- sample std, n stated; no spread for one seed): the final value of
 `--metric`, its mean over the last `--last_k` rounds, its best value, and the rounds trained and
 the simulated seconds (`sim_time_s`, with `--system_profile`) until it first reaches `--target`
@@ -48,8 +49,10 @@ def read_job(folder: str) -> dict[str, list[list[dict]]]:
   if os.path.exists(manifest):
     with open(manifest, encoding="utf-8") as f:
       runs = json.load(f)["runs"]
-    entries = [(re.sub(r"\s+s\d+(?=\s|$)", "", r["label"]), os.path.join(folder, r["folder"]))
-               for r in runs]
+    # A run that stopped (diverged) is its own row: "(stopped)" after its method's label.
+    entries = [(re.sub(r"\s+s\d+(?=\s|$)", "", r["label"]) + (" (stopped)" if r.get("stopped")
+                                                            else ""),
+                os.path.join(folder, r["folder"])) for r in runs]
   else:
     paths = sorted(glob.glob(os.path.join(folder, "**", "metrics.jsonl"), recursive=True))
     entries = [(os.path.relpath(os.path.dirname(os.path.dirname(p)), folder).replace(".", "")

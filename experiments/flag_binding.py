@@ -24,7 +24,7 @@ from typing import Any
 from absl import app, flags
 
 from experiments import config as cfglib
-from experiments import distributed
+from experiments import distributed, job
 from fedjax_sel import registry
 
 FLAGS = flags.FLAGS
@@ -338,7 +338,9 @@ def launcher_main(resolve: Resolve, execute: Callable[[cfglib.JobConfig, list[st
     del argv
     cfg = job_config(resolve)
     distributed.join(cfg.distributed)
+    job.begin()
     execute(cfg, flag_lines(cfg))
+    job.finish()
   return main
 
 

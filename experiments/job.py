@@ -176,8 +176,10 @@ def failure(error: Exception) -> str:
 def run_all(cfg: cfglib.JobConfig, runs: list[Run]) -> list[list[dict]]:
   """Runs a method's runs for --rounds, each keeping its own folder, metrics, checkpoint and
   resume: with --batch_runs and the device store as one `RunBatch` (one compiled call per round
-  for all of them), else one after another. A diverged run, a refused resume or a foreign
-  checkpoint exit with the message (status 1), after the other runs of a batch finished."""
+  for all of them), else one after another. A run that diverges stops alone: the others finish,
+  its records so far are returned and it is marked stopped in job.json (`finish` then exits 1
+  after the launcher's summary). A refused resume or a foreign checkpoint exits with the message
+  (status 1)."""
   record_runs(cfg, runs)
   out = cfg.output
   done = len(_JOBS[os.path.abspath(out.out_dir)]) - len(runs)
@@ -190,18 +192,56 @@ def run_all(cfg: cfglib.JobConfig, runs: list[Run]) -> list[list[dict]]:
   batched = out.batch_runs and len(runs) > 1 and not any(r.sim.on_host for r in runs)
   if not batched:
     results = []
-    for r, folder in zip(runs, folders):
-      with _exit_on_failure(r.label), trackers(cfg, [folder]) as on_records:
-        results.append(fs.run(r.sim, cfg.engine.rounds, folder, label=r.label, extra=r.extra,
-                              settings=r.settings,
-                              on_record=on_records[0] if on_records else None, **common))
+    for i, (r, folder) in enumerate(zip(runs, folders)):
+      try:
+        with _exit_on_failure(r.label), trackers(cfg, [folder]) as on_records:
+          results.append(fs.run(r.sim, cfg.engine.rounds, folder, label=r.label, extra=r.extra,
+                                settings=r.settings,
+                                on_record=on_records[0] if on_records else None, **common))
+      except NonFiniteError as e:
+        _mark_stopped(cfg, runs, done, {i: str(e)})
+        results.append(e.records[0])
     return results
   label = os.path.commonprefix([r.label for r in runs]).rsplit(" ", 1)[0].strip()
   label = f"{label} ({len(runs)} runs) " if label else f"({len(runs)} runs) "
-  with _exit_on_failure(label), trackers(cfg, folders) as on_records:
-    return fs.run_batch(fs.RunBatch([r.sim for r in runs]), cfg.engine.rounds, folders,
-                        label=label, settings=[r.settings for r in runs],
-                        extras=[r.extra for r in runs], on_records=on_records, **common)
+  try:
+    with _exit_on_failure(label), trackers(cfg, folders) as on_records:
+      return fs.run_batch(fs.RunBatch([r.sim for r in runs]), cfg.engine.rounds, folders,
+                          label=label, settings=[r.settings for r in runs],
+                          extras=[r.extra for r in runs], on_records=on_records, **common)
+  except NonFiniteError as e:
+    _mark_stopped(cfg, runs, done, e.stopped)
+    return e.records
+
+
+_STOPPED: list[str] = []  # Why each stopped run of this process's job stopped.
+
+
+def _mark_stopped(cfg: cfglib.JobConfig, runs: list[Run], done: int, stopped: dict) -> None:
+  """Marks runs `stopped` (index -> message) in job.json and remembers them for `finish`."""
+  job = _JOBS[os.path.abspath(cfg.output.out_dir)]
+  for i, message in sorted(stopped.items()):
+    job[done + i]["stopped"] = message
+    _STOPPED.append(f"{runs[i].label.strip()}: {message}")
+    print(f"run {runs[i].label.strip()} stopped: {message}", flush=True)
+  if writer():
+    write_text(os.path.join(cfg.output.out_dir, JOB_FILE), json.dumps({"runs": job}, indent=1)
+               + "\n")
+
+
+def begin() -> None:
+  """Forgets the stopped runs of a previous job run in this process."""
+  _STOPPED.clear()
+
+
+def finish() -> None:
+  """Exits with status 1 naming the runs that stopped (after the launcher wrote its summary and
+  figures of what finished)."""
+  stopped = list(_STOPPED)
+  _STOPPED.clear()
+  if stopped:
+    sys.exit("error: " + "; ".join(stopped) + ". The other runs finished; the summary holds "
+             "every run's rounds up to where it stopped (job.json marks the stopped runs)")
 
 
 class RunSpec(NamedTuple):
@@ -276,7 +316,7 @@ def run_groups(cfg: cfglib.JobConfig, groups: list[str], load: Load, build_run: 
 def _exit_on_failure(label: str):
   try:
     yield
-  except (NonFiniteError, CheckpointError, FileExistsError, WriteError) as e:
+  except (CheckpointError, FileExistsError, WriteError) as e:
     sys.exit(f"error: {label.strip()}: {failure(e)}")
 
 

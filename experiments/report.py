@@ -33,6 +33,9 @@ def method_table(cfg: cfglib.JobConfig, groups: dict[str, list[list[dict]]]) -> 
   lines = [f"| method | seeds | final test acc | best test acc | mean test acc, last {k} evaluated "
            "rounds | final test loss |", "|---|---|---|---|---|---|"]
   for name, runs in groups.items():
+    ended = [recs[-1]["round"] + 1 for recs in runs if recs[-1]["round"] + 1 < cfg.engine.rounds]
+    if ended:  # Runs that diverged: their rounds up to where they stopped.
+      name += f" ({len(ended)} stopped, after round {min(ended)})"
     acc = [[r["test_accuracy"] for r in recs if "test_accuracy" in r] for recs in runs]
     loss = [[r["test_loss"] for r in recs if "test_loss" in r][-1] for recs in runs]
     lines.append(f"| {name} | {len(runs)} | {mean_std([a[-1] for a in acc])} | "

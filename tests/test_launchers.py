@@ -409,3 +409,23 @@ def test_each_launchers_figure_reads_at_a_glance(tmp_path, launcher, args, name,
   per_round = [p for p in figure["panels"] if "accuracy" in p["title"]]
   assert per_round and all(p["xlabel"] == "rounds trained" for p in per_round), figure
   assert figure["legends"] and figure["legends"][0] == methods, figure
+
+
+def test_a_diverging_sweep_value_leaves_the_others_summarized(tmp_path):
+  """A sweep where one learning rate diverges: the other value's run finishes, the summary and
+  job.json are written (the stopped run marked in both), compare lists it apart, and the job
+  exits 1 naming it."""
+  out = tmp_path / "div"
+  proc = subprocess.run([sys.executable, "-m", "experiments.run", "--num_clients=12",
+                         "--num_available=6", "--clients_per_round=3", "--rounds=3", "--seeds=0",
+                         "--sweep=lr:0.1,1e30", f"--out_dir={out}"], cwd=REPO,
+                        capture_output=True, text=True, timeout=600, check=False)
+  assert proc.returncode == 1 and "lr=1e+30" in proc.stderr, proc.stderr
+  summary = (out / "summary.md").read_text(encoding="utf-8")
+  assert "| FedAvg lr=0.1 | 1 |" in summary
+  assert "FedAvg lr=1e+30 (1 stopped, after round 1)" in summary
+  runs = json.loads((out / "job.json").read_text(encoding="utf-8"))["runs"]
+  assert [bool(r.get("stopped")) for r in runs] == [False, True]
+  assert len(records(out / "lr=0.1" / "seed0" / "metrics.jsonl")) == 3
+  from experiments import compare  # pylint: disable=import-outside-toplevel
+  assert sorted(compare.read_job(str(out))) == ["FedAvg lr=0.1", "FedAvg lr=1e+30 (stopped)"]

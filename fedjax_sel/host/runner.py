@@ -311,8 +311,9 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
   previous checkpoint too, so a job killed at any moment (even between two runs' writes) resumes
   every run from one round. A run whose model or loss stops being finite stops alone: its record
   is written, then nothing more of it, while the others go on; `NonFiniteError` is raised at the
-  end naming it (its `records` attribute holds every run's records; a batch of one raises it with
-  the run's own message).
+  end naming it (its `records` attribute holds every run's records, its `stopped` attribute the
+  index and message of each run that stopped; a batch of one raises it with the run's own
+  message).
 
   Args:
     batch: the `RunBatch`, or `OneRun(sim)`.
@@ -405,6 +406,7 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
       error = NonFiniteError(stopped[0] if r == 1 else
                              "; ".join(f"run {i}: {m}" for i, m in sorted(stopped.items())))
       error.records = histories
+      error.stopped = dict(stopped)  # Run index -> why it stopped.
       raise error
     return histories
 
