@@ -26,6 +26,7 @@ import re
 import numpy as np
 from absl import app, flags
 
+from experiments import job as joblib
 from fedjax_sel.host.checkpoint import CheckpointError
 from fedjax_sel.host.plotting import mean_std
 from fedjax_sel.host.runner import read_history
@@ -55,8 +56,9 @@ def read_job(folder: str) -> dict[str, list[list[dict]]]:
                 os.path.join(folder, r["folder"])) for r in runs]
   else:
     paths = sorted(glob.glob(os.path.join(folder, "**", "metrics.jsonl"), recursive=True))
-    entries = [(os.path.relpath(os.path.dirname(os.path.dirname(p)), folder).replace(".", "")
-                or os.path.basename(os.path.normpath(folder)), os.path.dirname(p)) for p in paths]
+    relative = [os.path.relpath(os.path.dirname(os.path.dirname(p)), folder) for p in paths]
+    entries = [(rel if rel != "." else os.path.basename(os.path.normpath(folder)),
+                os.path.dirname(p)) for rel, p in zip(relative, paths)]
   for method, run_folder in entries:
     path = os.path.join(run_folder, "metrics.jsonl")
     if not os.path.exists(path):
@@ -68,6 +70,13 @@ def read_job(folder: str) -> dict[str, list[list[dict]]]:
   if not methods:
     raise app.UsageError(f"{folder}: no job.json and no metrics.jsonl under it")
   return methods
+
+
+def job_names(folders: list[str]) -> list[str]:
+  """Each job folder's name in the table: its basename, or its path where basenames coincide
+  (two jobs must not merge into one)."""
+  names = [os.path.basename(os.path.normpath(f)) for f in folders]
+  return [n if names.count(n) == 1 else os.path.normpath(f) for n, f in zip(names, folders)]
 
 
 def first_reach(records: list[dict], metric: str, target: float):
@@ -138,7 +147,7 @@ def main(argv):
   missing = [f for f in folders if not os.path.isdir(f)]
   if missing:
     raise app.UsageError(f"no such job folder: {', '.join(missing)}")
-  jobs = {os.path.basename(os.path.normpath(f)): read_job(f) for f in folders}
+  jobs = {name: read_job(f) for name, f in zip(job_names(folders), folders)}
   text = table(jobs, FLAGS.metric, FLAGS.target, FLAGS.last_k)
   print(text)
   if FLAGS.out:
@@ -152,4 +161,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(joblib.cli(main))

@@ -102,7 +102,8 @@ def check_out_dir(out: cfglib.OutputConfig) -> None:
 def start(cfg: cfglib.JobConfig, flag_lines: list[str]) -> None:
   """Checks and locks the job's folder and writes its provenance (process 0): `flags.txt` (a
   flagfile replaying the job), `config.json` (the resolved config: `--config` replays it) and
-  `run_info.json` (the command line, the time, the library, JAX and device versions, the host)."""
+  `run_info.json` (the command line, the time, the library, JAX and device versions, the host;
+  with --resume, the earlier starts under `earlier`)."""
   check_out_dir(cfg.output)
   if not writer():
     return
@@ -126,7 +127,21 @@ def start(cfg: cfglib.JobConfig, flag_lines: list[str]) -> None:
                        "numpy": np.__version__, "python": sys.version.split()[0]},
           "devices": [f"{d.platform}:{d.device_kind}" for d in jax.devices()],
           "processes": jax.process_count()}
-  write_text(os.path.join(out, RUN_INFO_FILE), json.dumps(info, indent=1) + "\n")
+  path = os.path.join(out, RUN_INFO_FILE)
+  earlier = _earlier_starts(path) if cfg.output.resume else []
+  if earlier:  # A resumed job keeps how it was started, and every resume before.
+    info["earlier"] = earlier
+  write_text(path, json.dumps(info, indent=1) + "\n")
+
+
+def _earlier_starts(path: str) -> list[dict]:
+  """The starts a job folder's run_info.json records: the last one and those before it."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      last = json.load(f)
+  except (OSError, ValueError):
+    return []
+  return [*last.pop("earlier", []), last] if isinstance(last, dict) else []
 
 
 def record_runs(cfg: cfglib.JobConfig, runs: list[Run]) -> None:

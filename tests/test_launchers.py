@@ -429,3 +429,17 @@ def test_a_diverging_sweep_value_leaves_the_others_summarized(tmp_path):
   assert len(records(out / "lr=0.1" / "seed0" / "metrics.jsonl")) == 3
   from experiments import compare  # pylint: disable=import-outside-toplevel
   assert sorted(compare.read_job(str(out))) == ["FedAvg lr=0.1", "FedAvg lr=1e+30 (stopped)"]
+
+
+def test_compare_keeps_jobs_of_one_basename_and_dotted_folders_apart(tmp_path):
+  """Two job folders named alike are two rows; without job.json, folders prox_mu=1.5 and
+  prox_mu=15 stay two methods (the dots were stripped, merging them)."""
+  from experiments import compare  # pylint: disable=import-outside-toplevel
+  assert compare.job_names([str(tmp_path / "a" / "job"), str(tmp_path / "b" / "job")]) == [
+      str(tmp_path / "a" / "job"), str(tmp_path / "b" / "job")]
+  record = {"round": 0, "test_accuracy": 0.5, "test_loss": 1.0}
+  for name in ("prox_mu=1.5", "prox_mu=15"):
+    run = tmp_path / "job" / name / "seed0"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(json.dumps(record) + "\n", encoding="utf-8")
+  assert sorted(compare.read_job(str(tmp_path / "job"))) == ["prox_mu=1.5", "prox_mu=15"]

@@ -958,3 +958,22 @@ def test_a_stat_read_without_declaring_it_names_what_to_declare():
                      fs.uniform_availability(4, 4), undeclared, fs.fedavg(), 2, 0)
   with pytest.raises(KeyError, match=r"declare it in the part that reads it, needs=\('loss',\)"):
     sim.step(sim.init())
+
+
+def test_run_batch_refuses_one_folder_for_two_runs(tmp_path):
+  """Two runs given one folder would interleave one metrics.jsonl and one checkpoint."""
+  data = ragged_dataset([20, 12, 9, 15])
+  model = fs.build_model("logreg", data.feature_shape, data.num_classes)
+  sims = [fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
+                       fs.uniform_availability(4, 4), fs.random_selector(2), fs.fedavg(), 2, s)
+          for s in (0, 1)]
+  with pytest.raises(ValueError, match="out_dirs must be distinct folders"):
+    fs.run_batch(fs.RunBatch(sims), 2, [str(tmp_path / "d"), str(tmp_path / "d")], progress=None)
+
+
+def test_a_profile_csv_with_a_byte_order_mark_is_read(tmp_path):
+  from fedjax_sel.client import system  # pylint: disable=import-outside-toplevel
+  path = tmp_path / "profile.csv"
+  path.write_text("\ufeffclient,speed,bandwidth\n0,10,1000\n1,20,2000\n", encoding="utf-8")
+  profile = system.read_profiles(str(path), 2)
+  assert profile.speed.tolist() == [10.0, 20.0]

@@ -100,7 +100,7 @@ def read_profiles(path: str, num_clients: int) -> SystemProfile:
       missing client, a value that is not finite and > 0.
   """
   try:
-    with open(path, encoding="utf-8", newline="") as f:
+    with open(path, encoding="utf-8-sig", newline="") as f:  # A spreadsheet's BOM is fine.
       rows = list(csv.reader(f))
   except (OSError, UnicodeDecodeError, csv.Error) as e:
     raise ValueError(f"{path}: not a readable CSV file ({e})") from e

@@ -336,6 +336,12 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
     r = batch.num_runs
     if out_dirs is not None and len(out_dirs) != r:
       raise ValueError(f"out_dirs must name one folder per run ({r}), got {len(out_dirs)}")
+    if out_dirs is not None:
+      real = [os.path.realpath(d) for d in out_dirs]
+      twice = sorted({d for d, p in zip(out_dirs, real) if real.count(p) > 1})
+      if twice:
+        raise ValueError(f"out_dirs must be distinct folders (two runs would write one "
+                         f"metrics.jsonl and checkpoint): {twice} given more than once")
     if settings is not None and len(settings) != r:
       raise ValueError(f"settings must hold one dict per run ({r}), got {len(settings)}")
     states = batch.init()

@@ -168,7 +168,7 @@ def read_trace(path: str, num_clients: int) -> np.ndarray:
   rounds = None
   try:
     if path.endswith(".csv"):
-      with open(path, encoding="utf-8", newline="") as f:
+      with open(path, encoding="utf-8-sig", newline="") as f:  # A spreadsheet's BOM is fine.
         rows = list(csv.reader(f))
       if not rows or [c.strip() for c in rows[0]] != ["client", "start", "end"]:
         raise ValueError("the first line must be the header client,start,end")

@@ -124,7 +124,7 @@ def check_config(cfg: OortConfig) -> None:
   for name, (lo, hi) in ranges.items():
     value = getattr(cfg, name)
     if not (np.isfinite(value) and lo <= value <= hi):
-      raise ValueError(f"oort_{name} must be in [{lo}, {hi}], got {value}")
+      raise ValueError(f"OortConfig.{name} must be in [{lo}, {hi}], got {value}")
 
 
 def _sorted_quantile(values, mask, q) -> jax.Array:
