@@ -27,7 +27,8 @@ import fedjax_sel as fs
 from experiments import config as cfglib
 from fedjax_sel.host import folder_lock
 from fedjax_sel.host.checkpoint import CheckpointError, WriteError, write_atomic
-from fedjax_sel.host.runner import NonFiniteError
+from fedjax_sel.host.checkpoint import previous as checkpoint_previous
+from fedjax_sel.host.runner import CHECKPOINT_FILE, NonFiniteError, OneRun
 from fedjax_sel.models import CONV_MODELS, resolve_conv_impl
 
 FLAGS_FILE = "flags.txt"
@@ -191,10 +192,11 @@ def failure(error: Exception) -> str:
 def run_all(cfg: cfglib.JobConfig, runs: list[Run]) -> list[list[dict]]:
   """Runs a method's runs for --rounds, each keeping its own folder, metrics, checkpoint and
   resume: with --batch_runs and the device store as one `RunBatch` (one compiled call per round
-  for all of them), else one after another. A run that diverges stops alone: the others finish,
-  its records so far are returned and it is marked stopped in job.json (`finish` then exits 1
-  after the launcher's summary). A refused resume or a foreign checkpoint exits with the message
-  (status 1)."""
+  for all of them), else one after another; with --resume, runs added to the job (a seed, a swept
+  value) start as a batch of their own while the others resume. A run that diverges stops alone:
+  the others finish, its records so far are returned and it is marked stopped in job.json
+  (`finish` then exits 1 after the launcher's summary). A refused resume or a foreign checkpoint
+  exits with the message (status 1)."""
   record_runs(cfg, runs)
   out = cfg.output
   done = len(_JOBS[os.path.abspath(out.out_dir)]) - len(runs)
@@ -202,43 +204,56 @@ def run_all(cfg: cfglib.JobConfig, runs: list[Run]) -> list[list[dict]]:
   each = ", ".join(r.label[len(method):].strip() for r in runs)  # "s0 lr=0.05, s1 lr=0.05, ..."
   print(f"-- runs {done + 1}-{done + len(runs)} of the job: {method}: {each}", flush=True)
   folders = [os.path.join(out.out_dir, *r.path) for r in runs]
-  common = dict(eval_every=cfg.engine.eval_every, checkpoint_every=out.checkpoint_every,
-                resume=out.resume, overwrite=out.overwrite)
   batched = out.batch_runs and len(runs) > 1 and not any(r.sim.on_host for r in runs)
   if not batched:
-    results = []
-    for i, (r, folder) in enumerate(zip(runs, folders)):
-      try:
-        with _exit_on_failure(r.label), trackers(cfg, [folder]) as on_records:
-          results.append(fs.run(r.sim, cfg.engine.rounds, folder, label=r.label, extra=r.extra,
-                                settings=r.settings,
-                                on_record=on_records[0] if on_records else None, **common))
-      except NonFiniteError as e:
-        _mark_stopped(cfg, runs, done, {i: str(e)})
-        results.append(e.records[0])
-    return results
+    batches = [[i] for i in range(len(runs))]
+  else:
+    held = [_holds_checkpoint(f) for f in folders]
+    batches = [[i for i, h in enumerate(held) if h == group] for group in (True, False)]
+    batches = [b for b in batches if b] if out.resume else [list(range(len(runs)))]
+  results = {}
+  for batch in batches:
+    records = _run_batch(cfg, [runs[i] for i in batch], [folders[i] for i in batch])
+    for i, recs, stopped in zip(batch, *records):
+      results[i] = recs
+      if stopped:
+        _mark_stopped(cfg, done + i, runs[i].label.strip(), stopped)
+  return [results[i] for i in range(len(runs))]
+
+
+def _run_batch(cfg: cfglib.JobConfig, runs: list[Run], folders: list[str]
+               ) -> tuple[list[list[dict]], list[str | None]]:
+  """`runs` advanced together: (each run's records, why each stopped or None)."""
+  out = cfg.output
+  common = dict(eval_every=cfg.engine.eval_every, checkpoint_every=out.checkpoint_every,
+                resume=out.resume, overwrite=out.overwrite)
   label = os.path.commonprefix([r.label for r in runs]).rsplit(" ", 1)[0].strip()
-  label = f"{label} ({len(runs)} runs) " if label else f"({len(runs)} runs) "
+  label = runs[0].label if len(runs) == 1 else (f"{label} ({len(runs)} runs) " if label else
+                                                f"({len(runs)} runs) ")
+  batch = fs.RunBatch([r.sim for r in runs]) if len(runs) > 1 else OneRun(runs[0].sim)
   try:
     with _exit_on_failure(label), trackers(cfg, folders) as on_records:
-      return fs.run_batch(fs.RunBatch([r.sim for r in runs]), cfg.engine.rounds, folders,
-                          label=label, settings=[r.settings for r in runs],
-                          extras=[r.extra for r in runs], on_records=on_records, **common)
+      return (fs.run_batch(batch, cfg.engine.rounds, folders, label=label,
+                           settings=[r.settings for r in runs], extras=[r.extra for r in runs],
+                           on_records=on_records, **common), [None] * len(runs))
   except NonFiniteError as e:
-    _mark_stopped(cfg, runs, done, e.stopped)
-    return e.records
+    return e.records, [e.stopped.get(i) for i in range(len(runs))]
+
+
+def _holds_checkpoint(folder: str) -> bool:
+  path = os.path.join(folder, CHECKPOINT_FILE)
+  return os.path.exists(path) or os.path.exists(checkpoint_previous(path))
 
 
 _STOPPED: list[str] = []  # Why each stopped run of this process's job stopped.
 
 
-def _mark_stopped(cfg: cfglib.JobConfig, runs: list[Run], done: int, stopped: dict) -> None:
-  """Marks runs `stopped` (index -> message) in job.json and remembers them for `finish`."""
+def _mark_stopped(cfg: cfglib.JobConfig, position: int, label: str, message: str) -> None:
+  """Marks the job's run at `position` stopped in job.json and remembers it for `finish`."""
   job = _JOBS[os.path.abspath(cfg.output.out_dir)]
-  for i, message in sorted(stopped.items()):
-    job[done + i]["stopped"] = message
-    _STOPPED.append(f"{runs[i].label.strip()}: {message}")
-    print(f"run {runs[i].label.strip()} stopped: {message}", flush=True)
+  job[position]["stopped"] = message
+  _STOPPED.append(f"{label}: {message}")
+  print(f"run {label} stopped: {message}", flush=True)
   if writer():
     write_text(os.path.join(cfg.output.out_dir, JOB_FILE), json.dumps({"runs": job}, indent=1)
                + "\n")

@@ -443,3 +443,23 @@ def test_compare_keeps_jobs_of_one_basename_and_dotted_folders_apart(tmp_path):
     run.mkdir(parents=True)
     (run / "metrics.jsonl").write_text(json.dumps(record) + "\n", encoding="utf-8")
   assert sorted(compare.read_job(str(tmp_path / "job"))) == ["prox_mu=1.5", "prox_mu=15"]
+
+
+def test_resume_with_an_added_seed_resumes_the_others(tmp_path):
+  """--resume with one more seed: seed 0 continues from its checkpoint (its records unchanged),
+  only seed 1 starts from round 0 (the whole job restarted from scratch before)."""
+  out = tmp_path / "grow"
+  base = [sys.executable, "-m", "experiments.run", "--num_clients=12", "--num_available=6",
+          "--clients_per_round=3", "--rounds=3", "--checkpoint_every=1", f"--out_dir={out}"]
+  first = subprocess.run(base + ["--seeds=0"], cwd=REPO, capture_output=True, text=True,
+                         timeout=600, check=False)
+  assert first.returncode == 0, first.stderr
+  before = records(out / "seed0" / "metrics.jsonl")
+  again = subprocess.run(base + ["--seeds=0,1", "--rounds=4", "--resume"], cwd=REPO,
+                         capture_output=True, text=True, timeout=600, check=False)
+  assert again.returncode == 0, again.stderr
+  assert "resuming" in again.stdout and "starting them fresh" not in again.stdout
+  after = records(out / "seed0" / "metrics.jsonl")
+  strip = lambda recs: [{k: v for k, v in r.items() if k != "wall_s"} for r in recs]
+  assert strip(after[:3]) == strip(before) and len(after) == 4
+  assert len(records(out / "seed1" / "metrics.jsonl")) == 4

@@ -977,3 +977,14 @@ def test_a_profile_csv_with_a_byte_order_mark_is_read(tmp_path):
   path.write_text("\ufeffclient,speed,bandwidth\n0,10,1000\n1,20,2000\n", encoding="utf-8")
   profile = system.read_profiles(str(path), 2)
   assert profile.speed.tolist() == [10.0, 20.0]
+
+
+def test_a_corrupt_older_checkpoint_does_not_block_a_resume(tmp_path):
+  """The checkpoint kept before the latest (.prev) is corrupt: the run resumes from the latest."""
+  run_dir = tmp_path / "run"
+  fs.run(make_sim(), 2, str(run_dir), checkpoint_every=1, progress=None)
+  prev = run_dir / "checkpoint.msgpack.prev"
+  assert prev.exists()
+  prev.write_bytes(prev.read_bytes()[:40])
+  records = fs.run(make_sim(), 3, str(run_dir), resume=True, progress=None)
+  assert [r["round"] for r in records] == [0, 1, 2]

@@ -287,12 +287,19 @@ def run(sim: Simulator, rounds: int, out_dir: str | None = None, *, eval_every: 
 
 def _checkpoint_rounds(path: str, template, fingerprint: dict) -> dict[int, str]:
   """{round: file} of the checkpoints kept at `path` (the latest and the one before it), each
-  refused when its run's fingerprint differs."""
+  refused when its run's fingerprint differs; a corrupt older copy is passed over while the
+  latest one is intact."""
   found = {}
   for p in (path, checkpoint.previous(path)):
-    if os.path.exists(p):
+    if not os.path.exists(p):
+      continue
+    try:
       state, _ = checkpoint.load(p, template, fingerprint)
-      found[int(np.asarray(state.round))] = p
+    except checkpoint.CheckpointError as e:
+      if p == path or not found or getattr(e, "changed", ()):
+        raise
+      continue
+    found[int(np.asarray(state.round))] = p
   return found
 
 
