@@ -30,7 +30,7 @@ from fedjax_sel.data.corruption import corrupt_clients, corruption_kinds
 from fedjax_sel.models import CONV_MODELS, resolve_conv_impl
 from fedjax_sel.models.bundle import accepts as model_accepts
 
-PART_FLAGS = cfglib.PART_FLAGS
+PART_FLAG = cfglib.PART_FLAG
 DEFAULT_PUBLIC_FRACTION = 0.05  # A filter's public set, unless --public_fraction says otherwise.
 DEFAULT_VAL_FRACTION = 0.1  # The validation split a part decides on, unless given.
 
@@ -39,7 +39,7 @@ DEFAULT_VAL_FRACTION = 0.1  # The validation split a part decides on, unless giv
 
 def part_error(kind: str, name: str, error: ValueError) -> app.UsageError:
   """A part's refusal as a usage error naming the flag of the setting at fault (or the part)."""
-  flag = PART_FLAGS[kind]
+  flag = PART_FLAG[kind]
   if isinstance(error, registry.SettingError):
     entry = registry.lookup(kind, name)
     field = next((f for f in entry.settings.__dataclass_fields__.values()

@@ -209,7 +209,7 @@ def setting_flag(name: str, field: dataclasses.Field) -> str:
 
 OPTIONAL_KINDS = ("filter", "rule", "server_optimizer")
 # The flag choosing each kind of part.
-PART_FLAGS = {"selector": "selector", "filter": "filter", "rule": "rule",
+PART_FLAG = {"selector": "selector", "filter": "filter", "rule": "rule",
               "aggregator": "aggregator", "server_optimizer": "server_opt",
               "availability": "availability"}  # None: the round has no such part.
 

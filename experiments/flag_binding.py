@@ -29,7 +29,7 @@ from fedjax_sel import registry
 
 FLAGS = flags.FLAGS
 flags.disclaim_key_flags()  # The flags `define` declares are the calling launcher's (its --help).
-PART_FLAGS = cfglib.PART_FLAGS
+PART_FLAG = cfglib.PART_FLAG
 NONE = "none"  # The value of a part's flag meaning "no such part".
 PART_HELP = {
     "selector": "Client selector (applied to the available, filtered-in clients)",
@@ -118,7 +118,7 @@ def define(defaults: cfglib.JobConfig, *, exclude: tuple[str, ...] = (),
   for kind in choose:
     chosen = getattr(defaults.parts, kind)
     accepted = ", ".join(((NONE,) if kind in cfglib.OPTIONAL_KINDS else ()) + registry.names(kind))
-    flags.DEFINE_string(PART_FLAGS[kind], NONE if chosen is None else chosen.name,
+    flags.DEFINE_string(PART_FLAG[kind], NONE if chosen is None else chosen.name,
                         f"{PART_HELP[kind]}: {accepted}, or module:name of one registered "
                         "outside the package (fedjax_sel.registry).")
   wanted = {kind: None for kind in choose}
@@ -201,7 +201,7 @@ def part_settings(kind: str, name: str, cfg: cfglib.JobConfig | None = None) -> 
 def _part(kind: str, base: cfglib.Part | None, cfg: cfglib.JobConfig) -> cfglib.Part | None:
   """The part of `kind`: the chosen one (its flag, else `base`'s) with its settings."""
   bound = _bound()
-  flag = PART_FLAGS[kind]
+  flag = PART_FLAG[kind]
   name = base.name if base is not None else NONE
   if kind in bound.choices and given(flag):
     name = FLAGS[flag].value
@@ -358,7 +358,7 @@ def _flag_values(cfg: cfglib.JobConfig) -> dict[str, Any]:
         values.setdefault(flag, getattr(p.settings, f.name))
   for kind in bound.choices:
     chosen = getattr(cfg.parts, kind)
-    values[PART_FLAGS[kind]] = NONE if chosen is None else chosen.name
+    values[PART_FLAG[kind]] = NONE if chosen is None else chosen.name
   values["seeds"] = cfg.seeds
   if cfg.sweep is not None:
     values["sweep"] = f"{cfg.sweep.name}:{','.join(repr(v) for v in cfg.sweep.values)}"

@@ -31,7 +31,7 @@ from fedjax_sel.host.checkpoint import previous as checkpoint_previous
 from fedjax_sel.host.runner import CHECKPOINT_FILE, NonFiniteError, OneRun
 from fedjax_sel.models import CONV_MODELS, resolve_conv_impl
 
-FLAGS_FILE = "flags.txt"
+FLAGFILE = "flags.txt"
 CONFIG_FILE = "config.json"
 RUN_INFO_FILE = "run_info.json"
 JOB_FILE = "job.json"
@@ -117,7 +117,7 @@ def start(cfg: cfglib.JobConfig, flag_lines: list[str]) -> None:
   import jax  # pylint: disable=import-outside-toplevel
   import optax  # pylint: disable=import-outside-toplevel
   os.makedirs(out, exist_ok=True)
-  write_text(os.path.join(out, FLAGS_FILE), "\n".join(flag_lines) + "\n")
+  write_text(os.path.join(out, FLAGFILE), "\n".join(flag_lines) + "\n")
   write_text(os.path.join(out, CONFIG_FILE), cfglib.to_json(cfg))
   info = {"launcher": cfg.launcher, "command": [sys.executable, *sys.argv],
           "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

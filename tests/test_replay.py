@@ -96,7 +96,7 @@ FLAGS([module_name])
 base = config.to_dict(flag_binding.job_config(launcher.resolve))
 bound = flag_binding._bound()
 owners = {flag: o[0][:2] for flag, o in bound.settings.items()}
-kinds = {v: k for k, v in flag_binding.PART_FLAGS.items()}
+kinds = {v: k for k, v in flag_binding.PART_FLAG.items()}
 unchanged = []
 for name in sorted(f.name for f in FLAGS.flags_by_module_dict()[module_name]):
   flag = FLAGS[name]
@@ -128,7 +128,7 @@ for name in sorted(f.name for f in FLAGS.flags_by_module_dict()[module_name]):
     args[1] = f"--{'' if value else 'no'}{name}"
   if name in owners and owners[name][0] in bound.choices:
     kind, part = owners[name]
-    args.append(f"--{flag_binding.PART_FLAGS[kind]}={part}")
+    args.append(f"--{flag_binding.PART_FLAG[kind]}={part}")
   FLAGS(args)
   try:
     changed = config.to_dict(flag_binding.job_config(launcher.resolve)) != base
