@@ -66,20 +66,24 @@ def _wait_for_coordinator(d: cfglib.DistributedConfig) -> None:
                      "the other processes to check in\n")
     _gather_peers(meeting, count, deadline, timeout)
     return
+  answer = "no answer"
   while True:
     try:
       with socket.create_connection(meeting, timeout=1) as conn:
         conn.sendall(f"{d.process_id}\n".encode())
         conn.settimeout(max(deadline - time.monotonic(), 1.0))
-        if conn.recv(2) == b"go":
+        reply = conn.recv(2)
+        if reply == b"go":
           return
+        answer = f"an answer that is not process 0's ({reply[:16]!r})"
     except OSError as e:
-      if time.monotonic() > deadline:
-        raise app.UsageError(f"could not join the multi-host run: process 0 did not answer at "
-                             f"--coordinator_address={address} (rendezvous port {meeting[1]}) "
-                             f"after --distributed_timeout={timeout}s ({e}); start process 0 "
-                             "there first") from e
-      time.sleep(0.5)
+      answer = str(e)
+    if time.monotonic() > deadline:  # Also when something else answers on the port.
+      raise app.UsageError(f"could not join the multi-host run: process 0 did not answer at "
+                           f"--coordinator_address={address} (rendezvous port {meeting[1]}) "
+                           f"after --distributed_timeout={timeout}s ({answer}); start process 0 "
+                           "there first, and check that nothing else listens on that port")
+    time.sleep(0.5)
 
 
 def _gather_peers(meeting: tuple[str, int], count: int, deadline: float, timeout: int) -> None:

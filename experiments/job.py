@@ -113,6 +113,12 @@ def start(cfg: cfglib.JobConfig, flag_lines: list[str]) -> None:
     folder_lock.hold(out)
   except folder_lock.FolderInUse as e:
     raise app.UsageError(f"--out_dir: {e}") from e
+  nearby = folder_lock.in_use_nearby(out)
+  if nearby is not None:  # Nested job folders would mix their runs.
+    folder_lock.release(out)
+    raise app.UsageError(f"--out_dir={out}: {nearby}, "
+                         f"{'inside' if nearby.startswith(os.path.realpath(out)) else 'around'} "
+                         "it, is in use by another job; wait for it or write to another folder")
   import flax  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
   import optax  # pylint: disable=import-outside-toplevel
@@ -331,7 +337,10 @@ def run_groups(cfg: cfglib.JobConfig, groups: list[str], load: Load, build_run: 
         tag = "" if value is None else cfg.sweep.tag(value)
         for seed in cfg.seeds:
           spec = RunSpec(group, method, run, seed, tag, loaded[(seed, group)], capacity)
-          sim, extra = build_run(spec)
+          try:
+            sim, extra = build_run(spec)
+          except (ValueError, TypeError) as e:  # The library's refusal, before any compute.
+            raise app.UsageError(f"{spec.name} seed {seed}: {e}") from e
           label = " ".join(p for p in (group, method.label, f"s{seed}", tag) if p) + " "
           runs.append(Run(sim, spec.path, label, extra, settings(run)))
         names.append(spec.name)

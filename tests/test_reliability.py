@@ -988,3 +988,22 @@ def test_a_corrupt_older_checkpoint_does_not_block_a_resume(tmp_path):
   prev.write_bytes(prev.read_bytes()[:40])
   records = fs.run(make_sim(), 3, str(run_dir), resume=True, progress=None)
   assert [r["round"] for r in records] == [0, 1, 2]
+
+
+def test_a_job_around_a_running_job_is_refused_before_compute(tmp_path):
+  """Another process holds D/seed0: a job on D stops at once naming it (it died with a raw
+  FolderInUse after loading its data, and would have mixed the two jobs' runs)."""
+  inner = tmp_path / "D" / "seed0"
+  holder = subprocess.Popen(
+      [sys.executable, "-c", "import sys, time; from fedjax_sel.host import folder_lock; "
+       f"folder_lock.hold({str(inner)!r}); print('held', flush=True); time.sleep(60)"],
+      cwd=REPO, stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    proc = subprocess.run([sys.executable, "-m", "experiments.run", "--rounds=1",
+                           f"--out_dir={tmp_path / 'D'}"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, check=False)
+  finally:
+    holder.kill()
+  assert proc.returncode == 1 and "is in use by another job" in proc.stderr, proc.stderr
+  assert str(inner) in proc.stderr and "== " not in proc.stdout

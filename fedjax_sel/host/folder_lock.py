@@ -58,6 +58,30 @@ def hold(folder: str):
   return handle
 
 
+def in_use_nearby(folder: str) -> str | None:
+  """A folder above or below `folder` that another process holds (a job there writes into this
+  one, or this one into it), or None."""
+  real = os.path.realpath(folder)
+  nearby = []
+  parent = os.path.dirname(real)
+  while parent != os.path.dirname(parent):
+    nearby.append(parent)
+    parent = os.path.dirname(parent)
+  if os.path.isdir(real):
+    nearby += [root for root, _, files in os.walk(real) if LOCK_FILE in files and root != real]
+  for candidate in nearby:
+    path = os.path.join(candidate, LOCK_FILE)
+    if candidate in _HELD or not os.path.exists(path):
+      continue
+    try:
+      with open(path, encoding="utf-8") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    except OSError:
+      return candidate
+  return None
+
+
 def release(folder: str) -> None:
   """Releases this process's lock on `folder` (nothing if it holds none)."""
   handle = _HELD.pop(os.path.realpath(folder), None)
