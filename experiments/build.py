@@ -13,6 +13,7 @@ one name), raised before any compute:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import NamedTuple
 
@@ -27,7 +28,7 @@ from fedjax_sel.data import sources
 from fedjax_sel.data.builders import natively_federated
 from fedjax_sel.data.corruption import KINDS as CORRUPTION_KINDS
 from fedjax_sel.data.corruption import corrupt_clients, corruption_kinds
-from fedjax_sel.models import CONV_MODELS, resolve_conv_impl
+from fedjax_sel.models import resolve_conv_impl
 from fedjax_sel.models.bundle import accepts as model_accepts
 
 PART_FLAG = cfglib.PART_FLAG
@@ -244,15 +245,18 @@ def check_corruption(cfg: cfglib.JobConfig) -> tuple[str, ...]:
 
 
 def dataset_spec(cfg: cfglib.JobConfig, **overrides) -> fs.DatasetSpec:
-  """The `DatasetSpec` of the data config, with launcher-specific fields in `overrides`."""
-  d = cfg.data
+  """The `DatasetSpec` of the data config and the chosen dataset's settings (the spec's fields of
+  the settings' flag names), with launcher-specific fields in `overrides`."""
+  d, chosen = cfg.data, cfg.parts.dataset
+  own = {cfglib.setting_flag(chosen.name, f): getattr(chosen.settings, f.name)
+         for f in dataclasses.fields(chosen.settings)}
+  own = {k: v for k, v in own.items() if k in fs.DatasetSpec._fields}
   spec = fs.DatasetSpec(
-      name=d.dataset, num_clients=d.num_clients, partition=d.partition, alpha=d.dirichlet_alpha,
-      classes_per_client=d.classes_per_client, dominant_fraction=d.dominant_fraction,
-      val_fraction=d.val_fraction, test_fraction=d.test_fraction,
-      public_fraction=d.public_fraction, data_dir=d.data_dir, leaf_files=tuple(d.leaf_files),
-      tfds_name=d.tfds_name, synth_alpha=d.synth_alpha, synth_beta=d.synth_beta,
-      max_examples=d.max_examples)
+      name=chosen.name, num_clients=d.num_clients, partition=d.partition,
+      alpha=d.dirichlet_alpha, classes_per_client=d.classes_per_client,
+      dominant_fraction=d.dominant_fraction, val_fraction=d.val_fraction,
+      test_fraction=d.test_fraction, public_fraction=d.public_fraction,
+      max_examples=d.max_examples, **own)
   return spec._replace(**overrides)
 
 
@@ -298,36 +302,23 @@ def corrupt(cfg: cfglib.JobConfig, data, seed: int):
 
 # --- Model and local training -------------------------------------------------------------------
 
-def hidden(cfg: cfglib.JobConfig) -> tuple[int, ...]:
-  """--hidden as widths >= 1."""
-  text = ",".join(cfg.model.hidden)
-  try:
-    widths = tuple(int(h) for h in cfg.model.hidden)
-  except ValueError as e:
-    raise app.UsageError(f"--hidden must be a comma-separated list of integers, got {text}") from e
-  if not widths or min(widths) < 1:
-    raise app.UsageError(f"--hidden widths must be >= 1, got {text}")
-  return widths
-
-
 def model_for(cfg: cfglib.JobConfig, data: fs.FederatedDataset) -> fs.Model:
-  """The model of the config for `data`'s inputs (a model that does not fit them is refused)."""
-  m = cfg.model
-  widths = hidden(cfg)
+  """The chosen model for `data`'s inputs (a model that does not fit them is refused)."""
+  chosen = cfg.parts.model
   # Character windows: 1-D rows of vocabulary indices labelled over the LEAF vocabulary.
   text = len(data.feature_shape) == 1 and data.num_classes == sources.VOCAB_SIZE
-  if not model_accepts(m.model, data.feature_shape, text):
+  if chosen.name in fs.MODELS and not model_accepts(chosen.name, data.feature_shape, text):
     kind = "character windows" if text else f"features of shape {data.feature_shape}"
-    raise app.UsageError(f"--model={m.model} does not fit --dataset={cfg.data.dataset} "
-                         f"({kind}); accepted: " + ", ".join(
+    raise app.UsageError(f"--model={chosen.name} does not fit --dataset="
+                         f"{cfg.parts.dataset.name} ({kind}); accepted: " + ", ".join(
                              n for n in fs.MODELS if model_accepts(n, data.feature_shape, text)))
-  if m.model in CONV_MODELS:
+  impl = getattr(chosen.settings, "conv_impl", None)
+  if impl is not None:
     try:
-      resolve_conv_impl(m.conv_impl)
+      resolve_conv_impl(impl)
     except ValueError as e:
-      raise app.UsageError(f"--conv_impl={m.conv_impl}: {e}") from e
-  return fs.build_model(m.model, data.feature_shape, data.num_classes, conv_impl=m.conv_impl,
-                        hidden=widths, norm=m.norm, width=m.resnet_width)
+      raise app.UsageError(f"--conv_impl={impl}: {e}") from e
+  return part("model", chosen, context(cfg, data))
 
 
 def optimizer(cfg: cfglib.JobConfig):

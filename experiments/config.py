@@ -21,14 +21,11 @@ import json
 import typing
 from typing import Any
 
-import fedjax_sel as fs
 from fedjax_sel import registry
-from fedjax_sel.data import sources
 from fedjax_sel.data.corruption import KINDS as CORRUPTION_KINDS
 from fedjax_sel.data.partition import PARTITIONS
-from fedjax_sel.models import CONV_IMPLS
 
-VERSION = 3  # Of the config.json layout; a file of another version is refused, naming both.
+VERSION = 4  # Of the config.json layout; a file of another version is refused, naming both.
 
 
 def option(default: Any, help: str, *, choices: tuple | None = None,  # pylint: disable=redefined-builtin
@@ -42,7 +39,6 @@ def option(default: Any, help: str, *, choices: tuple | None = None,  # pylint: 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-  dataset: str = option("digits", "Dataset (digits ships with scikit-learn).", choices=fs.DATASETS)
   partition: str = option("dirichlet", "How a centralized pool is split.", choices=PARTITIONS)
   num_clients: int = option(50, "Total clients in the population (N), >= 1.", lower=1)
   dirichlet_alpha: float = option(0.5, "Concentration of the Dirichlet label partition (alpha); "
@@ -57,15 +53,6 @@ class DataConfig:
                                "split, in [0, 0.9].", lower=0.0, upper=0.9)
   public_fraction: float = option(0.0, "Server public set: stratified share of the pool (or of "
                                   "each client for synth/leaf).", lower=0.0, upper=0.9)
-  data_dir: str = option(sources.FASHION_MNIST_DIR, "Folder of the Fashion-MNIST IDX files, or the "
-                         "TFDS data dir holding ArrayRecord files.")
-  leaf_files: tuple[str, ...] = option((), "LEAF JSON files or glob patterns for --dataset=leaf.")
-  tfds_name: str = option("mnist", "TFDS dataset name for --dataset=tfds (e.g. cifar10), read from "
-                          "--data_dir, never downloaded.")
-  synth_alpha: float = option(1.0, "SYNTH(alpha, beta): spread of the clients' models (alpha), >= "
-                              "0.", lower=0.0)
-  synth_beta: float = option(1.0, "SYNTH(alpha, beta): spread of the clients' feature means "
-                             "(beta), >= 0.", lower=0.0)
   max_examples: int | None = option(None, "Keep at most this many examples of the centralized pool "
                                     "(a seeded sample), >= 1.", lower=1)
   store_dir: str | None = option(None, "Read the federated dataset from a memory-mapped store "
@@ -78,24 +65,6 @@ class DataConfig:
                                           "labels), flip (one wrong class per client), noise "
                                           "(Gaussian features); values among "
                                           f"{CORRUPTION_KINDS}.")
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-  model: str = option("mlp", "Model the clients train (its size follows --hidden, --resnet_width, "
-                      "--norm).", choices=fs.MODELS)
-  hidden: tuple[str, ...] = option(("200", "200"), "Hidden layer widths of --model=mlp (e.g. "
-                                   "200,100 for FedSRC's MNIST MLP 784-200-100-10, 64 for its "
-                                   "FEMNIST MLP).")
-  norm: str = option("group", "Normalization layers of --model=resnet18: group (GroupNorm) or "
-                     "batch (BatchNorm; each client keeps running statistics during local "
-                     "training, averaged like the weights).", choices=("group", "batch"))
-  resnet_width: int = option(64, "Channels of ResNet18's first stage (64 in the paper; smaller for "
-                             "quick CPU runs).", lower=2)
-  conv_impl: str = option("auto", "Convolution lowering: auto (oneDNN's CPU kernels on a single "
-                          "CPU device where the onednn extra is installed, else patches), patches "
-                          "(shifted slices and a matmul), lax (XLA's convolution) or onednn.",
-                          choices=CONV_IMPLS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,16 +171,14 @@ def part(kind: str, name: str, **settings) -> Part:
   return Part(name, registry.lookup(kind, name).settings(**settings))
 
 
-def setting_flag(name: str, field: dataclasses.Field) -> str:
-  """The flag of a part's setting: as the field names it, else `<part>_<field>`."""
-  return field.metadata.get("flag") or f"{name}_{field.name}"
+setting_flag = registry.setting_flag
 
 
-OPTIONAL_KINDS = ("filter", "rule", "server_optimizer")
-# The flag choosing each kind of part.
+OPTIONAL_KINDS = ("filter", "rule", "server_optimizer")  # None: the round has no such part.
+# The flag choosing each kind of part (and the job's dataset and model).
 PART_FLAG = {"selector": "selector", "filter": "filter", "rule": "rule",
-              "aggregator": "aggregator", "server_optimizer": "server_opt",
-              "availability": "availability"}  # None: the round has no such part.
+             "aggregator": "aggregator", "server_optimizer": "server_opt",
+             "availability": "availability", "dataset": "dataset", "model": "model"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,6 +192,8 @@ class PartsConfig:
   aggregator: Part = dataclasses.field(default_factory=lambda: part("aggregator", "fedavg"))
   server_optimizer: Part | None = None
   availability: Part = dataclasses.field(default_factory=lambda: part("availability", "uniform"))
+  dataset: Part = dataclasses.field(default_factory=lambda: part("dataset", "digits"))
+  model: Part = dataclasses.field(default_factory=lambda: part("model", "mlp"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,7 +231,6 @@ class JobConfig:
   """
 
   data: DataConfig = dataclasses.field(default_factory=DataConfig)
-  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
   local: LocalConfig = dataclasses.field(default_factory=LocalConfig)
   engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
   parts: PartsConfig = dataclasses.field(default_factory=PartsConfig)
@@ -287,7 +255,7 @@ class JobConfig:
     return out
 
 
-SECTIONS = {"data": DataConfig, "model": ModelConfig, "local": LocalConfig,
+SECTIONS = {"data": DataConfig, "local": LocalConfig,
             "engine": EngineConfig, "output": OutputConfig, "distributed": DistributedConfig}
 # Sections that do not change a run's results: left out of its fingerprint (and fields marked so).
 NOT_RESULTS = ("output", "distributed")
@@ -349,6 +317,13 @@ def updated(cfg: JobConfig, skip: set[str] | frozenset = frozenset(), **values) 
     section = field_section(name, type(cfg.options) if cfg.options is not None else None)
     if section is not None:
       cfg = replace(cfg, f"{section}.{name}", value)
+      continue
+    kind = next((k for k, flag in PART_FLAG.items() if flag == name), None)
+    if kind is not None:  # A part chosen by its flag (its settings kept where it is the same).
+      held = getattr(cfg.parts, kind)
+      chosen = None if value == "none" else (held if held is not None and held.name == value
+                                             else part(kind, value))
+      cfg = dataclasses.replace(cfg, parts=dataclasses.replace(cfg.parts, **{kind: chosen}))
       continue
     for kind in registry.KINDS:
       p = getattr(cfg.parts, kind)

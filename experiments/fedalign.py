@@ -86,7 +86,7 @@ SWEEPABLE = {"lr": "local.lr", "prox_mu": "local.prox_mu", "eps0": "parts.rule.s
 # Its own participation (full, or per group) and its own noise (--synth_noise): no availability,
 # K or corruption flags.
 NOT_USED = ("clients_per_round", "corrupt_fraction", "corrupt_kinds")
-flag_binding.define(DEFAULTS, exclude=NOT_USED, choose=("server_optimizer",),
+flag_binding.define(DEFAULTS, exclude=NOT_USED, choose=("server_optimizer", "dataset", "model"),
                     parts={"rule": ("fedalign",), "aggregator": ("fedavg",)}, sweepable=SWEEPABLE)
 
 
@@ -102,7 +102,7 @@ def resolve(cfg: config.JobConfig, given: frozenset) -> config.JobConfig:
     raise app.UsageError(f"--methods must list values among {sorted(LABELS)}, got "
                          f"{','.join(opts.methods)}")
   unknown = [lvl for lvl in opts.synth_noise if lvl not in NOISE_PRESETS]
-  if cfg.data.dataset == "synth" and (unknown or not opts.synth_noise):
+  if cfg.parts.dataset.name == "synth" and (unknown or not opts.synth_noise):
     raise app.UsageError(f"--synth_noise must list levels among {sorted(NOISE_PRESETS)}, got "
                          f"{','.join(opts.synth_noise)}")
   if "high_noise_eps0" not in given and "eps0" not in given:
@@ -114,7 +114,7 @@ def resolve(cfg: config.JobConfig, given: frozenset) -> config.JobConfig:
 
 
 def groups(cfg: config.JobConfig) -> list[str]:
-  return list(cfg.options.synth_noise) if cfg.data.dataset == "synth" else ["main"]
+  return list(cfg.options.synth_noise) if cfg.parts.dataset.name == "synth" else ["main"]
 
 
 def load(cfg: config.JobConfig, seed: int, group: str):

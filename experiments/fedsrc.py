@@ -59,7 +59,7 @@ DEFAULTS = config.updated(
 SWEEPABLE = {"lr": "local.lr", "prox_mu": "local.prox_mu",  # Run values or part state.
              "participation_target": "parts.rule.settings.target",
              "fedsrc_beta": "parts.rule.settings.beta"}
-flag_binding.define(DEFAULTS, choose=("server_optimizer", "availability"),
+flag_binding.define(DEFAULTS, choose=("server_optimizer", "availability", "dataset", "model"),
                     parts={"rule": ("fedsrc",), "aggregator": None}, sweepable=SWEEPABLE)
 
 
@@ -98,7 +98,7 @@ def resolve(cfg: config.JobConfig, given: frozenset) -> config.JobConfig:
 
 def groups(cfg: config.JobConfig) -> list[str]:
   """The groups of runs: the --splits, or `natural` for natively federated data."""
-  return (["natural"] if natively_federated(cfg.data.dataset) else list(cfg.options.splits))
+  return (["natural"] if natively_federated(cfg.parts.dataset.name) else list(cfg.options.splits))
 
 
 def load(cfg: config.JobConfig, seed: int, group: str):

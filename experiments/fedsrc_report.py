@@ -100,7 +100,7 @@ def summary(cfg: config.JobConfig, runs) -> str:
 def write_outputs(cfg: config.JobConfig, results: dict) -> None:
   """summary.md (accuracy and savings per split) and, with --plot, fedsrc.png."""
   bad = int(cfg.data.corrupt_fraction * 100)
-  text = "\n\n".join(f"## {group} ({cfg.data.dataset}, {bad}% bad clients, "
+  text = "\n\n".join(f"## {group} ({cfg.parts.dataset.name}, {bad}% bad clients, "
                      f"{len(cfg.seeds)} seeds)\n\n" + summary(cfg, runs)
                      for group, runs in results.items())
   report.write_summary(cfg, text)

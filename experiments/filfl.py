@@ -84,7 +84,8 @@ DEFAULTS = config.updated(
     out_dir="runs/filfl")
 DEFAULTS = dataclasses.replace(DEFAULTS, seeds=(0, 1, 2))
 SWEEPABLE = {"lr": "local.lr", "prox_mu": "local.prox_mu"}
-flag_binding.define(DEFAULTS, choose=("selector", "server_optimizer", "availability"),
+flag_binding.define(DEFAULTS, choose=("selector", "server_optimizer", "availability", "dataset",
+                                     "model"),
                     parts={"filter": ("dgf",)},
                     sweepable=SWEEPABLE)
 

@@ -32,6 +32,9 @@ flags.disclaim_key_flags()  # The flags `define` declares are the calling launch
 PART_FLAG = cfglib.PART_FLAG
 NONE = "none"  # The value of a part's flag meaning "no such part".
 PART_HELP = {
+    "dataset": "Dataset (digits ships with scikit-learn; its own settings are flags: --data_dir, "
+               "--tfds_name, --leaf_files, --synth_alpha, ...)",
+    "model": "Model the clients train (its size follows --hidden, --resnet_width, --norm)",
     "selector": "Client selector (applied to the available, filtered-in clients)",
     "filter": "Client filter before selection (none: every available client may be selected)",
     "rule": "Participation rule of the selected clients (none: everyone trains)",
@@ -205,12 +208,6 @@ def _part(kind: str, base: cfglib.Part | None, cfg: cfglib.JobConfig) -> cfglib.
   name = base.name if base is not None else NONE
   if kind in bound.choices and given(flag):
     name = FLAGS[flag].value
-  if kind in bound.choices:
-    for setting, owners in bound.settings.items():
-      if given(setting) and owners[0][0] == kind and name not in {n for _, n, _ in owners}:
-        parts = sorted({n for _, n, _ in owners})
-        raise app.UsageError(f"--{setting} is a setting of --{flag}={'/'.join(parts)}, not of "
-                             f"--{flag}={name}: drop it or choose that {kind}")
   if name == NONE and kind in cfglib.OPTIONAL_KINDS:
     return None
   try:
@@ -327,7 +324,29 @@ def job_config(resolve: Resolve | None = None) -> cfglib.JobConfig:
     explicit |= set(bound.fields) | set(bound.settings)
   if resolve is not None:
     cfg = resolve(cfg, frozenset(explicit))
+  cfg = _given_settings(cfg)
   check_values(cfg)
+  return cfg
+
+
+def _given_settings(cfg: cfglib.JobConfig) -> cfglib.JobConfig:
+  """The setting flags given on the command line over the final parts (a preset may have chosen
+  another part; the flags win over its settings). A given setting of a part that is not chosen
+  is refused."""
+  bound = _bound()
+  for kind in bound.choices:
+    chosen = getattr(cfg.parts, kind)
+    name = NONE if chosen is None else chosen.name
+    flag = PART_FLAG[kind]
+    for setting, owners in bound.settings.items():
+      if given(setting) and owners[0][0] == kind and name not in {n for _, n, _ in owners}:
+        parts = sorted({n for _, n, _ in owners})
+        raise app.UsageError(f"--{setting} is a setting of --{flag}={'/'.join(parts)}, not of "
+                             f"--{flag}={name}: drop it or choose that {kind}")
+    if chosen is not None:
+      settings = part_settings(kind, chosen.name, cfg)
+      cfg = dataclasses.replace(cfg, parts=dataclasses.replace(
+          cfg.parts, **{kind: cfglib.Part(chosen.name, settings)}))
   return cfg
 
 

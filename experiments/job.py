@@ -46,7 +46,8 @@ FINGERPRINT_NAMES = {"seed": "--seeds", "lr_base": "--lr", "prox_mu_value": "--p
                      "part_selector": "--selector", "part_filter": "--filter",
                      "part_rule": "--rule", "part_aggregator": "--aggregator",
                      "part_server_optimizer": "--server_opt",
-                     "part_availability": "--availability"}
+                     "part_availability": "--availability", "part_dataset": "--dataset",
+                     "part_model": "--model"}
 _JOBS: dict[str, list[dict]] = {}  # out_dir -> the runs recorded in its manifest.
 
 
@@ -65,7 +66,7 @@ def settings(run: cfglib.JobConfig) -> dict:
   """A run's fingerprint settings: its config's (`config.fingerprint`), with `conv_impl=auto`
   replaced by what it stood for on this machine (lowerings round differently)."""
   out = cfglib.fingerprint(run)
-  if out.get("model") in CONV_MODELS and out.get("conv_impl") == "auto":
+  if out.get("part_model") in CONV_MODELS and out.get("conv_impl") == "auto":
     out["conv_impl"] = resolve_conv_impl("auto")
   return out
 

@@ -7,9 +7,10 @@ r"""Writes a federated dataset once to a memory-mapped client store, for runs wi
 
 The first builds any dataset the launchers build (the same data flags: LEAF JSON, TFDS, IDX,
 digits, SYNTH, partitions and splits; seed --seeds' first) and writes it with
-`fedjax_sel.data.store.write_store`; the second generates a SYNTH(--synth_alpha, --synth_beta)
-population of --synth_clients clients block by block straight to disk (`synth_store`), for
-populations that would not fit in memory. Then, e.g.:
+`fedjax_sel.data.store.write_store`; the second generates a SYNTH(alpha, beta) population of
+--synth_clients clients (SYNTH(1, 1), or `--dataset=synth --synth_alpha=A --synth_beta=B`) block
+by block straight to disk (`synth_store`), for populations that would not fit in memory. Then,
+e.g.:
 
   python -m experiments.run --store_dir=stores/synth1m --store=host --model=logreg \
       --num_available=100 --clients_per_round=10 --rounds=20 --eval_every=10
@@ -25,11 +26,11 @@ import fedjax_sel as fs
 from experiments import build, config, flag_binding, job
 from experiments.config import option
 from fedjax_sel.data import store
+from fedjax_sel.data.builders import SynthSettings
 
 # The flags this tool reads: the data flags, the seed and --overwrite.
-USED = ("dataset", "partition", "num_clients", "dirichlet_alpha", "classes_per_client",
-        "dominant_fraction", "test_fraction", "val_fraction", "public_fraction", "data_dir",
-        "leaf_files", "tfds_name", "synth_alpha", "synth_beta", "max_examples", "overwrite")
+USED = ("partition", "num_clients", "dirichlet_alpha", "classes_per_client", "dominant_fraction",
+        "test_fraction", "val_fraction", "public_fraction", "max_examples", "overwrite")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +46,7 @@ class MakeStoreOptions:
 DEFAULTS = config.JobConfig(launcher="experiments.make_store", options=MakeStoreOptions())
 flag_binding.define(DEFAULTS, exclude=tuple(
     f for section in config.SECTIONS for f in config.field_names(section) if f not in USED),
-    replay=False)
+    choose=("dataset",), replay=False)
 
 
 def main(argv):
@@ -60,15 +61,17 @@ def main(argv):
   start = time.perf_counter()
   seed = cfg.seeds[0]
   if opts.synth_clients:
-    data = store.synth_store(out, opts.synth_clients, alpha=cfg.data.synth_alpha,
-                             beta=cfg.data.synth_beta, seed=seed,
+    chosen = cfg.parts.dataset  # --dataset=synth --synth_alpha=... sets the generator's spreads.
+    synth = chosen.settings if chosen.name == "synth" else SynthSettings()
+    data = store.synth_store(out, opts.synth_clients, alpha=synth.synth_alpha,
+                             beta=synth.synth_beta, seed=seed,
                              max_samples=opts.synth_max_samples,
                              test_fraction=cfg.data.test_fraction)
   else:
     try:
       data = fs.build_dataset(build.dataset_spec(cfg), seed)
     except (FileNotFoundError, ValueError) as e:
-      raise app.UsageError(f"--dataset={cfg.data.dataset}: {e}") from e
+      raise app.UsageError(f"--dataset={cfg.parts.dataset.name}: {e}") from e
     store.write_store(out, data)
   print(f"wrote {out}: {data.name}, N={data.num_clients}, {data.train.x.shape[0]} training rows, "
         f"{time.perf_counter() - start:.1f}s")

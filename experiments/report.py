@@ -21,7 +21,7 @@ def figure_path(cfg: cfglib.JobConfig, name: str) -> str:
 def setup_title(cfg: cfglib.JobConfig, detail: str = "", with_k: bool = True) -> str:
   """A figure's title: the data, model, N, K (`with_k`) and rounds, and a launcher's `detail`."""
   k = f", K = {cfg.engine.clients_per_round}" if with_k else ""
-  parts = [f"{cfg.data.dataset}, N = {cfg.data.num_clients}{k}", cfg.model.model,
+  parts = [f"{cfg.parts.dataset.name}, N = {cfg.data.num_clients}{k}", cfg.parts.model.name,
            f"{cfg.engine.rounds} rounds"]
   return ", ".join(parts + ([detail] if detail else []))
 

@@ -87,7 +87,7 @@ def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
       priority = build.priority_mask(spec.run, data.num_clients, data.label_hist, spec.seed)
       eval_mask = priority & ~bad  # The priority clients' clean data.
     print(f"== {spec.method.label} seed {spec.seed}: {data.name}, N={data.num_clients}, "
-          f"bad clients={int(bad.sum())}, model={spec.run.model.model}")
+          f"bad clients={int(bad.sum())}, model={spec.run.parts.model.name}")
     return build.simulator(spec.run, data, spec.seed, capacity=spec.capacity,
                            eval_mask=eval_mask), None
 

@@ -66,7 +66,7 @@ DEFAULTS = config.updated(
 SWEEPABLE = {"lr": "local.lr", "prox_mu": "local.prox_mu",
              "explore_prob": "parts.selector.settings.explore_prob"}
 flag_binding.define(DEFAULTS, exclude=("corrupt_fraction", "corrupt_kinds"),
-                    choose=("server_optimizer", "availability"),
+                    choose=("server_optimizer", "availability", "dataset", "model"),
                     parts={"selector": ("entropy",), "aggregator": ("fedavg",)},
                     sweepable=SWEEPABLE)
 SELECTORS = {"entropy_eps": None,  # The job's selector: entropy with --explore_prob.

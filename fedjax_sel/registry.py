@@ -1,6 +1,7 @@
 """One registry of names: every part of a round by kind and name, its factory and its settings.
 
-A part (selector, filter, participation rule, aggregator, server optimizer) is registered once,
+A part (selector, filter, participation rule, aggregator, server optimizer, availability model),
+and each dataset and model a job may name, is registered once,
 beside its code, with a typed settings class (a frozen dataclass whose fields say their help text,
 their command-line flag and their accepted values). The launchers' choices, `--help`, the job
 config, fingerprints and the docs' tables read the registry, so a new method is one module:
@@ -38,14 +39,16 @@ import importlib.metadata
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-KINDS = ("selector", "filter", "rule", "aggregator", "server_optimizer", "availability")
+KINDS = ("selector", "filter", "rule", "aggregator", "server_optimizer", "availability",
+         "dataset", "model")
 ENTRY_POINT_GROUP = "fedjax_sel.parts"
 # The package's modules that register parts, in the order their names are listed.
 BUILTIN_MODULES = ("fedjax_sel.parts.selectors.baselines", "fedjax_sel.parts.selectors.uacs",
                    "fedjax_sel.parts.selectors.oort", "fedjax_sel.parts.filters.filfl",
                    "fedjax_sel.parts.rules.fedalign", "fedjax_sel.parts.rules.fedsrc",
                    "fedjax_sel.parts.aggregators", "fedjax_sel.parts.server_optimizers",
-                   "fedjax_sel.parts.availability")
+                   "fedjax_sel.parts.availability", "fedjax_sel.data.builders",
+                   "fedjax_sel.models.bundle")
 
 
 class SettingError(ValueError):
@@ -113,6 +116,12 @@ def setting(default: Any, help: str, *, flag: str | None = None,  # pylint: disa
   if isinstance(default, (list, dict)):
     raise TypeError("settings defaults must be immutable (use a tuple)")
   return dataclasses.field(default=default, metadata=metadata)
+
+
+def setting_flag(name: str, field: dataclasses.Field) -> str:
+  """The command-line flag of a setting of part `name`: as the field names it, else
+  `<name>_<field>`."""
+  return field.metadata.get("flag") or f"{name}_{field.name}"
 
 
 def register(kind: str, name: str, settings: type = NoSettings, doc: str | None = None):

@@ -8,16 +8,18 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from fedjax_sel import registry
 from fedjax_sel.data import sources
 from fedjax_sel.data.federated import FederatedDataset, split_clients
 from fedjax_sel.data.partition import PARTITIONS, partition
 
-DATASETS = ("digits", "fashion_mnist", "synth", "leaf", "tfds")
+DATASETS = ("digits", "fashion_mnist", "synth", "leaf", "tfds")  # The registered ones built in.
 PUBLIC_MODES = ("stratified", "per_client")
 
 
@@ -70,8 +72,7 @@ class DatasetSpec(NamedTuple):
 
 def check_spec(spec: DatasetSpec) -> None:
   """Raises ValueError naming the bad field and its accepted values, before any compute."""
-  if spec.name not in DATASETS:
-    raise ValueError(f"unknown dataset {spec.name!r}; accepted: {', '.join(DATASETS)}")
+  registry.lookup("dataset", spec.name)  # An unknown name lists the registered ones.
   if spec.partition not in PARTITIONS:
     raise ValueError(f"unknown partition {spec.partition!r}; accepted: {', '.join(PARTITIONS)}")
   if spec.num_clients < (0 if spec.name == "leaf" else 1):
@@ -81,8 +82,6 @@ def check_spec(spec: DatasetSpec) -> None:
                      f"{', '.join(PUBLIC_MODES)}")
   if not 0.0 <= spec.public_fraction < 1.0:
     raise ValueError(f"public_fraction must be in [0, 1), got {spec.public_fraction}")
-  if spec.name == "leaf" and not spec.leaf_files:
-    raise ValueError("dataset leaf needs leaf_files (LEAF JSON paths)")
   if spec.public_size is not None and spec.public_size < 1:
     raise ValueError(f"public_size must be >= 1 (or None for all), got {spec.public_size}")
 
@@ -115,57 +114,134 @@ def _pool_fraction(xs, ys, fraction: float, seed: int):
   return keep_x, keep_y, (np.concatenate(pub_x), np.concatenate(pub_y))
 
 
-def _tfds(spec: DatasetSpec, seed: int) -> sources.Centralized:
-  del seed
-  return sources.load_tfds(spec.tfds_name, "train", None if spec.data_dir ==
-                           sources.FASHION_MNIST_DIR else spec.data_dir)
-
-
-def _synth(spec: DatasetSpec, seed: int):
-  xs, ys = sources.synthetic(spec.synth_alpha, spec.synth_beta, spec.num_clients, seed,
-                             max_samples=spec.synth_max_samples)
-  return xs, ys, 10
-
-
-def _leaf(spec: DatasetSpec, seed: int):
-  del seed
-  paths = sources.leaf_paths(list(spec.leaf_files))
-  _, xs, ys = sources.load_leaf_json(paths)
-  if spec.num_clients > len(xs):
-    raise ValueError(f"num_clients={spec.num_clients} but the LEAF files {paths} hold "
-                     f"{len(xs)} users")
-  if spec.num_clients:
-    xs, ys = xs[:spec.num_clients], ys[:spec.num_clients]
-  is_text = xs[0].ndim == 2 and xs[0].dtype.kind == "i"
-  return xs, ys, sources.VOCAB_SIZE if is_text else sources.FEMNIST_CLASSES
-
-
 class NamedDataset(NamedTuple):
-  """A named dataset: `load(spec, seed)` gives a centralized pool (`sources.Centralized`, split
-  among the clients by `spec.partition`) or, when `federated`, its own clients' data
+  """A named dataset's loader: `load(spec, seed)` gives a centralized pool (`sources.Centralized`,
+  split among the clients by `spec.partition`) or, when `federated`, its own clients' data
   `(xs, ys, num_classes)`."""
 
   load: Callable[[DatasetSpec, int], Any]
   federated: bool = False
 
 
-_NAMED = {  # One entry per dataset.
-    "digits": NamedDataset(lambda spec, seed: sources.load_digits()),
-    "fashion_mnist": NamedDataset(lambda spec, seed: sources.load_idx(spec.data_dir, "train")),
-    "synth": NamedDataset(_synth, federated=True),
-    "leaf": NamedDataset(_leaf, federated=True),
-    "tfds": NamedDataset(_tfds),
-}
-assert tuple(_NAMED) == DATASETS
+# --- Registered names (fedjax_sel.registry): a dataset's own settings, flags of the same names as
+# the `DatasetSpec` fields they fill.
+
+@registry.register("dataset", "digits")
+def _digits(settings, context: registry.BuildContext) -> NamedDataset:
+  """scikit-learn's 8x8 handwritten digits (1797 images, offline)."""
+  del settings, context
+  return NamedDataset(lambda spec, seed: sources.load_digits())
+
+
+def _data_dir_setting():
+  return registry.setting(sources.FASHION_MNIST_DIR, "Folder of the Fashion-MNIST IDX files, or "
+                          "the TFDS data dir holding ArrayRecord files.", flag="data_dir")
+
+
+@dataclasses.dataclass(frozen=True)
+class IdxSettings:
+  data_dir: str = _data_dir_setting()
+
+
+@registry.register("dataset", "fashion_mnist", IdxSettings)
+def _fashion_mnist(settings: IdxSettings, context: registry.BuildContext) -> NamedDataset:
+  """Fashion-MNIST from IDX files (the Debian package dataset-fashion-mnist)."""
+  del context
+  return NamedDataset(lambda spec, seed: sources.load_idx(settings.data_dir, "train"))
+
+
+@dataclasses.dataclass(frozen=True)
+class TfdsSettings:
+  tfds_name: str = registry.setting("mnist", "TFDS dataset name for --dataset=tfds (e.g. "
+                                    "cifar10), read from --data_dir, never downloaded.",
+                                    flag="tfds_name")
+  data_dir: str = _data_dir_setting()
+
+
+@registry.register("dataset", "tfds", TfdsSettings)
+def _tfds(settings: TfdsSettings, context: registry.BuildContext) -> NamedDataset:
+  """A TFDS dataset prepared as ArrayRecord files (never downloaded)."""
+  del context
+  folder = None if settings.data_dir == sources.FASHION_MNIST_DIR else settings.data_dir
+  return NamedDataset(lambda spec, seed: sources.load_tfds(settings.tfds_name, "train", folder))
+
+
+@dataclasses.dataclass(frozen=True)
+class SynthSettings:
+  synth_alpha: float = registry.setting(1.0, "SYNTH(alpha, beta): spread of the clients' models "
+                                        "(alpha), >= 0.", flag="synth_alpha")
+  synth_beta: float = registry.setting(1.0, "SYNTH(alpha, beta): spread of the clients' feature "
+                                       "means (beta), >= 0.", flag="synth_beta")
+
+  def check(self, context: registry.BuildContext) -> None:
+    del context
+    for name in ("synth_alpha", "synth_beta"):
+      if not getattr(self, name) >= 0:
+        raise registry.SettingError(name, f"must be >= 0, got {getattr(self, name)}")
+
+
+@registry.register("dataset", "synth", SynthSettings)
+def _synth(settings: SynthSettings, context: registry.BuildContext) -> NamedDataset:
+  """SYNTH(alpha, beta) (Li et al. 2020): natively federated, generated."""
+  del context
+
+  def load(spec, seed):
+    xs, ys = sources.synthetic(settings.synth_alpha, settings.synth_beta, spec.num_clients, seed,
+                               max_samples=spec.synth_max_samples)
+    return xs, ys, 10
+  return NamedDataset(load, federated=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafSettings:
+  leaf_files: tuple[str, ...] = registry.setting((), "LEAF JSON files or glob patterns for "
+                                                 "--dataset=leaf.", flag="leaf_files")
+
+  def check(self, context: registry.BuildContext) -> None:
+    del context
+    if not self.leaf_files:
+      raise registry.SettingError("leaf_files", "is needed: the LEAF JSON files (paths or glob "
+                                  "patterns)")
+
+
+@registry.register("dataset", "leaf", LeafSettings)
+def _leaf(settings: LeafSettings, context: registry.BuildContext) -> NamedDataset:
+  """LEAF's natively federated JSON (FEMNIST, Shakespeare)."""
+  del context
+
+  def load(spec, seed):
+    del seed
+    paths = sources.leaf_paths(list(settings.leaf_files))
+    _, xs, ys = sources.load_leaf_json(paths)
+    if spec.num_clients > len(xs):
+      raise ValueError(f"num_clients={spec.num_clients} but the LEAF files {paths} hold "
+                       f"{len(xs)} users")
+    if spec.num_clients:
+      xs, ys = xs[:spec.num_clients], ys[:spec.num_clients]
+    is_text = xs[0].ndim == 2 and xs[0].dtype.kind == "i"
+    return xs, ys, sources.VOCAB_SIZE if is_text else sources.FEMNIST_CLASSES
+  return NamedDataset(load, federated=True)
+
+
+def source(spec: DatasetSpec, seed: int = 0) -> NamedDataset:
+  """The loader of the dataset `spec.name` names (registered, `module:name` included), its
+  settings read from the `DatasetSpec` fields of the same names."""
+  entry = registry.lookup("dataset", spec.name)
+  values = {f.name: getattr(spec, registry.setting_flag(spec.name, f))
+            for f in dataclasses.fields(entry.settings)
+            if hasattr(spec, registry.setting_flag(spec.name, f))}
+  values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+  context = registry.BuildContext(k=0, rounds=0, seed=seed, num_clients=spec.num_clients)
+  return registry.build("dataset", spec.name, entry.settings(**values), context)
 
 
 def natively_federated(name: str) -> bool:
   """Whether dataset `name` comes split by client (no partition applies)."""
-  return _NAMED[name].federated
+  return source(DatasetSpec(name, leaf_files=("-",))).federated
 
 
 def _centralized(spec: DatasetSpec, seed: int) -> sources.Centralized:
-  data = _NAMED[spec.name].load(spec, seed)
+  data = source(spec, seed).load(spec, seed)
   if spec.max_examples is not None and spec.max_examples < len(data.y):
     idx = np.sort(np.random.default_rng(seed).permutation(len(data.y))[:spec.max_examples])
     data = sources.Centralized(data.x[idx], data.y[idx], data.num_classes)
@@ -176,8 +252,9 @@ def build_dataset(spec: DatasetSpec, seed: int) -> FederatedDataset:
   """Builds the federated dataset described by `spec` (seeded)."""
   check_spec(spec)
   public = None
-  if natively_federated(spec.name):
-    xs, ys, num_classes = _NAMED[spec.name].load(spec, seed)
+  named = source(spec, seed)
+  if named.federated:
+    xs, ys, num_classes = named.load(spec, seed)
     if spec.public_fraction > 0:
       xs, ys, public = _pool_fraction(xs, ys, spec.public_fraction, seed + 1)
   else:
@@ -198,6 +275,6 @@ def build_dataset(spec: DatasetSpec, seed: int) -> FederatedDataset:
   if public is not None and spec.public_size is not None and spec.public_size < len(public[1]):
     keep = np.sort(np.random.default_rng(seed + 3).permutation(len(public[1]))[:spec.public_size])
     public = (public[0][keep], public[1][keep])
-  name = spec.name if natively_federated(spec.name) else f"{spec.name}/{spec.partition}"
+  name = spec.name if named.federated else f"{spec.name}/{spec.partition}"
   return split_clients(xs, ys, num_classes=num_classes, val_fraction=spec.val_fraction,
                        test_fraction=spec.test_fraction, seed=seed + 2, public=public, name=name)

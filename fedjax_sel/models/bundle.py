@@ -10,6 +10,7 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -18,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_sel import registry
 from fedjax_sel.models import modules
 from fedjax_sel.models.conv import CONV_IMPLS, resolve_conv_impl
 
@@ -210,3 +212,68 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *,
     options = ModelOptions(conv_impl, tuple(hidden), norm, width)
     return _NAMED[name].make(tuple(input_shape), num_classes, options, name)
   raise ValueError(f"unknown model {name!r}; accepted: {', '.join(MODELS)}")
+
+
+# --- Registered names (fedjax_sel.registry): each model's own options, as settings whose flags are
+# `build_model`'s keywords.
+
+def _conv_impl_setting():
+  return registry.setting("auto", "Convolution lowering: auto (oneDNN's CPU kernels on a single "
+                          "CPU device where the onednn extra is installed, else patches), "
+                          "patches (shifted slices and a matmul), lax (XLA's convolution) or "
+                          "onednn.", flag="conv_impl", choices=CONV_IMPLS)
+
+
+@dataclasses.dataclass(frozen=True)
+class MLPSettings:
+  hidden: tuple[int, ...] = registry.setting((200, 200), "Hidden layer widths of --model=mlp "
+                                             "(e.g. 200,100 for FedSRC's MNIST MLP "
+                                             "784-200-100-10, 64 for its FEMNIST MLP).",
+                                             flag="hidden")
+
+  def check(self, context: registry.BuildContext) -> None:
+    del context
+    if not self.hidden or min(self.hidden) < 1:
+      raise registry.SettingError("hidden", f"widths must be >= 1, got "
+                                  f"{','.join(map(str, self.hidden))}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvSettings:
+  conv_impl: str = _conv_impl_setting()
+
+
+@dataclasses.dataclass(frozen=True)
+class ResNetSettings:
+  norm: str = registry.setting("group", "Normalization layers of --model=resnet18: group "
+                               "(GroupNorm) or batch (BatchNorm; each client keeps running "
+                               "statistics during local training, averaged like the weights).",
+                               flag="norm", choices=modules.NORMS)
+  resnet_width: int = registry.setting(64, "Channels of ResNet18's first stage (64 in the paper; "
+                                       "smaller for quick CPU runs), >= 2.", flag="resnet_width")
+  conv_impl: str = _conv_impl_setting()
+
+  def check(self, context: registry.BuildContext) -> None:
+    del context
+    if self.resnet_width < 2:
+      raise registry.SettingError("resnet_width", f"must be >= 2, got {self.resnet_width}")
+
+
+_SETTINGS = {"mlp": MLPSettings, "leaf_cnn": ConvSettings, "cifar_cnn": ConvSettings,
+             "resnet18": ResNetSettings}
+
+
+def _register(name: str) -> None:
+  settings = _SETTINGS.get(name, registry.NoSettings)
+
+  def factory(s, context: registry.BuildContext) -> Model:
+    data = context.data
+    keywords = {"resnet_width": "width"}
+    options = {keywords.get(f.name, f.name): getattr(s, f.name) for f in dataclasses.fields(s)}
+    return build_model(name, data.feature_shape, data.num_classes, **options)
+  factory.__qualname__ = f"model_{name}"
+  registry.register("model", name, settings, f"The {name} model.")(factory)
+
+
+for _name in MODELS:
+  _register(_name)
