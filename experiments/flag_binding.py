@@ -16,7 +16,10 @@ A setting flag of a part the job does not use is refused. `flag_lines(cfg)` is t
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
+import re
+import sys
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -93,6 +96,19 @@ def _define(name: str, hint, default: Any, meta: dict) -> None:
     flags.DEFINE_string(name, default, help_text)
 
 
+def _import_named_modules() -> None:
+  """Imports the modules the command line names in a part's flag (`--selector=my_pkg.parts:top`),
+  so that the parts they register, and their settings' flags, exist when the flags are declared."""
+  choosing = set(PART_FLAG.values())
+  for arg in sys.argv[1:]:
+    match = re.fullmatch(r"--(\w+)=([\w.]+):\w+", arg)
+    if match and match.group(1) in choosing:
+      try:
+        importlib.import_module(match.group(2))
+      except ImportError:
+        pass  # The registry's lookup names the module and the error.
+
+
 def define(defaults: cfglib.JobConfig, *, exclude: tuple[str, ...] = (),
            choose: tuple[str, ...] = (), parts: dict[str, tuple[str, ...] | None] | None = None,
            sweepable: dict[str, str] | None = None, replay: bool = True) -> None:
@@ -108,6 +124,7 @@ def define(defaults: cfglib.JobConfig, *, exclude: tuple[str, ...] = (),
     replay: define `--config` (a job's config.json to run again).
   """
   global _BOUND  # pylint: disable=global-statement
+  _import_named_modules()
   fields = {}
   sections = [(s, cls, getattr(defaults, s)) for s, cls in cfglib.SECTIONS.items()]
   if defaults.options is not None:
@@ -338,8 +355,9 @@ def _given_settings(cfg: cfglib.JobConfig) -> cfglib.JobConfig:
     chosen = getattr(cfg.parts, kind)
     name = NONE if chosen is None else chosen.name
     flag = PART_FLAG[kind]
+    short = name.rsplit(":", 1)[-1]  # A part registered outside, chosen as module:name.
     for setting, owners in bound.settings.items():
-      if given(setting) and owners[0][0] == kind and name not in {n for _, n, _ in owners}:
+      if given(setting) and owners[0][0] == kind and short not in {n for _, n, _ in owners}:
         parts = sorted({n for _, n, _ in owners})
         raise app.UsageError(f"--{setting} is a setting of --{flag}={'/'.join(parts)}, not of "
                              f"--{flag}={name}: drop it or choose that {kind}")

@@ -120,8 +120,8 @@ def setting(default: Any, help: str, *, flag: str | None = None,  # pylint: disa
 
 def setting_flag(name: str, field: dataclasses.Field) -> str:
   """The command-line flag of a setting of part `name`: as the field names it, else
-  `<name>_<field>`."""
-  return field.metadata.get("flag") or f"{name}_{field.name}"
+  `<name>_<field>` (the registered name: `module:` left out)."""
+  return field.metadata.get("flag") or f"{name.rsplit(':', 1)[-1]}_{field.name}"
 
 
 def register(kind: str, name: str, settings: type = NoSettings, doc: str | None = None):

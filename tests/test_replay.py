@@ -148,3 +148,17 @@ def test_every_flag_of_a_launcher_changes_its_config(launcher):
                         cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
   assert proc.returncode == 0, proc.stderr
   assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+def test_run_takes_a_dataset_registered_outside(tmp_path):
+  """`--dataset=tests.toy_dataset:two_blobs --two_blobs_blob_gap=6`: the generic launcher builds,
+  partitions and trains on a dataset registered in a test module; config.json names it and its
+  setting."""
+  out = tmp_path / "blobs"
+  launch("experiments.run", "--dataset=tests.toy_dataset:two_blobs", "--two_blobs_blob_gap=6",
+         "--model=logreg", "--num_clients=10", "--num_available=5", "--clients_per_round=3",
+         "--rounds=3", "--seeds=0", f"--out_dir={out}")
+  config = json.loads((out / "config.json").read_text(encoding="utf-8"))
+  assert config["parts"]["dataset"] == {"name": "tests.toy_dataset:two_blobs",
+                                        "settings": {"blob_gap": 6.0}}
+  assert metrics(out)["seed0"][-1]["test_accuracy"] > 0.9  # Two classes 6 sigma apart.
