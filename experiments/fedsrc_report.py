@@ -71,8 +71,9 @@ def saving_row(cfg: config.JobConfig, label: str, group) -> str:
 
 
 def summary(cfg: config.JobConfig, runs) -> str:
-  lines = ["| method | final clean test acc | best clean test acc | mean clean test acc, last "
-           f"{cfg.output.last_k} "
+  lines = ["Test accuracy of the global model on every client's test split (kept uncorrupted, bad "
+           "clients' included; the records' clean_test_accuracy is the good clients' alone).", "",
+           f"| method | final test acc | best test acc | mean test acc, last {cfg.output.last_k} "
            "rounds | mean participation rate | train samples | uploads |", "|" + "---|" * 7]
   for label, group in runs.items():
     recs_list = [g[0] for g in group]
@@ -113,7 +114,8 @@ def write_outputs(cfg: config.JobConfig, results: dict) -> None:
                     for _, _, kinds in group_runs for k in set(kinds.tolist()) if k != "good"})
     path = report.figure_path(cfg, "fedsrc")
     self_regulating = lambda label: label.startswith("FedSRC")
-    titles = {"test_accuracy": "clean test accuracy", "participation_rate": "participation rate",
+    titles = {"test_accuracy": "test accuracy (uncorrupted test splits)",
+              "participation_rate": "participation rate",
               **{k: f"{k[:-len('_excluded')]} clients excluded" for k in keys
                  if k.endswith("_excluded")}}
     plot_panels(rows, keys, path, titles=titles,
