@@ -32,6 +32,23 @@ UNITS = (("approx_ratio", "ratio R(greedy) / R(OPT)"), ("accuracy", "accuracy"),
          ("closest_gap", "gap (metric units)"), ("time_s", "simulated seconds"))
 
 
+def bounds_of(key: str) -> tuple[float, float]:
+  """The range a metric's values can take (a seed band is clipped to it): accuracies, shares and
+  ratios in [0, 1], counts, losses and times >= 0, others unbounded."""
+  unit = unit_of(key)
+  if unit in ("accuracy", "share of the selected clients"):
+    return 0.0, 1.0
+  if "clients" in unit or unit in ("cross-entropy (nats)", "simulated seconds"):
+    return 0.0, math.inf
+  return -math.inf, math.inf
+
+
+def is_count(key: str) -> bool:
+  """Whether a metric counts clients (integer ticks)."""
+  unit = unit_of(key)
+  return "clients" in unit and not unit.startswith("share")
+
+
 def unit_of(key: str) -> str:
   return next((unit for name, unit in UNITS if name in key), key.replace("_", " "))
 
@@ -109,8 +126,14 @@ def panels_figure(rows: dict[str, dict[str, list[list[dict]]]], keys: list[str],
       ax.plot(x, mean, STYLES[i % len(STYLES)], color=color, marker=MARKERS[i % len(MARKERS)],
               markevery=(i * max(step // len(labels), 1) % step, step), markersize=4,
               label=label)
-      if len(runs) > 1:
-        ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.15)
+      if len(runs) > 1:  # The band within what the metric can take (no count below 0).
+        low, high = bounds_of(key)
+        ax.fill_between(x, np.clip(mean - std, low, high), np.clip(mean + std, low, high),
+                        color=color, alpha=0.15)
+    if is_count(key):  # Whole clients, from 0 (an all-zero panel shows 0 and 1, not +-0.04).
+      top = max(ax.get_ylim()[1], 1)
+      ax.set_ylim(bottom=-0.04 * top, top=top)  # A line at 0 stays visible above the axis.
+      ax.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     name = (titles or {}).get(key, key.replace("_", " "))
     ax.set_title(f"{row_name}: {name}" if row_name else name, fontsize=10)
     ax.set_xlabel("rounds trained")
