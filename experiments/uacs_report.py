@@ -135,22 +135,25 @@ def plot(cfg: config.JobConfig, results, loaded, finals, scenarios, path: str) -
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_ylabel("accuracy")
     ax.grid(alpha=0.3)
+    # One row per method, one column per client, the share of rounds it was selected as the
+    # colour (seed 0: client ids mean the same clients as in the data panel); red ticks under
+    # the boundary clients.
     ax = row[2]
     methods = list(results[group])
-    width = 0.8 / len(methods)
-    for k in np.flatnonzero(is_b):  # The boundary clients, shaded.
-      ax.axvspan(k - 0.5, k + 0.5, color="0.85", lw=0)
+    shares = np.zeros((len(methods), data.num_clients))
     for i, runs in enumerate(results[group].values()):
-      freq = np.zeros(data.num_clients)
-      recs = runs[0]  # Seed 0: client ids mean the same clients as in the data panel.
-      for r in recs:
-        freq[np.asarray(r["selected"], int)] += 1
-      ids = np.arange(data.num_clients) - 0.4 + (i + 0.5) * width
-      ax.vlines(ids, 0, freq / len(recs), color=f"C{i}", lw=1.0)  # Stems: ids are unrelated.
-      ax.plot(ids, freq / len(recs), markers[i % 4], color=f"C{i}", ms=2.5, linestyle="none")
-    ax.set_title(f"{group}: selection frequency (seed {seed}; shaded: boundary)", fontsize=10)
+      for r in runs[0]:
+        shares[i, np.asarray(r["selected"], int)] += 1.0 / len(runs[0])
+    image = ax.imshow(shares, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0,
+                      interpolation="nearest")
+    ax.set_xticks(np.flatnonzero(is_b), minor=True)
+    ax.tick_params(axis="x", which="minor", length=9, width=2, color="C3")
+    ax.set_yticks(range(len(methods)), methods, fontsize=8)
+    fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02, label="share of rounds selected")
+    ax.set_title(f"{group}: selection frequency (seed {seed}; red ticks: boundary)",
+                 fontsize=10)
     ax.set_xlabel("client id")
-    ax.set_ylabel("share of rounds selected")
+    ax.set_ylabel("method")
   handles, labels = axes[0][1].get_legend_handles_labels()
   fig.legend(handles, labels, loc="lower center", ncol=len(labels), frameon=False)
   seeds = len(cfg.seeds)

@@ -49,7 +49,7 @@ def _describe(fig) -> dict:
                       "ylabel": ax.get_ylabel(),
                       "lines": [line.get_label() for line in ax.get_lines()
                                 if not line.get_label().startswith("_")]}
-                     for ax in fig.axes if ax.get_visible()],
+                     for ax in fig.axes if ax.get_visible() and ax.get_label() != "<colorbar>"],
           "legends": [[t.get_text() for t in legend.get_texts()] for legend in fig.legends]}
 
 
