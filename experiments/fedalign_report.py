@@ -76,11 +76,13 @@ def write_outputs(cfg: config.JobConfig, results: dict) -> None:
     from fedjax_sel.host.plotting import plot_panels  # pylint: disable=import-outside-toplevel
     keys = ["priority_test_accuracy", "priority_objective", "test_accuracy", "others_aggregated",
             "eps", "closest_gap"]
+    metric = "loss" if rule.metric == "loss" else "accuracy"  # What the clients align on.
     titles = {"priority_test_accuracy": "priority test accuracy",
-              "priority_objective": "priority training loss F(w_t)",
+              "priority_objective": "priority training loss after the round",
               "test_accuracy": "test accuracy (all clients)",
               "others_aggregated": "non-priority clients aggregated",
-              "eps": "eps_t", "closest_gap": "closest non-priority |F_k - F|"}
+              "eps": f"eps_t ({metric} units)",
+              "closest_gap": f"closest non-priority {metric} gap to the priority clients'"}
     path = report.figure_path(cfg, "fedalign")
     plot_panels(results, keys, path, titles=titles,
                 title=report.setup_title(cfg, f"{cfg.options.participation} participation, "

@@ -116,16 +116,18 @@ def panels_figure(rows: dict[str, dict[str, list[list[dict]]]], keys: list[str],
   fig, axes = plt.subplots(lines, columns, figsize=(4.4 * columns, height), squeeze=False)
   used = [ax for ax, slot in zip(axes.flat, slots) if slot is not None]
   for ax, (row_name, key, drawn) in zip(used, panels):
-    for label, runs in drawn.items():
+    for j, (label, runs) in enumerate(drawn.items()):
       i = labels.index(label)
       rounds, vals = metric_matrix(runs, key)
       mean, std = seed_spread(vals)
       x = rounds + 1
       color = f"C{i % 10}"  # One color, style and marker per method in every panel.
       step = max(len(x) // 8, 1)  # Markers shifted per method: equal curves show both.
+      # Methods drawn first in a panel are wider underneath: a curve equal to a later one shows.
+      under = len(drawn) - 1 - j
       ax.plot(x, mean, STYLES[i % len(STYLES)], color=color, marker=MARKERS[i % len(MARKERS)],
-              markevery=(i * max(step // len(labels), 1) % step, step), markersize=4,
-              label=label)
+              markevery=(i * max(step // len(labels), 1) % step, step),
+              markersize=4 + 1.5 * under, linewidth=1.5 + 1.2 * under, label=label)
       if len(runs) > 1:  # The band within what the metric can take (no count below 0).
         low, high = bounds_of(key)
         ax.fill_between(x, np.clip(mean - std, low, high), np.clip(mean + std, low, high),
