@@ -127,7 +127,7 @@ def panels_figure(rows: dict[str, dict[str, list[list[dict]]]], keys: list[str],
       under = len(drawn) - 1 - j
       ax.plot(x, mean, STYLES[i % len(STYLES)], color=color, marker=MARKERS[i % len(MARKERS)],
               markevery=(i * max(step // len(labels), 1) % step, step),
-              markersize=4 + 1.5 * under, linewidth=1.5 + 1.2 * under, label=label)
+              markersize=4 + 1.0 * under, linewidth=1.5 + 0.7 * under, label=label)
       if len(runs) > 1:  # The band within what the metric can take (no count below 0).
         low, high = bounds_of(key)
         ax.fill_between(x, np.clip(mean - std, low, high), np.clip(mean + std, low, high),
