@@ -14,6 +14,7 @@ one name), raised before any compute:
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import NamedTuple
 
@@ -25,7 +26,8 @@ import fedjax_sel as fs
 from experiments import config as cfglib
 from fedjax_sel import registry
 from fedjax_sel.data import sources
-from fedjax_sel.data.builders import natively_federated
+from fedjax_sel.data.builders import source
+from fedjax_sel.data.store import STORE_FILE
 from fedjax_sel.data.corruption import KINDS as CORRUPTION_KINDS
 from fedjax_sel.data.corruption import corrupt_clients, corruption_kinds
 from fedjax_sel.models import resolve_conv_impl
@@ -164,11 +166,22 @@ def store_clients(cfg: cfglib.JobConfig, given: frozenset) -> cfglib.JobConfig:
   that does not add up is refused here, naming the file."""
   if cfg.data.store_dir is None:
     return cfg
-  n = open_data_store(cfg).num_clients
+  n = _store_size(cfg.data.store_dir)  # Its description only: the data are opened to load them.
+  if n is None or ("num_clients" in given and cfg.data.num_clients != n):
+    n = open_data_store(cfg).num_clients  # A store that does not add up is refused first.
   if "num_clients" in given and cfg.data.num_clients != n:
     raise app.UsageError(f"--num_clients={cfg.data.num_clients} but "
                          f"--store_dir={cfg.data.store_dir} holds {n} clients")
   return cfglib.updated(cfg, num_clients=n)
+
+
+def _store_size(folder: str) -> int | None:
+  """The clients a store's description says it holds (None where it cannot be read)."""
+  try:
+    with open(os.path.join(folder, STORE_FILE), encoding="utf-8") as f:
+      return int(json.load(f)["num_clients"])
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
 
 
 def open_data_store(cfg: cfglib.JobConfig) -> fs.FederatedDataset:
@@ -271,7 +284,7 @@ def load_data(cfg: cfglib.JobConfig, seed: int, hint: str = "",
     raise app.UsageError(f"--data_dir={spec.data_dir} does not exist; install the Debian "
                          "package dataset-fashion-mnist or point --data_dir at IDX files")
   where = f"--dataset={spec.name} --num_clients={spec.num_clients}"
-  if not natively_federated(spec.name):
+  if not source(spec, seed).federated:
     where += f" --partition={spec.partition}"
   if spec.public_fraction:
     where += f" --public_fraction={spec.public_fraction} (the server's share)"

@@ -25,7 +25,7 @@ from absl import app
 
 from experiments import build, config, fedsrc_report, flag_binding, job
 from experiments.config import option
-from fedjax_sel.data.builders import natively_federated
+from fedjax_sel.data.builders import source
 
 SPLITS = {"iid": {"partition": "iid"},
           "noniid": {"partition": "dominant", "dominant_fraction": 0.8},
@@ -98,7 +98,8 @@ def resolve(cfg: config.JobConfig, given: frozenset) -> config.JobConfig:
 
 def groups(cfg: config.JobConfig) -> list[str]:
   """The groups of runs: the --splits, or `natural` for natively federated data."""
-  return (["natural"] if natively_federated(cfg.parts.dataset.name) else list(cfg.options.splits))
+  spec = build.dataset_spec(cfg)
+  return ["natural"] if source(spec).federated else list(cfg.options.splits)
 
 
 def load(cfg: config.JobConfig, seed: int, group: str):

@@ -161,9 +161,15 @@ def record_runs(cfg: cfglib.JobConfig, runs: list[Run]) -> None:
     tag = next((p for p in r.path if "=" in p), None)
     job.append({"launcher": cfg.launcher, "label": r.label.strip(), "seed": r.sim.seed,
                 "sweep": tag, "folder": os.path.join(*r.path)})
+  _write_manifest(out)
+
+
+def _write_manifest(out: str) -> None:
+  """`<out>/job.json` as this process has recorded the job's runs (process 0 writes it)."""
   if writer():
     os.makedirs(out, exist_ok=True)
-    write_text(os.path.join(out, JOB_FILE), json.dumps({"runs": job}, indent=1) + "\n")
+    write_text(os.path.join(out, JOB_FILE),
+               json.dumps({"runs": _JOBS[os.path.abspath(out)]}, indent=1) + "\n")
 
 
 @contextlib.contextmanager
@@ -214,10 +220,12 @@ def run_all(cfg: cfglib.JobConfig, runs: list[Run]) -> list[list[dict]]:
   batched = out.batch_runs and len(runs) > 1 and not any(r.sim.on_host for r in runs)
   if not batched:
     batches = [[i] for i in range(len(runs))]
-  else:
+  elif out.resume:  # Runs added to the job start as a batch of their own.
     held = [_holds_checkpoint(f) for f in folders]
-    batches = [[i for i, h in enumerate(held) if h == group] for group in (True, False)]
-    batches = [b for b in batches if b] if out.resume else [list(range(len(runs)))]
+    batches = [b for b in ([i for i, h in enumerate(held) if h == group] for group in (True, False))
+               if b]
+  else:
+    batches = [list(range(len(runs)))]
   results = {}
   for batch in batches:
     records = _run_batch(cfg, [runs[i] for i in batch], [folders[i] for i in batch])
@@ -257,13 +265,10 @@ _STOPPED: list[str] = []  # Why each stopped run of this process's job stopped.
 
 def _mark_stopped(cfg: cfglib.JobConfig, position: int, label: str, message: str) -> None:
   """Marks the job's run at `position` stopped in job.json and remembers it for `finish`."""
-  job = _JOBS[os.path.abspath(cfg.output.out_dir)]
-  job[position]["stopped"] = message
+  _JOBS[os.path.abspath(cfg.output.out_dir)][position]["stopped"] = message
   _STOPPED.append(f"{label}: {message}")
   print(f"run {label} stopped: {message}", flush=True)
-  if writer():
-    write_text(os.path.join(cfg.output.out_dir, JOB_FILE), json.dumps({"runs": job}, indent=1)
-               + "\n")
+  _write_manifest(cfg.output.out_dir)
 
 
 def begin() -> None:

@@ -235,13 +235,8 @@ def source(spec: DatasetSpec, seed: int = 0) -> NamedDataset:
   return registry.build("dataset", spec.name, entry.settings(**values), context)
 
 
-def natively_federated(name: str) -> bool:
-  """Whether dataset `name` comes split by client (no partition applies)."""
-  return source(DatasetSpec(name, leaf_files=("-",))).federated
-
-
-def _centralized(spec: DatasetSpec, seed: int) -> sources.Centralized:
-  data = source(spec, seed).load(spec, seed)
+def _centralized(named: NamedDataset, spec: DatasetSpec, seed: int) -> sources.Centralized:
+  data = named.load(spec, seed)
   if spec.max_examples is not None and spec.max_examples < len(data.y):
     idx = np.sort(np.random.default_rng(seed).permutation(len(data.y))[:spec.max_examples])
     data = sources.Centralized(data.x[idx], data.y[idx], data.num_classes)
@@ -258,7 +253,7 @@ def build_dataset(spec: DatasetSpec, seed: int) -> FederatedDataset:
     if spec.public_fraction > 0:
       xs, ys, public = _pool_fraction(xs, ys, spec.public_fraction, seed + 1)
   else:
-    data = _centralized(spec, seed)
+    data = _centralized(named, spec, seed)
     x, y, num_classes = data
     if spec.public_fraction > 0 and spec.public_mode == "stratified":
       kept, held = stratified_holdout(y, spec.public_fraction, seed + 1)
