@@ -46,6 +46,7 @@ from fedjax_sel.parts.rules.fedsrc import FedSRCConfig, fedsrc_rule
 from fedjax_sel.parts.selectors.baselines import (all_selector, divfl, group_random_selector,
                                                   power_of_choice, random_selector, top_k_mask)
 from fedjax_sel.parts.selectors.oort import OortConfig, oort_selector
+from fedjax_sel.parts.selectors.sampling import md_selector
 from fedjax_sel.parts.selectors.uacs import entropy_selector, grad_norm_selector
 from fedjax_sel.parts.server_optimizers import (ServerOptimizer, fedadagrad, fedadam, fedavgm,
                                                 fedyogi, server_sgd)
@@ -65,6 +66,7 @@ __all__ = [
     "trace_availability", "load_trace_availability",
     "random_selector", "power_of_choice", "divfl", "all_selector", "group_random_selector",
     "top_k_mask", "entropy_selector", "grad_norm_selector", "OortConfig", "oort_selector",
+    "md_selector",
     "FilterConfig", "filfl_filter", "greedy_filter", "opt_filter",
     "fedalign_rule", "priority_only", "choose_priority", "FedSRCConfig", "fedsrc_rule",
     "fedavg", "weighted_mean", "coordinate_median", "trimmed_mean", "krum", "fedasl",

@@ -184,11 +184,17 @@ def test_bad_flags_fail_before_compute(bad_flag_results, index):
   assert not result["ran"], result
 
 
-# experiments/run.py composes every part: each with the defaults for the others, two rounds.
+# experiments/run.py composes every part: each with the defaults for the others, two rounds; each
+# selection method of the literature also with a robust aggregator, a server optimizer, FedSRC's
+# rule and the clock.
+SELECTION_METHODS = ("md",)
 COMPOSE_BASE = ["--rounds=2", "--num_clients=12", "--num_available=6", "--clients_per_round=3",
                 "--model=logreg", "--seeds=0", "--eval_every=2"]
 COMPOSE_CASES = (
     [[f"--selector={s}"] for s in ("random", "poc", "divfl", "entropy", "grad_norm", "oort")]
+    + [[f"--selector={s}", "--rule=fedsrc", "--aggregator=median", "--server_opt=adam",
+        "--system_profile=lognormal"] for s in SELECTION_METHODS]
+    + [[f"--selector={s}"] for s in SELECTION_METHODS]
     + [[f"--filter={f}"] for f in ("dgf", "rgf")]
     + [[f"--rule={r}"] for r in ("fedalign", "fedsrc")]
     + [[f"--aggregator={a}"] for a in ("median", "trimmed_mean", "fedasl", "krum",

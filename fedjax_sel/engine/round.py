@@ -277,16 +277,28 @@ def round_inputs(config: RoundConfig, state: EngineState, arrays: DataArrays, ru
                      arrays.public_x, arrays.public_y)
 
 
+def sampling_weights(config: RoundConfig, selector_state) -> jax.Array | None:
+  """`[N]` the selector's sampling weights after its selection, when it reports them and the
+  aggregator applies them; else None (the aggregator weighs the chosen clients itself)."""
+  if config.selector.sampling_weights is None or not config.aggregator.applies_sampling_weights:
+    return None
+  return config.selector.sampling_weights(selector_state).astype(jnp.float32)
+
+
 def train_slots(config: RoundConfig, params, arrays: DataArrays, run: RunValues, mask, size, t,
-                lr, aggregate_mask=None) -> tuple[jax.Array, jax.Array, LocalResult]:
+                lr, aggregate_mask=None, weights=None) -> tuple[jax.Array, jax.Array, LocalResult]:
   """Trains the clients of `mask` in `size` slots; with `aggregate_mask` (streaming mode) the
-  result's params are the linear aggregate of the clients in `mask & aggregate_mask`."""
+  result's params are the linear aggregate of the clients in `mask & aggregate_mask`: by the
+  aggregator's weights, or `sum_k c_k w^k` by the selector's sampling weights `weights` (`[N]`)."""
   slots, valid = _nonzero_slots(mask, size)
   keys = keylib.client_keys(keylib.round_key(run.seed, t, keylib.TRAIN), slots)
   combine = None
   if aggregate_mask is not None:
-    combine = config.aggregator.linear_weights(valid & aggregate_mask[slots],
-                                               arrays.train.counts[slots])
+    if weights is None:
+      combine = config.aggregator.linear_weights(valid & aggregate_mask[slots],
+                                                 arrays.train.counts[slots])
+    else:
+      combine = jnp.where(valid & aggregate_mask[slots], weights[slots], 0.0)
   res = local_train(config.model, config.optimizer, config.local, params, arrays.train, slots,
                     valid, keys, lr, config.max_count, config.client_sharding, combine,
                     prox_mu=run.prox_mu if config.proximal else None)
@@ -420,7 +432,8 @@ def _train_picked(config: RoundConfig, state: EngineState, arrays: DataArrays, r
   broken = {**broken, "filter_outside_available": outside}
   if local is None:
     slots, valid, res = train_slots(config, state.params, arrays, run, train_m, config.k,
-                                    state.round, lr, agg_m if config.stream else None)
+                                    state.round, lr, agg_m if config.stream else None,
+                                    sampling_weights(config, sel_state))
     trained_models = jnp.sum(valid)
     train_samples = jnp.sum(res.samples)
     client_samples = _per_client(fmask, slots, valid, res.samples)
@@ -470,13 +483,19 @@ def aggregate(config: RoundConfig, state: EngineState, picked: _Picked, arrays: 
   if on_time is not None:
     aggregated &= on_time[slots]
   num_examples = arrays.train.counts[slots]
+  weights = sampling_weights(config, picked.selector_state)
   if config.stream:
-    any_weight = jnp.sum(config.aggregator.linear_weights(aggregated, num_examples)) > 0
-    new_params = jax.tree.map(lambda a, g: jnp.where(any_weight, a, g), res.params, params)
+    if weights is None:
+      any_weight = jnp.sum(config.aggregator.linear_weights(aggregated, num_examples)) > 0
+      new_params = jax.tree.map(lambda a, g: jnp.where(any_weight, a, g), res.params, params)
+    else:  # The streamed sum_k c_k w^k, plus the global model's share (1 - sum_k c_k).
+      rest = 1.0 - jnp.sum(jnp.where(aggregated, weights[slots], 0.0))
+      new_params = jax.tree.map(lambda a, g: (a + rest * g).astype(g.dtype), res.params, params)
     return new_params, state.aggregator_state, trained, finite, aggregated, None, res
   new_params, agg_state = config.aggregator.apply(
       state.aggregator_state, params, res.params,
-      AggregateInputs(aggregated, num_examples, res.train_loss))
+      AggregateInputs(aggregated, num_examples, res.train_loss,
+                      None if weights is None else weights[slots]))
   return new_params, agg_state, trained, finite, aggregated, res.params, res
 
 

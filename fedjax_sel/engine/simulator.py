@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -329,6 +330,11 @@ class Simulator:
                    and not exclude and not participation.reads_local_models
                    and (clock is None or clock.deadline_s is None)
                    and (filter is None or not filter.trains_available))
+    if selector.sampling_weights is not None and not aggregator.applies_sampling_weights:
+      warnings.warn(f"the selector {part_name(selector)!r} reweights the clients it samples, and "
+                    f"the aggregator {part_name(aggregator)!r} ignores those weights: it "
+                    "aggregates the chosen clients as a set, so the aggregate is no longer an "
+                    "unbiased estimate of full participation's", stacklevel=2)
     self.on_host = on_host
     self.capacity = capacity or Capacity.of([data])
     self.config = RoundConfig(

@@ -46,8 +46,29 @@ def weighted_mean(client_params, weights: jax.Array, fallback):
   return jax.tree.map(avg, client_params, fallback)
 
 
+def sampled_update(global_params, client_params, mask: jax.Array, sampling_weights: jax.Array):
+  """`w + sum_k c_k (w^k - w)` over the slots of `mask`: an unbiased sampler's estimator of full
+  participation, with the selector's sampling weights c_k (`Selector.sampling_weights`).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> sampled_update(jnp.zeros(1), jnp.array([[2.], [4.]]), jnp.array([True, True]),
+    ...                jnp.array([0.5, 0.25])).tolist()
+    [2.0]
+  """
+  c = jnp.where(mask, sampling_weights, 0.0).astype(jnp.float32)
+
+  def leaf(stack, old):
+    kept = jnp.where((c != 0).reshape(-1, *([1] * (stack.ndim - 1))), stack, 0)
+    moved = jnp.tensordot(c, kept.astype(jnp.float32), axes=1) + (1.0 - jnp.sum(c)) * old
+    return moved.astype(old.dtype)
+
+  return jax.tree.map(leaf, client_params, global_params)
+
+
 def fedavg(weighting: str = "examples") -> Aggregator:
-  """FedAvg: mean of the aggregated models, uniform or weighted by m_k."""
+  """FedAvg: mean of the aggregated models, uniform or weighted by m_k; after a selector with
+  sampling weights (an unbiased sampler), that sampler's estimator `sampled_update` instead."""
   if weighting not in WEIGHTINGS:
     raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
 
@@ -58,17 +79,23 @@ def fedavg(weighting: str = "examples") -> Aggregator:
     return w
 
   def apply(state, global_params, client_params, inputs: AggregateInputs):
+    if inputs.sampling_weights is not None:
+      return sampled_update(global_params, client_params, inputs.mask,
+                            inputs.sampling_weights), state
     return weighted_mean(client_params, weights(inputs.mask, inputs.num_examples),
                          global_params), state
 
   return Aggregator(init=lambda params: (), apply=apply,
                     linear_weights=lambda mask, n: normalized(weights(mask, n)),
-                    spec={"name": "fedavg", "weighting": weighting})
+                    spec={"name": "fedavg", "weighting": weighting},
+                    applies_sampling_weights=True)
 
 
 # --- Robust aggregators (docs/papers/fedsrc.md) -----------------------------------------------
 # They see all K slots and the mask of the slots to aggregate; masked-out slots never influence the
-# result. Statistics run in float32 and the result is cast back to each leaf's dtype (bfloat16
+# result. A sampler's sampling weights are ignored: the chosen clients are aggregated as a set
+# (a median or Krum of reweighted updates is no longer robust; docs/papers/selection.md).
+# Statistics run in float32 and the result is cast back to each leaf's dtype (bfloat16
 # models sort and average in float32). With no aggregated slot the global model is kept.
 
 TRIM_ROUNDINGS = ("floor", "ceil")

@@ -178,6 +178,14 @@ class Selector(NamedTuple):
   after `observe` (display only).
   `costs(state) -> PartCosts`: what the selector charges; its `evaluated` is read right after
   `select`, its gradient counts after `observe`.
+  `sampling_weights(state) -> [N] float32`, when set, read right after `select`: the weight c_k
+  of each chosen client's update in the aggregate, `w_{t+1} = w_t + sum_k c_k (w^k - w_t)` over
+  the aggregated clients, as an unbiased sampler's estimator has it (e.g. `p_k / pi_k`, p_k the
+  client's share of the data and pi_k its inclusion probability, so that the expected aggregate
+  is full participation's). A selector that draws with replacement reports each drawn client
+  once in its mask and its multiplicity in these weights (a client drawn twice trains once and
+  counts twice). Aggregators with `applies_sampling_weights` use them; the others aggregate the
+  chosen clients as a set and say so in their docs.
   """
 
   init: Callable[[int, Any], Any]
@@ -188,6 +196,7 @@ class Selector(NamedTuple):
   report: Callable[[Any], dict] = lambda state: {}
   spec: dict | None = None
   costs: Callable[[Any], PartCosts] = _no_costs
+  sampling_weights: Callable[[Any], jax.Array] | None = None
 
 
 class Filter(NamedTuple):
@@ -231,11 +240,13 @@ class Participation(NamedTuple):
 
 
 class AggregateInputs(NamedTuple):
-  """Per-slot `[K]` facts an aggregator may weigh: mask of aggregated slots, m_k, training loss."""
+  """Per-slot `[K]` facts an aggregator may weigh: mask of aggregated slots, m_k, training loss,
+  and the selector's sampling weights c_k (None unless the selector has `sampling_weights`)."""
 
   mask: jax.Array
   num_examples: jax.Array
   train_loss: jax.Array
+  sampling_weights: jax.Array | None = None
 
 
 class Aggregator(NamedTuple):
@@ -245,12 +256,15 @@ class Aggregator(NamedTuple):
   `sum_k weights_k w^k` with weights known before training (summing to 1, or all 0 to keep the
   global model); the engine then streams it out of local training chunk by chunk instead of holding
   all K local models.
+  `applies_sampling_weights`: given a selector's sampling weights c_k (`AggregateInputs`), the
+  aggregate is `w_t + sum_k c_k (w^k - w_t)` (streamed likewise); otherwise they are ignored.
   """
 
   init: Callable[[Any], Any]
   apply: Callable[..., tuple[Any, Any]]
   linear_weights: Callable[[jax.Array, jax.Array], jax.Array] | None = None
   spec: dict | None = None
+  applies_sampling_weights: bool = False
 
 
 def everyone() -> Participation:
