@@ -54,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel import registry
+from fedjax_sel.parts.selectors.sampling import draw_without_replacement
 from fedjax_sel.parts.types import RoundInputs, RoundOutcome, Selector
 
 
@@ -196,16 +197,6 @@ def plan(cfg: OortConfig, k: int, state: OortState, inputs: RoundInputs, mask) -
                   jnp.where(pool, weight, 0.0), new_state)
 
 
-def _weighted_draw(key, weights, mask, count) -> jax.Array:
-  """`[N]` bool: `count` clients of `mask` drawn without replacement with probability
-  proportional to `weights` (Gumbel top-k; weight 0 is never drawn while others remain)."""
-  n = mask.shape[0]
-  keyed = jnp.where(mask, jnp.log(jnp.maximum(weights, 1e-30)) + jax.random.gumbel(key, (n,)),
-                    -jnp.inf)
-  rank = jnp.argsort(jnp.argsort(-keyed))
-  return mask & (rank < count)
-
-
 def oort_selector(k: int, durations=None, config: OortConfig = OortConfig()) -> Selector:
   """Oort's training selector for K clients.
 
@@ -237,11 +228,11 @@ def oort_selector(k: int, durations=None, config: OortConfig = OortConfig()) -> 
   def select(state, key, inputs, mask):
     p = plan(config, k, state, inputs, mask)
     k_exploit, k_explore, k_fill = jax.random.split(key, 3)
-    exploit = _weighted_draw(k_exploit, p.scores, p.candidates, p.exploit_len)
-    explore = _weighted_draw(k_explore, p.explore_weight, p.explore_pool & ~exploit,
+    exploit = draw_without_replacement(k_exploit, p.scores, p.candidates, p.exploit_len)
+    explore = draw_without_replacement(k_explore, p.explore_weight, p.explore_pool & ~exploit,
                              p.explore_len)
     chosen = exploit | explore
-    fill = _weighted_draw(k_fill, jnp.ones(mask.shape, jnp.float32), mask & ~chosen,
+    fill = draw_without_replacement(k_fill, jnp.ones(mask.shape, jnp.float32), mask & ~chosen,
                           k - jnp.sum(chosen))
     return chosen | fill, p.state._replace(last_exploit=exploit, preferred=p.preferred)
 

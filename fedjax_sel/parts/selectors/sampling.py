@@ -58,6 +58,18 @@ def draws_with_replacement(key: jax.Array, probs: jax.Array) -> jax.Array:
   return jnp.zeros((probs.shape[-1],), jnp.int32).at[ids].add(1)
 
 
+def draw_without_replacement(key: jax.Array, weights: jax.Array, mask: jax.Array,
+                             count) -> jax.Array:
+  """`[N]` bool: `count` (a traced int is fine) clients of `mask` drawn without replacement with
+  probability proportional to `weights` (Gumbel top-k; weight 0 is never drawn while others
+  remain), or all of `mask` when it holds fewer."""
+  n = mask.shape[0]
+  keyed = jnp.where(mask, jnp.log(jnp.maximum(weights, 1e-30)) + jax.random.gumbel(key, (n,)),
+                    -jnp.inf)
+  rank = jnp.argsort(jnp.argsort(-keyed))
+  return mask & (rank < count)
+
+
 def md_selector(k: int) -> Selector:
   """MD sampling: K clients drawn with replacement from the mask with probability
   p_k = m_k / sum m, the aggregate the plain mean over the K draws (a client drawn twice trains
