@@ -45,7 +45,7 @@ ENTRY_POINT_GROUP = "fedjax_sel.parts"
 # The package's modules that register parts, in the order their names are listed.
 BUILTIN_MODULES = ("fedjax_sel.parts.selectors.baselines", "fedjax_sel.parts.selectors.uacs",
                    "fedjax_sel.parts.selectors.oort", "fedjax_sel.parts.selectors.sampling",
-                   "fedjax_sel.parts.selectors.afl",
+                   "fedjax_sel.parts.selectors.afl", "fedjax_sel.parts.selectors.clustered",
                    "fedjax_sel.parts.filters.filfl",
                    "fedjax_sel.parts.rules.fedalign", "fedjax_sel.parts.rules.fedsrc",
                    "fedjax_sel.parts.aggregators", "fedjax_sel.parts.server_optimizers",
