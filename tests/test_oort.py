@@ -1,4 +1,6 @@
-"""Oort's selection rule against a plain transcription of FedScale's training selector."""
+"""Oort's selection rules against a plain transcription of FedScale's training selector
+(SymbioticLab/FedScale @7ec441c2, thirdparty/oort/oort.py: getTopK, pacer) and of the Oort
+repository's (SymbioticLab/Oort @05a3aa16, oort/oort.py: getTopK), our `paper` variant."""
 
 import math
 
@@ -16,9 +18,12 @@ from fedjax_sel.parts.types import ClientState, RoundInputs
 
 def transcription(cfg, k, arms, history, exploration, exploration_min, threshold, last_exploit,
                   reported, feasible, sizes, cur):
-  """FedScale's getTopK up to its random draws, line by line over Python dicts and lists.
-  `arms[c]`: {"reward", "duration", "time_stamp", "count"} (reward of an unexplored client: its
-  size, as FedScale registers it)."""
+  """getTopK up to its random draws, line by line over Python dicts and lists: FedScale's
+  (`cfg.variant == "fedscale"`) or the Oort repository's. `arms[c]`: {"reward", "duration",
+  "time_stamp", "count"} (reward of an unexplored client: its size, as both register it); rounds
+  counted as ours (`cur = t + 1`, the time stamp + 1). Where both index past the scores (they
+  raise), the cut-off is 0."""
+  fedscale = cfg.variant == "fedscale"
   util_clients = [c for c in last_exploit if c in reported]
   history = history + [sum(arms[c]["reward"] for c in util_clients) / (1e-4 + len(util_clients))]
   step = cfg.pacer_step
@@ -45,14 +50,18 @@ def transcription(cfg, k, arms, history, exploration, exploration_min, threshold
           0.1 * math.log(cur) / (arms[c]["time_stamp"] + 1))
       if arms[c]["duration"] > preferred:
         sc *= (preferred / max(1e-4, arms[c]["duration"])) ** cfg.round_penalty
-      scores[c] = sc
+      scores[c] = abs(sc) if fedscale else sc  # FedScale l.311: abs(sc).
   exploration = max(exploration * cfg.exploration_decay, exploration_min)
-  exploit_len = min(int(k * (1.0 - exploration)), len(scores))
+  if fedscale:  # l.316-319: explorationLen = int(K * exploration); exploitLen = K - that.
+    exploit_len = min(k - int(k * exploration), len(scores))
+  else:
+    exploit_len = min(int(k * (1.0 - exploration)), len(scores))
   ranked = sorted(scores, key=scores.get, reverse=True)
   cut = scores[ranked[exploit_len]] * cfg.cut_off_util if exploit_len < len(ranked) else 0.0
   candidates = []
   for c in ranked:
-    if scores[c] < cut:
+    # FedScale l.330: "we want at least 10 times of clients for augmentation".
+    if scores[c] < cut and (not fedscale or len(candidates) > 10.0 * exploit_len):
       break
     candidates.append(c)
   unexplored = [c for c in ordered if arms[c]["count"] == 0]
@@ -64,6 +73,8 @@ def transcription(cfg, k, arms, history, exploration, exploration_min, threshold
   explore_len = min(len(unexplored), k - exploit_len)
   pool = sorted(weights, key=weights.get, reverse=True)[:min(int(cfg.sample_window * explore_len),
                                                              len(weights))]
+  if not fedscale and not any(a["count"] == 0 for a in arms.values()):
+    exploration = 0.0  # The Oort repository stops exploring for good; FedScale stays at its floor.
   return dict(scores=scores, preferred=preferred, exploit_len=exploit_len,
               candidates=sorted(candidates), explore_len=explore_len, pool=sorted(pool),
               weights={c: weights[c] for c in pool}, threshold=threshold, exploration=exploration)
@@ -88,11 +99,13 @@ def fixed_state(cfg, seed, explored_share=0.6, history_len=None):
   return oort.OortState(**{key: jnp.asarray(v) for key, v in state.items()})
 
 
-@pytest.mark.parametrize("seed,cur,flat", [(0, 7, False), (1, 40, False), (2, 40, True),
-                                          (3, 60, False), (4, 3, False)])
-def test_plan_equals_fedscales_rule_on_fixed_inputs(seed, cur, flat):
-  cfg = oort.OortConfig()
-  state = fixed_state(cfg, seed)
+@pytest.mark.parametrize("variant", oort.VARIANTS)
+@pytest.mark.parametrize("seed,cur,flat,explored", [
+    (0, 7, False, 0.6), (1, 40, False, 0.6), (2, 40, True, 0.6), (3, 60, False, 0.6),
+    (4, 3, False, 0.6), (5, 9, False, 0.25), (6, 12, False, 1.0)])
+def test_plan_equals_the_transcription_on_fixed_inputs(seed, cur, flat, explored, variant):
+  cfg = oort.OortConfig(variant=variant)
+  state = fixed_state(cfg, seed, explored_share=explored)
   if flat:  # A flat utility history: the pacer relaxes the threshold.
     state = state._replace(history=jnp.full_like(state.history, 10.0),
                            last_exploit=jnp.zeros(N, bool))
@@ -128,7 +141,7 @@ def test_plan_equals_fedscales_rule_on_fixed_inputs(seed, cur, flat):
 def test_draws_follow_the_scores_and_fill_k():
   """One exploited client drawn among the candidates lands on each with probability proportional
   to its score; every selection holds K feasible clients."""
-  cfg = oort.OortConfig(exploration_factor=0.3 / 0.98 * 1.0, exploration_min=0.3)
+  cfg = oort.OortConfig(exploration_factor=0.3 / 0.98 * 1.0, exploration_min=0.3, variant="paper")
   sel = oort.oort_selector(2, config=cfg)
   state = sel.init(N, None)
   state = state._replace(count=jnp.ones(N, jnp.int32),

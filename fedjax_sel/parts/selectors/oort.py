@@ -15,22 +15,27 @@ and the round it last took part. A round (`cur = t + 1`, FedScale's count) then:
 3. Scores of the explored feasible clients: rewards clipped at the `clip_bound` quantile of the
    feasible positive rewards, min-max normalized (min scaled by 0.999), plus the temporal
    uncertainty `sqrt(0.1 log(cur) / (last round + 1))`; a client slower than preferred is
-   multiplied by `(preferred / duration) ** round_penalty`.
+   multiplied by `(preferred / duration) ** round_penalty`; FedScale takes the score's absolute
+   value.
 4. Exploitation: the exploration factor decays (`* exploration_decay`, floor `exploration_min`);
-   `int(K (1 - exploration))` clients (at most the explored ones) are drawn without replacement
-   with probability proportional to score among those scoring at least `cut_off_util` times the
-   next-best score past that count.
+   `K - int(K exploration)` clients (FedScale; the paper's reading: `int(K (1 - exploration))`),
+   at most the explored ones, are drawn without replacement with probability proportional to
+   score among those scoring at least `cut_off_util` times the next-best score past that count
+   (FedScale: and in any case the `10 * count + 1` best).
 5. Exploration: the unexplored feasible clients, each weighted by its data size (with the same
    duration penalty), the `sample_window` times as many as needed kept by weight, and the rest of
-   the K drawn from them by weight. With no unexplored client left, exploration stops for good.
+   the K drawn from them by weight. With no unexplored client left, FedScale keeps the exploration
+   factor at its floor; the paper's reading stops exploring for good.
 6. Any slot still free goes to a uniformly drawn feasible client.
 
-Defaults are FedScale's: exploration 0.9 decaying by 0.98 to 0.3, round penalty 2, pacer step 20
-and delta 5, round threshold 30, cut-off utility 0.05, clip bound 0.9, sample window 5. (FedScale's
-`exploration_alpha`, 0.3, weighs staleness only in its logs; it is not used here.) Where FedScale
-indexes past the end of the sorted scores (fewer explored clients than the exploitation count),
-the cut-off is 0, as in its later releases. Randomness: weighted draws without replacement are
-Gumbel top-k with the round's selection key.
+`variant="fedscale"` (the default) follows FedScale's `getTopK` (SymbioticLab/FedScale,
+`thirdparty/oort/oort.py`); `variant="paper"` the Oort repository's (SymbioticLab/Oort,
+`oort/oort.py`), which reads as the paper does. Defaults are FedScale's: exploration 0.9 decaying
+by 0.98 to 0.3, round penalty 2, pacer step 20 and delta 5, round threshold 30, cut-off utility
+0.05, clip bound 0.9, sample window 5. (FedScale's `exploration_alpha`, 0.3, weighs staleness
+only in its logs; it is not used here.) Where both codes index past the end of the sorted scores
+(fewer explored clients than the exploitation count; they raise), the cut-off is 0. Randomness:
+weighted draws without replacement are Gumbel top-k with the round's selection key.
 
 Examples:
   >>> import jax, jax.numpy as jnp
@@ -58,8 +63,12 @@ from fedjax_sel.parts.selectors.sampling import draw_without_replacement
 from fedjax_sel.parts.types import RoundInputs, RoundOutcome, Selector
 
 
+VARIANTS = ("fedscale", "paper")
+
+
 class OortConfig(NamedTuple):
-  """Oort's settings (FedScale's defaults)."""
+  """Oort's settings (FedScale's defaults); `variant` picks the rules: "fedscale" (FedScale's
+  `getTopK`) or "paper" (the Oort repository's, the paper's reading; see the module)."""
 
   exploration_factor: float = 0.9
   exploration_decay: float = 0.98
@@ -71,6 +80,7 @@ class OortConfig(NamedTuple):
   cut_off_util: float = 0.05
   clip_bound: float = 0.9
   sample_window: float = 5.0
+  variant: str = "fedscale"
 
 
 class OortState(NamedTuple):
@@ -122,6 +132,8 @@ def check_config(cfg: OortConfig) -> None:
             "pacer_step": (1, np.inf), "pacer_delta": (0.0, 100.0),
             "round_threshold": (0.0, 100.0), "cut_off_util": (0.0, 1.0),
             "clip_bound": (0.0, 1.0), "sample_window": (1.0, np.inf)}
+  if cfg.variant not in VARIANTS:
+    raise ValueError(f"OortConfig.variant must be one of {VARIANTS}, got {cfg.variant!r}")
   for name, (lo, hi) in ranges.items():
     value = getattr(cfg, name)
     if not (np.isfinite(value) and lo <= value <= hi):
@@ -172,14 +184,23 @@ def plan(cfg: OortConfig, k: int, state: OortState, inputs: RoundInputs, mask) -
   uncertainty = jnp.sqrt(0.1 * jnp.log(cur.astype(jnp.float32))
                          / (state.time_stamp.astype(jnp.float32) + 1.0))
   lake = mask & explored
-  scores = jnp.where(lake, ((jnp.minimum(reward, clip) - low) / spread + uncertainty) * penalty,
-                     0.0)
+  fedscale = cfg.variant == "fedscale"
+  scores = ((jnp.minimum(reward, clip) - low) / spread + uncertainty) * penalty
+  scores = jnp.where(lake, jnp.abs(scores) if fedscale else scores, 0.0)
   # 4. Exploitation count and candidates.
   exploration = jnp.maximum(state.exploration * cfg.exploration_decay, state.exploration_min)
-  exploit_len = jnp.minimum(jnp.floor(k * (1.0 - exploration)).astype(jnp.int32), jnp.sum(lake))
-  ranked = jnp.sort(jnp.where(lake, scores, -jnp.inf))[::-1]
-  cut = jnp.where(exploit_len < jnp.sum(lake), ranked[jnp.minimum(exploit_len, n - 1)], 0.0)
-  candidates = lake & (scores >= cut * cfg.cut_off_util)
+  if fedscale:
+    wanted = k - jnp.floor(k * exploration).astype(jnp.int32)
+  else:
+    wanted = jnp.floor(k * (1.0 - exploration)).astype(jnp.int32)
+  exploit_len = jnp.minimum(wanted, jnp.sum(lake))
+  order = jnp.argsort(jnp.where(lake, -scores, jnp.inf), stable=True)
+  rank = jnp.zeros((n,), jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
+  cut = jnp.where(exploit_len < jnp.sum(lake), scores[order[jnp.minimum(exploit_len, n - 1)]],
+                  0.0) * cfg.cut_off_util
+  # FedScale keeps at least the 10 * exploit_len + 1 best whatever their scores.
+  kept = (rank <= 10 * exploit_len) if fedscale else jnp.zeros((n,), bool)
+  candidates = lake & ((scores >= cut) | kept)
   # 5. Exploration pool.
   unexplored = mask & ~explored
   explore_len = jnp.minimum(jnp.sum(unexplored), k - exploit_len)
@@ -188,7 +209,7 @@ def plan(cfg: OortConfig, k: int, state: OortState, inputs: RoundInputs, mask) -
                        jnp.sum(unexplored))
   rank = jnp.argsort(jnp.argsort(-weight))  # 0 for the heaviest.
   pool = unexplored & (rank < window)
-  none_left = ~jnp.any(~explored)
+  none_left = ~jnp.any(~explored) & (not fedscale)  # FedScale keeps exploring at its floor.
   new_state = state._replace(history=history, round_threshold=threshold,
                    exploration=jnp.where(none_left, 0.0, exploration),
                    exploration_min=jnp.where(none_left, 0.0, state.exploration_min),
@@ -271,9 +292,13 @@ class OortSettings:
   round_threshold: float = registry.setting(30.0, "Oort: initial preferred-duration percentile "
                                             "(the pacer moves it), in [0, 100].",
                                             flag="oort_round_threshold")
+  variant: str = registry.setting("fedscale", "Oort: the rules: fedscale (FedScale's getTopK) or "
+                                  "paper (the Oort repository's, as the paper reads).",
+                                  flag="oort_variant", choices=VARIANTS)
 
   def config(self) -> OortConfig:
-    return OortConfig(exploration_factor=self.exploration, round_threshold=self.round_threshold)
+    return OortConfig(exploration_factor=self.exploration, round_threshold=self.round_threshold,
+                      variant=self.variant)
 
   def check(self, context: registry.BuildContext) -> None:
     del context
