@@ -62,7 +62,8 @@ def context(cfg: cfglib.JobConfig, data=None, model=None, profile=None,
   return registry.BuildContext(k=e.clients_per_round, rounds=e.rounds, seed=seed,
                                num_clients=num_clients, num_available=num_available(cfg),
                                data=data, model=model, profile=profile,
-                               local_epochs=cfg.local.local_epochs)
+                               local_epochs=cfg.local.local_epochs,
+                               deadline_s=e.deadline_s or None)
 
 
 def part(kind: str, chosen: cfglib.Part | None, ctx: registry.BuildContext):
@@ -131,6 +132,30 @@ def part_defaults(cfg: cfglib.JobConfig, given: frozenset) -> cfglib.JobConfig:
                   or (rule.name == "fedalign" and rule.settings.split == "val") for rule in rules)
   if wants_val:
     cfg = cfglib.updated(cfg, given, val_fraction=DEFAULT_VAL_FRACTION)
+  return _required(cfg, given, runs)
+
+
+def _required(cfg: cfglib.JobConfig, given: frozenset, runs) -> cfglib.JobConfig:
+  """The clock or a varied availability model, turned on (and said) for a part that requires
+  it (`registry.register(requires=...)`) where the command line chose none."""
+  needs = {}
+  for run in runs:
+    for kind in registry.KINDS:
+      p = getattr(run.parts, kind, None)
+      if p is not None:
+        for what in registry.lookup(kind, p.name).requires:
+          needs.setdefault(what, p.name)
+  if ("clock" in needs and cfg.engine.system_profile == "none"
+      and "system_profile" not in given):
+    print(f"note: {needs['clock']} times the clients: --system_profile=lognormal (log-normal "
+          "speeds and bandwidths) is on; set --system_profile to choose others")
+    cfg = cfglib.updated(cfg, given, system_profile="lognormal")
+  if ("availability" in needs and cfg.parts.availability.name == "uniform"
+      and "availability" not in given):
+    print(f"note: {needs['availability']} reads how often each client is available: "
+          "--availability=probability (each client with its own probability) is on; set "
+          "--availability to choose another model")
+    cfg = cfglib.updated(cfg, given, availability="probability")
   return cfg
 
 

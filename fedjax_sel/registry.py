@@ -46,7 +46,8 @@ ENTRY_POINT_GROUP = "fedjax_sel.parts"
 BUILTIN_MODULES = ("fedjax_sel.parts.selectors.baselines", "fedjax_sel.parts.selectors.uacs",
                    "fedjax_sel.parts.selectors.oort", "fedjax_sel.parts.selectors.sampling",
                    "fedjax_sel.parts.selectors.afl", "fedjax_sel.parts.selectors.clustered",
-                   "fedjax_sel.parts.selectors.exp3",
+                   "fedjax_sel.parts.selectors.exp3", "fedjax_sel.parts.selectors.fedcs",
+                   "fedjax_sel.parts.selectors.tifl",
                    "fedjax_sel.parts.filters.filfl",
                    "fedjax_sel.parts.rules.fedalign", "fedjax_sel.parts.rules.fedsrc",
                    "fedjax_sel.parts.aggregators", "fedjax_sel.parts.server_optimizers",
@@ -76,6 +77,7 @@ class BuildContext(NamedTuple):
     model: the run's `Model` (None likewise).
     profile: the clients' `system.SystemProfile` on the simulated clock, or None.
     local_epochs: E, local passes per round (a duration estimate for clock-aware parts).
+    deadline_s: the clock's round deadline in seconds, or None.
   """
 
   k: int
@@ -87,6 +89,7 @@ class BuildContext(NamedTuple):
   model: Any = None
   profile: Any = None
   local_epochs: int = 1
+  deadline_s: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +108,13 @@ class Entry(NamedTuple):
   factory: Callable[[Any, BuildContext], Any]
   settings: type
   doc: str
+  requires: tuple[str, ...] = ()
 
+
+# What a part may require of the run (`register(..., requires=...)`): "clock", the simulated clock
+# (a system profile); "availability", an availability model where clients differ (a launcher
+# turns the default one on, and says so, when the command line chose none).
+REQUIREMENTS = ("clock", "availability")
 
 _ENTRIES: dict[tuple[str, str], Entry] = {}
 _LOADED_ENTRY_POINTS = False
@@ -127,13 +136,17 @@ def setting_flag(name: str, field: dataclasses.Field) -> str:
   return field.metadata.get("flag") or f"{name.rsplit(':', 1)[-1]}_{field.name}"
 
 
-def register(kind: str, name: str, settings: type = NoSettings, doc: str | None = None):
-  """Decorator registering `factory(settings, context) -> part` as part `name` of `kind`.
+def register(kind: str, name: str, settings: type = NoSettings, doc: str | None = None,
+             requires: tuple[str, ...] = ()):
+  """Decorator registering `factory(settings, context) -> part` as part `name` of `kind`;
+  `requires` names what the part needs of the run (`REQUIREMENTS`).
 
   Registering a name twice with another factory is refused (a module imported twice registers
   the same factory again, which is allowed)."""
   if kind not in KINDS:
     raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+  if not set(requires) <= set(REQUIREMENTS):
+    raise ValueError(f"requires must name some of {REQUIREMENTS}, got {requires}")
   if not dataclasses.is_dataclass(settings):
     raise TypeError(f"settings of {kind} {name!r} must be a frozen dataclass, got {settings}")
 
@@ -144,7 +157,7 @@ def register(kind: str, name: str, settings: type = NoSettings, doc: str | None 
       raise ValueError(f"{kind} {name!r} is registered already ({old.factory.__module__}."
                        f"{old.factory.__qualname__})")
     text = doc if doc is not None else (factory.__doc__ or "").strip().split("\n")[0]
-    _ENTRIES[key] = Entry(kind, name, factory, settings, text)
+    _ENTRIES[key] = Entry(kind, name, factory, settings, text, tuple(requires))
     return factory
 
   return wrap
