@@ -150,12 +150,14 @@ def _required(cfg: cfglib.JobConfig, given: frozenset, runs) -> cfglib.JobConfig
     print(f"note: {needs['clock']} times the clients: --system_profile=lognormal (log-normal "
           "speeds and bandwidths) is on; set --system_profile to choose others")
     cfg = cfglib.updated(cfg, given, system_profile="lognormal")
-  if ("availability" in needs and cfg.parts.availability.name == "uniform"
-      and "availability" not in given):
-    print(f"note: {needs['availability']} reads how often each client is available: "
-          "--availability=probability (each client with its own probability) is on; set "
+  avail = cfg.parts.availability
+  chosen = "availability" in given or any(
+      registry.setting_flag(avail.name, f) in given for f in dataclasses.fields(avail.settings))
+  if "availability" in needs and avail.name == "uniform" and not chosen:
+    print(f"note: {needs['availability']} reads when each client is available: "
+          "--availability=diurnal (each client available around its own local noon) is on; set "
           "--availability to choose another model")
-    cfg = cfglib.updated(cfg, given, availability="probability")
+    cfg = cfglib.updated(cfg, given, availability="diurnal")
   return cfg
 
 

@@ -274,7 +274,8 @@ def round_inputs(config: RoundConfig, state: EngineState, arrays: DataArrays, ru
                      state.clients,
                      arrays.counts[0], arrays.label_hist,
                      lambda ids: client_gradients(config.model, params, arrays.train, ids),
-                     arrays.public_x, arrays.public_y)
+                     arrays.public_x, arrays.public_y,
+                     lambda r: config.availability.sample(run.seed, r))
 
 
 def sampling_weights(config: RoundConfig, selector_state) -> jax.Array | None:

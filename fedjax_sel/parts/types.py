@@ -80,6 +80,8 @@ class RoundInputs(NamedTuple):
       clients (the `grad` stat's rows, computed only when called); None outside the engine.
     public_x, public_y: the server's public set (an argument of the compiled round, so runs with
       different public sets share it); None outside the engine.
+    available_at: the run's availability model, `round -> [N]` bool (e.g. the next round's, as
+      REFL's oracle reads it); None outside the engine.
   """
 
   round: jax.Array
@@ -92,6 +94,7 @@ class RoundInputs(NamedTuple):
   gradients: Callable[[jax.Array], Any] | None = None
   public_x: jax.Array | None = None
   public_y: jax.Array | None = None
+  available_at: Callable[[jax.Array], jax.Array] | None = None
 
 
 class RoundOutcome(NamedTuple):

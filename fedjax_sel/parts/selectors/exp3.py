@@ -13,8 +13,8 @@ feedback bound L.
 
 Examples:
   >>> import jax.numpy as jnp
-  >>> exp3_probabilities(jnp.array([1.0, 3.0]), 0.4).tolist()
-  [0.3499999940395355, 0.6499999761581543]
+  >>> np.asarray(exp3_probabilities(jnp.array([1.0, 3.0]), 0.4), float).round(4).tolist()
+  [0.35, 0.65]
 """
 
 from __future__ import annotations

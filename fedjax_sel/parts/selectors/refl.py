@@ -1,0 +1,99 @@
+"""REFL's intelligent participant selection (Abdelmoniem et al., "REFL: Resource-Efficient
+Federated Learning", EuroSys 2023) as a pure `Selector` (docs/papers/selection.md, 'REFL').
+
+Least available first: a round's priority clients are those available now that will not be
+available next round (their availability window closes), read from the run's availability model
+as REFL's code reads its device trace (an oracle one round ahead). Its imperfect prediction is
+modelled as REFL's code does: each round a random `1 - accuracy` share of the priority clients
+and of the others is left out. The K come from the priority clients uniformly; when fewer, all of
+them and the rest uniformly from the other available clients.
+
+Examples:
+  >>> import jax, jax.numpy as jnp
+  >>> from fedjax_sel.parts.types import RoundInputs
+  >>> later = lambda r: jnp.array([True, False, True, False])
+  >>> inputs = RoundInputs(jnp.int32(0), None, None, {}, None, None, None, available_at=later)
+  >>> sel = refl_selector(2, accuracy=1.0)
+  >>> chosen, _ = sel.select(sel.init(4, None), jax.random.PRNGKey(0), inputs,
+  ...                        jnp.array([True, True, True, True]))
+  >>> chosen.tolist()
+  [False, True, False, True]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_sel import registry
+from fedjax_sel.parts.selectors.baselines import top_k_mask
+from fedjax_sel.parts.types import RoundInputs, Selector
+
+
+class REFLState(NamedTuple):
+  """`[N]` bool: this round's priority clients (available now, gone next round)."""
+
+  priority: jax.Array
+
+
+def refl_selector(k: int, accuracy: float = 0.9) -> Selector:
+  """REFL's least-available-first selection of K clients.
+
+  Args:
+    k: K.
+    accuracy: the availability predictor's accuracy, in (0, 1]: each round a random
+      `1 - accuracy` share of the priority clients and of the others is not considered.
+  """
+  if k < 1:
+    raise ValueError(f"clients per round must be >= 1, got {k}")
+  if not 0.0 < accuracy <= 1.0:
+    raise ValueError(f"refl accuracy must be in (0, 1], got {accuracy}")
+
+  def select(state, key, inputs: RoundInputs, mask):
+    del state
+    if inputs.available_at is None:
+      raise ValueError("refl reads the next round's availability (inputs.available_at): run it "
+                       "in the simulator")
+    leaving = mask & ~inputs.available_at(jnp.asarray(inputs.round) + 1)
+    k_keep, k_first, k_rest = jax.random.split(key, 3)
+    u = jax.random.uniform(k_keep, mask.shape)
+    staying = mask & ~leaving
+
+    def kept(group):  # REFL keeps int(|group| accuracy) of a group, uniformly.
+      count = jnp.floor(jnp.sum(group) * accuracy).astype(jnp.int32)
+      rank = jnp.argsort(jnp.argsort(jnp.where(group, u, jnp.inf)))
+      return group & (rank < count)
+
+    priority, others = kept(leaving), kept(staying)
+    first = top_k_mask(jax.random.uniform(k_first, mask.shape), priority, k)
+    need = k - jnp.sum(first)
+    u_rest = jnp.where(others, jax.random.uniform(k_rest, mask.shape), jnp.inf)
+    rest = others & (jnp.argsort(jnp.argsort(u_rest)) < need)
+    return first | rest, REFLState(priority)
+
+  return Selector(init=lambda n, params: REFLState(jnp.zeros((n,), bool)), select=select,
+                  report=lambda state: {"priority": jnp.sum(state.priority)},
+                  spec={"name": "refl", "k": k, "accuracy": accuracy})
+
+
+@dataclasses.dataclass(frozen=True)
+class REFLSettings:
+  """REFL (Abdelmoniem et al. 2023), its experiments' setting."""
+
+  accuracy: float = registry.setting(0.9, "REFL: the availability predictor's accuracy, in "
+                                     "(0, 1]: a random 1 - accuracy share of the clients is not "
+                                     "considered each round.")
+
+  def check(self, context: registry.BuildContext) -> None:
+    del context
+    if not 0.0 < self.accuracy <= 1.0:
+      raise registry.SettingError("accuracy", f"must be in (0, 1], got {self.accuracy}")
+
+
+@registry.register("selector", "refl", REFLSettings, requires=("availability",))
+def _refl(settings: REFLSettings, context: registry.BuildContext) -> Selector:
+  """REFL: the clients whose availability ends first, from the availability model."""
+  return refl_selector(context.k, settings.accuracy)
