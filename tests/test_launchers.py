@@ -188,7 +188,7 @@ def test_bad_flags_fail_before_compute(bad_flag_results, index):
 # selection method of the literature also with a robust aggregator, a server optimizer, FedSRC's
 # rule and the clock.
 SELECTION_METHODS = ("md", "afl", "clustered_size", "clustered_similarity", "exp3",
-                     "fedcs", "tifl", "refl")
+                     "fedcs", "tifl", "refl", "pyramidfl")
 COMPOSE_BASE = ["--rounds=2", "--num_clients=12", "--num_available=6", "--clients_per_round=3",
                 "--model=logreg", "--seeds=0", "--eval_every=2"]
 COMPOSE_CASES = (

@@ -1,6 +1,7 @@
 """Oort's selection rules against a plain transcription of FedScale's training selector
-(SymbioticLab/FedScale @7ec441c2, thirdparty/oort/oort.py: getTopK, pacer) and of the Oort
-repository's (SymbioticLab/Oort @05a3aa16, oort/oort.py: getTopK), our `paper` variant."""
+(SymbioticLab/FedScale @7ec441c2, thirdparty/oort/oort.py: getTopK, pacer), of the Oort
+repository's (SymbioticLab/Oort @05a3aa16, oort/oort.py: getTopK), our `paper` variant, and of
+PyramidFL's fork (liecn/PyramidFL @dd1d143a, oort/oort.py: getTopK), our `pyramidfl`."""
 
 import math
 
@@ -54,6 +55,8 @@ def transcription(cfg, k, arms, history, exploration, exploration_min, threshold
   exploration = max(exploration * cfg.exploration_decay, exploration_min)
   if fedscale:  # l.316-319: explorationLen = int(K * exploration); exploitLen = K - that.
     exploit_len = min(k - int(k * exploration), len(scores))
+  elif cfg.variant == "pyramidfl":  # PyramidFL's oort/oort.py l.317.
+    exploit_len = max(min(int(k * (1.0 - exploration)), len(scores) - 1), 0)
   else:
     exploit_len = min(int(k * (1.0 - exploration)), len(scores))
   ranked = sorted(scores, key=scores.get, reverse=True)
@@ -73,8 +76,12 @@ def transcription(cfg, k, arms, history, exploration, exploration_min, threshold
   explore_len = min(len(unexplored), k - exploit_len)
   pool = sorted(weights, key=weights.get, reverse=True)[:min(int(cfg.sample_window * explore_len),
                                                              len(weights))]
-  if not fedscale and not any(a["count"] == 0 for a in arms.values()):
-    exploration = 0.0  # The Oort repository stops exploring for good; FedScale stays at its floor.
+  # The Oort repository stops exploring for good once no client is unexplored, PyramidFL once no
+  # feasible one is (l.346); FedScale stays at its floor.
+  if cfg.variant == "paper" and not any(a["count"] == 0 for a in arms.values()):
+    exploration = 0.0
+  if cfg.variant == "pyramidfl" and not unexplored:
+    exploration = 0.0
   return dict(scores=scores, preferred=preferred, exploit_len=exploit_len,
               candidates=sorted(candidates), explore_len=explore_len, pool=sorted(pool),
               weights={c: weights[c] for c in pool}, threshold=threshold, exploration=exploration)

@@ -30,7 +30,10 @@ and the round it last took part. A round (`cur = t + 1`, FedScale's count) then:
 
 `variant="fedscale"` (the default) follows FedScale's `getTopK` (SymbioticLab/FedScale,
 `thirdparty/oort/oort.py`); `variant="paper"` the Oort repository's (SymbioticLab/Oort,
-`oort/oort.py`), which reads as the paper does. Defaults are FedScale's: exploration 0.9 decaying
+`oort/oort.py`), which reads as the paper does; `variant="pyramidfl"` PyramidFL's fork of it
+(liecn/PyramidFL, `oort/oort.py`: the exploitation count capped one below the explored clients,
+exploration stopped once no available client is unexplored), which `pyramidfl_selector` runs with
+PyramidFL's defaults. Defaults are FedScale's: exploration 0.9 decaying
 by 0.98 to 0.3, round penalty 2, pacer step 20 and delta 5, round threshold 30, cut-off utility
 0.05, clip bound 0.9, sample window 5. (FedScale's `exploration_alpha`, 0.3, weighs staleness
 only in its logs; it is not used here.) Where both codes index past the end of the sorted scores
@@ -63,7 +66,7 @@ from fedjax_sel.parts.selectors.sampling import draw_without_replacement
 from fedjax_sel.parts.types import RoundInputs, RoundOutcome, Selector
 
 
-VARIANTS = ("fedscale", "paper")
+VARIANTS = ("fedscale", "paper", "pyramidfl")
 
 
 class OortConfig(NamedTuple):
@@ -193,7 +196,9 @@ def plan(cfg: OortConfig, k: int, state: OortState, inputs: RoundInputs, mask) -
     wanted = k - jnp.floor(k * exploration).astype(jnp.int32)
   else:
     wanted = jnp.floor(k * (1.0 - exploration)).astype(jnp.int32)
-  exploit_len = jnp.minimum(wanted, jnp.sum(lake))
+  # PyramidFL caps the count one below the explored clients (its cut-off index stays in range).
+  most = jnp.sum(lake) - (1 if cfg.variant == "pyramidfl" else 0)
+  exploit_len = jnp.maximum(jnp.minimum(wanted, most), 0)
   order = jnp.argsort(jnp.where(lake, -scores, jnp.inf), stable=True)
   rank = jnp.zeros((n,), jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
   cut = jnp.where(exploit_len < jnp.sum(lake), scores[order[jnp.minimum(exploit_len, n - 1)]],
@@ -209,7 +214,9 @@ def plan(cfg: OortConfig, k: int, state: OortState, inputs: RoundInputs, mask) -
                        jnp.sum(unexplored))
   rank = jnp.argsort(jnp.argsort(-weight))  # 0 for the heaviest.
   pool = unexplored & (rank < window)
-  none_left = ~jnp.any(~explored) & (not fedscale)  # FedScale keeps exploring at its floor.
+  # FedScale keeps exploring at its floor; PyramidFL stops once no available client is unexplored.
+  none_left = ~jnp.any(~explored & (mask if cfg.variant == "pyramidfl" else True))
+  none_left &= not fedscale
   new_state = state._replace(history=history, round_threshold=threshold,
                    exploration=jnp.where(none_left, 0.0, exploration),
                    exploration_min=jnp.where(none_left, 0.0, state.exploration_min),
@@ -312,8 +319,34 @@ class OortSettings:
 def _oort(settings: OortSettings, context: registry.BuildContext) -> Selector:
   """Oort: statistical utility and duration, explored and exploited (FedScale's getTopK); its
   first durations from the clients' system profile and data sizes, when the run has a clock."""
-  durations = None
-  if context.profile is not None and context.data is not None:
-    durations = np.maximum(np.asarray(context.data.train.counts) * context.local_epochs
-                           / np.asarray(context.profile.speed), 1e-3)
-  return oort_selector(context.k, durations, settings.config())
+  return oort_selector(context.k, _durations(context), settings.config())
+
+
+def _durations(context: registry.BuildContext):
+  """The clients' expected compute seconds on the clock (None without one)."""
+  if context.profile is None or context.data is None:
+    return None
+  return np.maximum(np.asarray(context.data.train.counts) * context.local_epochs
+                    / np.asarray(context.profile.speed), 1e-3)
+
+
+PYRAMIDFL_CONFIG = OortConfig(exploration_decay=0.95, exploration_min=0.2, round_threshold=10.0,
+                              pacer_delta=10.0, clip_bound=0.98, cut_off_util=0.7,
+                              variant="pyramidfl")
+
+
+def pyramidfl_selector(k: int, durations=None) -> Selector:
+  """PyramidFL's selection (Li et al., MobiCom 2022): Oort's ranking with its fork's rules and
+  its defaults (`PYRAMIDFL_CONFIG`: exploration decay 0.95 to 0.2, round threshold 10, pacer
+  delta 10, clip bound 0.98, cut-off utility 0.7); its per-client local iterations and update
+  dropout act after selection and are not part of it."""
+  return oort_selector(k, durations, PYRAMIDFL_CONFIG)._replace(
+      spec={"name": "pyramidfl", "k": k,
+            "durations": "given" if durations is not None else "equal"})
+
+
+@registry.register("selector", "pyramidfl", requires=("clock",))
+def _pyramidfl(settings, context: registry.BuildContext) -> Selector:
+  """PyramidFL: Oort's utility ranking with its fork's rules and defaults, on the clock."""
+  del settings
+  return pyramidfl_selector(context.k, _durations(context))
