@@ -275,7 +275,24 @@ def round_inputs(config: RoundConfig, state: EngineState, arrays: DataArrays, ru
                      arrays.counts[0], arrays.label_hist,
                      lambda ids: client_gradients(config.model, params, arrays.train, ids),
                      arrays.public_x, arrays.public_y,
-                     lambda r: config.availability.sample(run.seed, r))
+                     lambda r: config.availability.sample(run.seed, r),
+                     lambda mask: update_norms(config, params, arrays, run, t, mask))
+
+
+def update_norms(config: RoundConfig, params, arrays: DataArrays, run: RunValues, t,
+                 mask) -> tuple[jax.Array, jax.Array]:
+  """`([N] norms, [N] samples)`: the clients of `mask` (at most K) trained in K slots with the
+  round's keys, the norm of each one's update of the trainable weights and its samples."""
+  lr = run.lr * config.lr_factor(t)
+  slots, valid, res = train_slots(config, params, arrays, run, mask, config.k, t, lr)
+  start = trainable(config.model, params)
+  moved = jax.tree.map(lambda w, g: (w - g[None]).astype(jnp.float32),
+                       trainable(config.model, res.params), start)
+  norms = jnp.sqrt(sum(jnp.sum(a.reshape(a.shape[0], -1) ** 2, axis=1)
+                       for a in jax.tree.leaves(moved)))
+  n = mask.shape[0]
+  return (jnp.zeros((n,), jnp.float32).at[slots].max(jnp.where(valid, norms, 0.0)),
+          _per_client(mask, slots, valid, res.samples))
 
 
 def sampling_weights(config: RoundConfig, selector_state) -> jax.Array | None:

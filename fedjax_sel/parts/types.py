@@ -82,6 +82,10 @@ class RoundInputs(NamedTuple):
       different public sets share it); None outside the engine.
     available_at: the run's availability model, `round -> [N]` bool (e.g. the next round's, as
       REFL's oracle reads it); None outside the engine.
+    update_norms: on demand, `mask [N] -> ([N] norms, [N] samples)`: the clients of `mask` (at
+      most K) train as the round would train them (same keys, so a client selected afterwards
+      computes the same update) and report the norm of their update `w^k - w_t` and the samples
+      it took (0 for the others); None outside the engine.
   """
 
   round: jax.Array
@@ -95,6 +99,7 @@ class RoundInputs(NamedTuple):
   public_x: jax.Array | None = None
   public_y: jax.Array | None = None
   available_at: Callable[[jax.Array], jax.Array] | None = None
+  update_norms: Callable[[jax.Array], tuple[jax.Array, jax.Array]] | None = None
 
 
 class RoundOutcome(NamedTuple):
