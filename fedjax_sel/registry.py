@@ -49,6 +49,7 @@ BUILTIN_MODULES = ("fedjax_sel.parts.selectors.baselines", "fedjax_sel.parts.sel
                    "fedjax_sel.parts.selectors.exp3", "fedjax_sel.parts.selectors.fedcs",
                    "fedjax_sel.parts.selectors.tifl", "fedjax_sel.parts.selectors.refl",
                    "fedjax_sel.parts.selectors.ocs", "fedjax_sel.parts.selectors.delta",
+                   "fedjax_sel.parts.selectors.fedcor",
                    "fedjax_sel.parts.filters.filfl",
                    "fedjax_sel.parts.rules.fedalign", "fedjax_sel.parts.rules.fedsrc",
                    "fedjax_sel.parts.aggregators", "fedjax_sel.parts.server_optimizers",

@@ -188,7 +188,8 @@ def test_bad_flags_fail_before_compute(bad_flag_results, index):
 # selection method of the literature also with a robust aggregator, a server optimizer, FedSRC's
 # rule and the clock.
 SELECTION_METHODS = ("md", "afl", "clustered_size", "clustered_similarity", "exp3",
-                     "fedcs", "tifl", "refl", "pyramidfl", "ocs", "delta")
+                     "fedcs", "tifl", "refl", "pyramidfl", "ocs", "delta",
+                     "fedcor")
 # OCS uploads 3/32 of K in expectation by default: with 3 clients and two rounds, often none.
 SELECTION_EXTRA = {"ocs": ("--ocs_budget=1",)}
 COMPOSE_BASE = ["--rounds=2", "--num_clients=12", "--num_available=6", "--clients_per_round=3",

@@ -1,0 +1,256 @@
+"""FedCor (Tang et al., "FedCor: Correlation-Based Active Client Selection Strategy for
+Heterogeneous Federated Learning", CVPR 2022) as a pure `Selector` (docs/papers/selection.md,
+'FedCor').
+
+A Gaussian process models the clients' loss changes between rounds, `dL ~ N(mu, Sigma)` with
+`Sigma = X^T X + noise^2 I`, X a learned `[D, N]` embedding (the authors' linear kernel). It is
+fitted by maximizing the gamma-discounted marginal likelihood of the loss changes seen on
+*random* rounds (Adam, lr 0.01), whose loss changes every available client reports (it evaluates
+the global model before and after the round):
+
+* the first `warmup + 1` rounds are random; the GP is fitted once after them (1000 steps, with
+  the mean re-estimated as the discounted mean of the history) or after each (150 steps, the mean
+  kept at 0), as the authors' `update_mean` has it;
+* later, every `interval`-th round is random and refits the GP (100 steps), resetting the
+  discount;
+* the other rounds select K clients greedily: each step takes the client k maximizing
+  `discount_k / sqrt(Sigma_kk) * sum_{i remaining} p_i Sigma_ik` (the expected drop of the
+  data-weighted loss if k's loss change comes out one posterior deviation low), then conditions
+  Sigma on k; a selected client's discount is multiplied by beta until the next refit.
+
+Examples:
+  >>> import jax.numpy as jnp
+  >>> cov = jnp.array([[1.0, 0.9, 0.0], [0.9, 1.0, 0.0], [0.0, 0.0, 1.0]])
+  >>> greedy_select(cov, jnp.ones(3) / 3, jnp.ones(3), jnp.ones(3, bool), 2).tolist()
+  [True, False, True]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_sel import registry
+from fedjax_sel.parts.selectors.baselines import top_k_mask
+from fedjax_sel.parts.selectors.sampling import data_shares
+from fedjax_sel.parts.types import PartCosts, RoundInputs, Selector
+
+NOISE = 0.01  # The authors' fixed (untrained) observation noise.
+
+
+def covariance(x: jax.Array) -> jax.Array:
+  """`[N, N]` `X^T X + noise^2 I` (the linear kernel, the authors' default)."""
+  return x.T @ x + NOISE ** 2 * jnp.eye(x.shape[1], dtype=x.dtype)
+
+
+def greedy_select(cov: jax.Array, p: jax.Array, discount: jax.Array, mask: jax.Array,
+                  k: int) -> jax.Array:
+  """`[N]` bool: K greedy steps over the clients of `mask` (ties to the lower index), each taking
+  the k maximizing `discount_k / sqrt(Sigma_kk) sum_{i remaining} p_i Sigma_ik` and conditioning
+  Sigma on it."""
+
+  def step(_, carry):
+    sigma, remaining, chosen = carry
+    weighted = jnp.sum(jnp.where(remaining, p, 0.0)[:, None] * sigma, axis=0)
+    score = discount / jnp.sqrt(jnp.maximum(jnp.diag(sigma), 1e-30)) * weighted
+    j = jnp.argmax(jnp.where(remaining, score, -jnp.inf))
+    ok = remaining[j]
+    col = sigma[:, j]
+    conditioned = sigma - jnp.outer(col, col) / jnp.maximum(sigma[j, j], 1e-30)
+    return (jnp.where(ok, conditioned, sigma), remaining.at[j].set(False),
+            chosen.at[j].set(chosen[j] | ok))
+
+  carry = (cov, mask, jnp.zeros(mask.shape, bool))
+  return jax.lax.fori_loop(0, min(k, mask.shape[0]), step, carry)[2]
+
+
+def gp_loss(x: jax.Array, mu: jax.Array, values: jax.Array, observed: jax.Array,
+            weights: jax.Array) -> jax.Array:
+  """`-sum_e w_e log N(values_e; mu, Sigma)` over the history's rows (each over its observed
+  clients: the others' rows and columns of Sigma become the identity, their residuals 0)."""
+  sigma = covariance(x)
+  n = sigma.shape[0]
+
+  def one(value, seen):
+    keep = seen[:, None] & seen[None, :]
+    s = jnp.where(keep, sigma, jnp.eye(n, dtype=sigma.dtype))
+    r = jnp.where(seen, value - mu, 0.0)
+    chol = jnp.linalg.cholesky(s)
+    a = jax.scipy.linalg.cho_solve((chol, True), r)
+    logdet = 2.0 * jnp.sum(jnp.log(jnp.diag(chol)))
+    count = jnp.sum(seen)
+    return 0.5 * (r @ a + logdet + count * jnp.log(2.0 * jnp.pi))
+
+  return jnp.sum(weights * jax.vmap(one)(values, observed))
+
+
+def fit(x: jax.Array, mu: jax.Array, values: jax.Array, observed: jax.Array,
+        weights: jax.Array, steps, lr: float = 0.01) -> jax.Array:
+  """X after `steps` (a traced int is fine) Adam steps on `gp_loss`, from a fresh Adam state (the
+  authors build a new optimizer on each fit)."""
+  opt = optax.adam(lr)
+  grad = jax.grad(gp_loss)
+
+  def body(_, carry):
+    x, state = carry
+    updates, state = opt.update(grad(x, mu, values, observed, weights), state, x)
+    return optax.apply_updates(x, updates), state
+
+  return jax.lax.fori_loop(0, steps, body, (x, opt.init(x)))[0]
+
+
+def discounted_mean(values: jax.Array, observed: jax.Array, weights: jax.Array) -> jax.Array:
+  """`[N]` each client's weighted mean loss change over the history (the authors' MLE_Mean)."""
+  w = weights[:, None] * observed
+  return jnp.sum(w * values, axis=0) / jnp.where(jnp.sum(w, axis=0) > 0, jnp.sum(w, axis=0), 1e-6)
+
+
+class FedCorState(NamedTuple):
+  """FedCor's state.
+
+  Attributes:
+    x: `[D, N]` the clients' embedding.
+    mu: `[N]` the GP's mean.
+    values: `[B, N]` the history of loss changes (a ring buffer by round).
+    observed: `[B, N]` which clients reported each.
+    epochs: `[B]` each row's round (-1: empty).
+    discount: `[N]` each client's discount.
+    prev_loss: `[N]` the losses at the start of the last random round.
+    prev_observed: `[N]` the clients that reported them.
+    pending: whether the last round was random (its loss changes are read this round).
+    evaluated: `[N]` the clients that evaluated the global model this round.
+    fitted: whether the GP was refitted this round.
+  """
+
+  x: jax.Array
+  mu: jax.Array
+  values: jax.Array
+  observed: jax.Array
+  epochs: jax.Array
+  discount: jax.Array
+  prev_loss: jax.Array
+  prev_observed: jax.Array
+  pending: jax.Array
+  evaluated: jax.Array
+  fitted: jax.Array
+
+
+class FedCorConfig(NamedTuple):
+  """FedCor's settings (the authors' FMNIST experiment)."""
+
+  warmup: int = 15
+  interval: int = 10
+  history: int = 100
+  gamma: float = 0.95
+  beta: float = 0.95
+  dimension: int = 15
+  update_mean: bool = True
+
+
+def fedcor_selector(k: int, seed: int = 0, config: FedCorConfig = FedCorConfig()) -> Selector:
+  """FedCor for K clients; the embedding starts from `seed` (`randn(D, N) / sqrt(D)`)."""
+  if k < 1:
+    raise ValueError(f"clients per round must be >= 1, got {k}")
+  if config.warmup < 0 or config.interval < 1 or config.history < 1 or config.dimension < 1:
+    raise ValueError(f"fedcor needs warmup >= 0 and interval, history, dimension >= 1, got "
+                     f"{config}")
+  if not (0.0 < config.gamma <= 1.0 and 0.0 < config.beta <= 1.0):
+    raise ValueError(f"fedcor gamma and beta must be in (0, 1], got {config.gamma}, "
+                     f"{config.beta}")
+  cfg = config
+  rows = cfg.history + 1
+
+  def init(n, params):
+    del params
+    x = jax.random.normal(jax.random.PRNGKey(seed), (cfg.dimension, n)) / np.sqrt(cfg.dimension)
+    zeros = jnp.zeros((n,), jnp.float32)
+    return FedCorState(x.astype(jnp.float32), zeros, jnp.zeros((rows, n), jnp.float32),
+                       jnp.zeros((rows, n), bool), jnp.full((rows,), -1, jnp.int32),
+                       jnp.ones((n,), jnp.float32), zeros, jnp.zeros((n,), bool),
+                       jnp.asarray(False), jnp.zeros((n,), bool), jnp.asarray(False))
+
+  def random_round(t):
+    return (t <= cfg.warmup) | (t % cfg.interval == 0)
+
+  def select(state, key, inputs: RoundInputs, mask):
+    t = jnp.asarray(inputs.round, jnp.int32)
+    loss = inputs.stats["loss"]
+    last = t - 1
+    # The last random round's loss changes, from the clients that reported at both ends.
+    seen = state.pending & state.prev_observed & mask
+    slot = jnp.mod(last, rows)
+    values = jnp.where(state.pending, state.values.at[slot].set(
+        jnp.where(seen, loss - state.prev_loss, 0.0)), state.values)
+    observed = jnp.where(state.pending, state.observed.at[slot].set(seen), state.observed)
+    epochs = jnp.where(state.pending, state.epochs.at[slot].set(last), state.epochs)
+    newest = jnp.max(epochs)
+    live = (epochs >= 0) & (epochs + cfg.history >= newest)
+    weights = jnp.where(live, cfg.gamma ** (newest - epochs).astype(jnp.float32), 0.0)
+    observed = observed & live[:, None]
+    # Fit after the warm-up (or each warm-up round) and after every later random round.
+    in_warmup = last <= cfg.warmup
+    if cfg.update_mean:
+      steps = jnp.where(in_warmup, jnp.where(last == cfg.warmup, 1000, 0), 100)
+    else:
+      steps = jnp.where(in_warmup, 150, 100)
+    steps = jnp.where(state.pending, steps, 0)
+    mu = state.mu
+    if cfg.update_mean:
+      mu = jnp.where(steps > 0, discounted_mean(values, observed, weights), mu)
+    x = jax.lax.cond(steps > 0, lambda: fit(state.x, mu, values, observed, weights, steps),
+                     lambda: state.x)
+    discount = jnp.where(state.pending & ~in_warmup, 1.0, state.discount)
+    # This round: random, or FedCor's greedy.
+    p = data_shares(inputs.num_examples, mask)
+    rand = random_round(t)
+    chosen = jax.lax.cond(
+        rand, lambda: top_k_mask(jax.random.uniform(key, mask.shape), mask, k),
+        lambda: greedy_select(covariance(x), p, discount, mask, k))
+    discount = jnp.where(rand, discount, jnp.where(chosen, discount * cfg.beta, discount))
+    return chosen, FedCorState(x, mu, values, observed, epochs, discount,
+                               jnp.where(rand, loss, state.prev_loss),
+                               jnp.where(rand, mask, state.prev_observed), rand,
+                               mask & (rand | state.pending), steps > 0)
+
+  return Selector(init=init, select=select, needs=("loss",),
+                  report=lambda state: {"fitted": state.fitted,
+                                        "history": jnp.sum(jnp.any(state.observed, axis=1))},
+                  costs=lambda state: PartCosts(evaluated=state.evaluated),
+                  spec={"name": "fedcor", "k": k, "seed": seed, **cfg._asdict()})
+
+
+@dataclasses.dataclass(frozen=True)
+class FedCorSettings:
+  """FedCor (Tang et al. 2022), the authors' FMNIST experiment's settings."""
+
+  warmup: int = registry.setting(15, "FedCor: random warm-up rounds before the GP selects "
+                                 "(rounds 0..warmup), >= 0.")
+  interval: int = registry.setting(10, "FedCor: every interval-th later round is random and "
+                                   "refits the GP, >= 1.")
+  history: int = registry.setting(100, "FedCor: rounds of loss changes the GP is fitted on, >= 1.")
+  gamma: float = registry.setting(0.95, "FedCor: discount of older loss changes in the fit, in "
+                                  "(0, 1].")
+  beta: float = registry.setting(0.95, "FedCor: a selected client's discount factor until the "
+                                 "next fit, in (0, 1].")
+
+  def check(self, context: registry.BuildContext) -> None:
+    del context
+    for name, value, lo in (("warmup", self.warmup, 0), ("interval", self.interval, 1),
+                            ("history", self.history, 1)):
+      if value < lo:
+        raise registry.SettingError(name, f"must be >= {lo}, got {value}")
+    for name, value in (("gamma", self.gamma), ("beta", self.beta)):
+      if not 0.0 < value <= 1.0:
+        raise registry.SettingError(name, f"must be in (0, 1], got {value}")
+
+
+@registry.register("selector", "fedcor", FedCorSettings)
+def _fedcor(settings: FedCorSettings, context: registry.BuildContext) -> Selector:
+  """FedCor: a Gaussian process of loss changes, greedy posterior-variance selection."""
+  return fedcor_selector(context.k, context.seed, FedCorConfig(
+      settings.warmup, settings.interval, settings.history, settings.gamma, settings.beta))
