@@ -19,7 +19,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
                  marks=pytest.mark.slow),
     pytest.param("filter_throughput", {"model", "n", "m", "dgf_s", "rgf_s", "limit_s",
                                        "host_loop_s"}, "opt", marks=pytest.mark.slow),
-    ("selector_throughput", {"selector", "N", "K", "ms", "selections_per_s"}, "divfl"),
+    ("selector_throughput", {"selector", "N", "K", "ms", "selections_per_s"}, "rounds"),
     pytest.param("population_scaling", {"selector", "store", "N", "round_ms", "peak_rss_mb",
                                         "device_data_mb"}, "machine", marks=pytest.mark.slow),
     pytest.param("population_scaling --sweep=k", {"selector", "store", "K", "round_ms"}, "machine",

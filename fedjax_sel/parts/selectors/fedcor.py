@@ -71,22 +71,34 @@ def greedy_select(cov: jax.Array, p: jax.Array, discount: jax.Array, mask: jax.A
 
 def gp_loss(x: jax.Array, mu: jax.Array, values: jax.Array, observed: jax.Array,
             weights: jax.Array) -> jax.Array:
-  """`-sum_e w_e log N(values_e; mu, Sigma)` over the history's rows (each over its observed
-  clients: the others' rows and columns of Sigma become the identity, their residuals 0)."""
+  """`-sum_e w_e log N(values_e; mu, Sigma)` over the history's rows of weight > 0 (each over its
+  observed clients: the others' rows and columns of Sigma become the identity, their residuals
+  0). Rows that observed the same clients (the usual case) share one Cholesky factor."""
   sigma = covariance(x)
   n = sigma.shape[0]
+  live = weights > 0
+  first = observed[jnp.argmax(live)]
+  shared = jnp.all(jnp.where(live[:, None], observed == first[None, :], True))
 
-  def one(value, seen):
+  def factor(seen):
     keep = seen[:, None] & seen[None, :]
-    s = jnp.where(keep, sigma, jnp.eye(n, dtype=sigma.dtype))
-    r = jnp.where(seen, value - mu, 0.0)
-    chol = jnp.linalg.cholesky(s)
-    a = jax.scipy.linalg.cho_solve((chol, True), r)
-    logdet = 2.0 * jnp.sum(jnp.log(jnp.diag(chol)))
-    count = jnp.sum(seen)
-    return 0.5 * (r @ a + logdet + count * jnp.log(2.0 * jnp.pi))
+    chol = jnp.linalg.cholesky(jnp.where(keep, sigma, jnp.eye(n, dtype=sigma.dtype)))
+    return chol, 2.0 * jnp.sum(jnp.log(jnp.diag(chol)))
 
-  return jnp.sum(weights * jax.vmap(one)(values, observed))
+  def nll(chol, logdet, value, seen):
+    r = jnp.where(seen, value - mu, 0.0)
+    a = jax.scipy.linalg.cho_solve((chol, True), r)
+    return 0.5 * (r @ a + logdet + jnp.sum(seen) * jnp.log(2.0 * jnp.pi))
+
+  def one_factor():
+    chol, logdet = factor(first)
+    return jax.vmap(lambda v, s: nll(chol, logdet, v, s))(values, observed)
+
+  def per_row():
+    return jax.vmap(lambda v, s: nll(*factor(s), v, s))(values, observed)
+
+  rows = jax.lax.cond(shared, one_factor, per_row)
+  return jnp.sum(jnp.where(live, weights * rows, 0.0))
 
 
 def fit(x: jax.Array, mu: jax.Array, values: jax.Array, observed: jax.Array,
