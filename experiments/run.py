@@ -9,7 +9,9 @@ any dataset, model and partition.
   python -m experiments.run --config=runs/fedavg/config.json --out_dir=runs/again  # Replay.
 
 Parts (registered in `fedjax_sel.registry`; each setting is a flag): `--selector` random, poc,
-divfl, entropy, grad_norm, oort, or `module:name` of one registered outside the package;
+divfl, entropy, grad_norm, oort, pyramidfl, md, afl, clustered_size, clustered_similarity, exp3,
+fedcs, tifl, refl, ocs, delta, fedcor (docs/papers/selection.md; those on the clock turn it on),
+or `module:name` of one registered outside the package;
 `--filter` none, dgf, rgf (FilFL; a 5% public set unless `--public_fraction` says otherwise);
 `--rule` none, fedalign (priority clients from `--num_priority` / `--priority_ids` /
 `--priority_classes`; the clean metrics are theirs), fedsrc (its `--decision_stat=val_loss` gets a

@@ -128,6 +128,16 @@ class RoundOutcome(NamedTuple):
   client_times: jax.Array | None = None
 
 
+def engine_input(inputs: RoundInputs, field: str, part: str):
+  """`inputs.<field>`, one of the callables the engine provides (`gradients`, `available_at`,
+  `update_norms`); outside the engine (None) a ValueError naming the part that reads it."""
+  value = getattr(inputs, field)
+  if value is None:
+    raise ValueError(f"{part} reads inputs.{field}, which the simulator's round provides: run it "
+                     "in the simulator")
+  return value
+
+
 def _no_state(*_):
   return ()
 

@@ -82,8 +82,12 @@ def fedcs_selector(k: int, compute, transfer, deadline_s: float, request: float 
   def select(state, key, inputs: RoundInputs, mask):
     del inputs
     candidates = top_k_mask(jax.random.uniform(key, mask.shape), mask, asked)
-    return fedcs_greedy(candidates, jnp.asarray(compute), jnp.asarray(transfer), deadline_s,
-                        k), state
+    # The greedy over the asked clients alone (O(asked^2), not O(N^2)).
+    ids = jnp.nonzero(candidates, size=asked, fill_value=0)[0]
+    live = jnp.arange(asked) < jnp.sum(candidates)
+    kept = fedcs_greedy(live, jnp.asarray(compute)[ids], jnp.asarray(transfer)[ids], deadline_s,
+                        k)
+    return jnp.zeros(mask.shape, bool).at[ids].max(kept & live), state
 
   return Selector(init=lambda n, params: (), select=select,
                   spec={"name": "fedcs", "k": k, "deadline_s": float(deadline_s),

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from fedjax_sel import registry
 from fedjax_sel.parts.selectors.baselines import top_k_mask
 from fedjax_sel.parts.selectors.sampling import data_shares
-from fedjax_sel.parts.types import PartCosts, RoundInputs, Selector
+from fedjax_sel.parts.types import PartCosts, RoundInputs, Selector, engine_input
 
 
 def aocs_probabilities(u: jax.Array, mask: jax.Array, budget: float, steps: int) -> jax.Array:
@@ -88,12 +88,9 @@ def ocs_selector(k: int, budget: float, steps: int = 4) -> Selector:
 
   def select(state, key, inputs: RoundInputs, mask):
     del state
-    if inputs.update_norms is None:
-      raise ValueError("ocs needs the cohort's update norms (inputs.update_norms): run it in the "
-                       "simulator")
     k_cohort, k_draw = jax.random.split(key)
     cohort = top_k_mask(jax.random.uniform(k_cohort, mask.shape), mask, k)
-    norms, samples = inputs.update_norms(cohort)
+    norms, samples = engine_input(inputs, "update_norms", "ocs")(cohort)
     share = data_shares(inputs.num_examples, cohort)
     probs = aocs_probabilities(share * norms, cohort, budget, steps)
     chosen = cohort & (jax.random.uniform(k_draw, mask.shape) < probs)

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from fedjax_sel import registry
 from fedjax_sel.parts.selectors.baselines import top_k_mask
-from fedjax_sel.parts.types import RoundInputs, Selector
+from fedjax_sel.parts.types import RoundInputs, Selector, engine_input
 
 
 class REFLState(NamedTuple):
@@ -54,10 +54,8 @@ def refl_selector(k: int, accuracy: float = 0.9) -> Selector:
 
   def select(state, key, inputs: RoundInputs, mask):
     del state
-    if inputs.available_at is None:
-      raise ValueError("refl reads the next round's availability (inputs.available_at): run it "
-                       "in the simulator")
-    leaving = mask & ~inputs.available_at(jnp.asarray(inputs.round) + 1)
+    later = engine_input(inputs, "available_at", "refl")(jnp.asarray(inputs.round) + 1)
+    leaving = mask & ~later
     k_keep, k_first, k_rest = jax.random.split(key, 3)
     u = jax.random.uniform(k_keep, mask.shape)
     staying = mask & ~leaving
