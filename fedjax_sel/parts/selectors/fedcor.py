@@ -94,8 +94,12 @@ def gp_loss(x: jax.Array, mu: jax.Array, values: jax.Array, observed: jax.Array,
     chol, logdet = factor(first)
     return jax.vmap(lambda v, s: nll(chol, logdet, v, s))(values, observed)
 
-  def per_row():  # One row at a time: an [N, N] factor in memory, not one per row.
-    return jax.lax.map(lambda vs: nll(*factor(vs[1]), *vs), (values, observed))
+  # One row at a time, recomputed in the backward pass: an [N, N] factor in memory, not one per
+  # row.
+  row = jax.checkpoint(lambda vs: nll(*factor(vs[1]), *vs))
+
+  def per_row():
+    return jax.lax.map(row, (values, observed))
 
   rows = jax.lax.cond(shared, one_factor, per_row)
   return jnp.sum(jnp.where(live, weights * rows, 0.0))
