@@ -27,6 +27,7 @@ import numpy as np
 from absl import app, flags
 
 from experiments import job as joblib
+from experiments import report
 from fedjax_sel.host.checkpoint import CheckpointError
 from fedjax_sel.host.plotting import mean_std
 from fedjax_sel.host.runner import read_history
@@ -98,12 +99,13 @@ def row(job: str, method: str, runs: list[list[dict]], metric: str, target: floa
   return (f"| {job} | {method} | {len(runs)} | {mean_std([s[-1] for s in series])} | "
           f"{mean_std([np.mean(s[-last_k:]) for s in series])} | "
           f"{mean_std([max(s) for s in series])} | "
-          f"{rounds} | {seconds} |")
+          f"{rounds} | {seconds} | {report.telemetry_cells(runs)} |")
 
 
 def table(jobs: dict[str, dict], metric: str, target: float, last_k: int) -> str:
   lines = [f"| job | method | seeds | final {metric} | mean of the last {last_k} rounds | best | "
-           f"rounds to {target:g} | simulated seconds to {target:g} |", "|" + "---|" * 8]
+           f"rounds to {target:g} | simulated seconds to {target:g} | {report.TELEMETRY_HEADER} |",
+           "|" + "---|" * 11]
   for job, methods in jobs.items():
     for method, runs in methods.items():
       lines.append(row(job, method, runs, metric, target, last_k))

@@ -26,12 +26,29 @@ def setup_title(cfg: cfglib.JobConfig, detail: str = "", with_k: bool = True) ->
   return ", ".join(parts + ([detail] if detail else []))
 
 
+TELEMETRY_HEADER = ("worst-10% client test acc | participation fairness (Jain) | clients never "
+                    "taking part")
+
+
+def telemetry_cells(runs: list[list[dict]]) -> str:
+  """The runs' last evaluated selection telemetry (`host/telemetry.py`), mean +- sample std over
+  the runs: the 10th percentile of the clients' test accuracy, Jain's index of participation, the
+  share never taking part ("-" for records written before it existed)."""
+  last = [next((r for r in reversed(recs) if "participation" in r), None) for recs in runs]
+  if any(r is None for r in last):
+    return "- | - | -"
+  return (f"{mean_std([r['client_test_accuracy']['p10'] for r in last])} | "
+          f"{mean_std([r['participation']['jain'] for r in last])} | "
+          f"{mean_std([r['participation']['never'] for r in last])}")
+
+
 def method_table(cfg: cfglib.JobConfig, groups: dict[str, list[list[dict]]]) -> str:
   """Per method (and swept value), over its seeds (mean +- sample std, n stated): the final and
-  best test accuracy, the mean over the last --last_k evaluated rounds, the final test loss."""
+  best test accuracy, the mean over the last --last_k evaluated rounds, the final test loss, and
+  the selection telemetry (`telemetry_cells`)."""
   k = cfg.output.last_k
   lines = [f"| method | seeds | final test acc | best test acc | mean test acc, last {k} evaluated "
-           "rounds | final test loss |", "|---|---|---|---|---|---|"]
+           f"rounds | final test loss | {TELEMETRY_HEADER} |", "|" + "---|" * 9]
   for name, runs in groups.items():
     ended = [recs[-1]["round"] + 1 for recs in runs if recs[-1]["round"] + 1 < cfg.engine.rounds]
     if ended:  # Runs that diverged: their rounds up to where they stopped.
@@ -40,7 +57,8 @@ def method_table(cfg: cfglib.JobConfig, groups: dict[str, list[list[dict]]]) -> 
     loss = [[r["test_loss"] for r in recs if "test_loss" in r][-1] for recs in runs]
     lines.append(f"| {name} | {len(runs)} | {mean_std([a[-1] for a in acc])} | "
                  f"{mean_std([max(a) for a in acc])} | "
-                 f"{mean_std([sum(a[-k:]) / len(a[-k:]) for a in acc])} | {mean_std(loss)} |")
+                 f"{mean_std([sum(a[-k:]) / len(a[-k:]) for a in acc])} | {mean_std(loss)} | "
+                 f"{telemetry_cells(runs)} |")
   return "\n".join(lines + ["", "Mean +- sample std over the seeds (one seed: its value)."])
 
 

@@ -732,7 +732,17 @@ def pooled_metrics(config: RoundConfig, per_split: dict, eval_mask) -> dict:
     if config.clean_metrics:
       clean = m._replace(count=jnp.where(eval_mask, m.count, 0.0))
       out[f"clean_{split}_loss"], out[f"clean_{split}_accuracy"] = clean.pooled()
+  if "test" in per_split:
+    out["client_test_accuracy"] = client_spread(per_split["test"])
   return out
+
+
+def client_spread(m) -> dict:
+  """The global model's accuracy across the clients that hold examples of a split (each client's
+  own accuracy, unweighted): mean, 10th percentile, worst and std."""
+  acc = jnp.where(m.count > 0, m.accuracy, jnp.nan)
+  return {"mean": jnp.nanmean(acc), "p10": jnp.nanpercentile(acc, 10.0), "worst": jnp.nanmin(acc),
+          "std": jnp.nanstd(acc)}
 
 
 def public_metrics(model: Model, params, x, y) -> dict:

@@ -38,7 +38,7 @@ import numpy as np
 
 from fedjax_sel import __version__
 from fedjax_sel.engine.simulator import EngineState, Simulator, to_host
-from fedjax_sel.host import checkpoint, folder_lock
+from fedjax_sel.host import checkpoint, folder_lock, telemetry
 from fedjax_sel.parts.types import describe
 
 METRICS_FILE = "metrics.jsonl"
@@ -383,6 +383,10 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
           record = _jsonable(batch.run_slice(metrics, i))
           if evals is not None:
             record.update(_jsonable(batch.run_slice(evals, i)))
+            counts = np.asarray(batch.run_slice(states.clients.participations, i))
+            record["participation"] = telemetry.participation_summary(counts)
+            if t == rounds - 1:
+              record["participations"] = counts.tolist()
           if extras is not None and extras[i] is not None:
             record.update(extras[i](batch.run_slice(states, i), record))
           record["wall_s"] = wall

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel import registry
-from fedjax_sel.parts.selectors.sampling import data_shares, draws_with_replacement
+from fedjax_sel.parts.selectors.sampling import data_shares, draws_from
 from fedjax_sel.parts.types import RoundInputs, RoundOutcome, Selector
 
 VARIANTS = ("practical", "full")
@@ -110,7 +110,7 @@ def delta_selector(k: int, variant: str = "practical", beta: float = 0.5) -> Sel
     p = jnp.where(mask, probs, 0.0)
     p = jnp.where(jnp.sum(p) > 0, p, mask.astype(jnp.float32))
     p = p / jnp.maximum(jnp.sum(p), 1e-30)
-    counts = draws_with_replacement(key, jnp.broadcast_to(p, (k, p.shape[0])))
+    counts = draws_from(key, p, k)
     counts = jnp.where(jnp.any(mask), counts, 0)
     weights = counts * share / (k * jnp.maximum(p, 1e-30))
     return counts > 0, DeltaState(probs, p, weights.astype(jnp.float32))

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel import registry
-from fedjax_sel.parts.selectors.sampling import data_shares, draws_with_replacement
+from fedjax_sel.parts.selectors.sampling import data_shares, draws_from
 from fedjax_sel.parts.types import RoundInputs, RoundOutcome, Selector
 
 FEEDBACKS = ("update_norm", "loss")
@@ -58,7 +58,7 @@ def exp3_update(weight: jax.Array, drawn: jax.Array, probs: jax.Array, feedback:
   """`[N]` the weights after a round: each drawn client's (once, however often it was drawn)
   multiplied by `exp(delta (feedback / N)^2 / p^3)`, p its probability when drawn."""
   n = weight.shape[0]
-  gain = delta * (feedback ** 2 / n ** 2) / jnp.maximum(probs, 1e-30) ** 3
+  gain = delta * (feedback ** 2 / float(n) ** 2) / jnp.maximum(probs, 1e-30) ** 3
   return jnp.where(drawn, weight * jnp.exp(gain), weight)
 
 
@@ -94,7 +94,7 @@ def exp3_selector(k: int, rounds: int, eta: float = 0.4, bound: float = 1.0,
   def select(state, key, inputs: RoundInputs, mask):
     p = jnp.where(mask, exp3_probabilities(state.weight, eta), 0.0)
     p = p / jnp.maximum(jnp.sum(p), 1e-30)
-    counts = draws_with_replacement(key, jnp.broadcast_to(p, (k, p.shape[0])))
+    counts = draws_from(key, p, k)
     counts = jnp.where(jnp.any(mask), counts, 0)
     share = data_shares(inputs.num_examples, mask)
     weights = counts * share / (k * jnp.maximum(p, 1e-30))

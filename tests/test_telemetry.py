@@ -1,0 +1,57 @@
+"""Selection telemetry (`host/telemetry.py`, the records' `participation`, `participations` and
+`client_test_accuracy`) against hand counts on a fixed run, and across a resume."""
+
+import numpy as np
+import optax
+import pytest
+
+import fedjax_sel as fs
+from fedjax_sel.host import telemetry
+
+
+def test_jain_index_by_hand():
+  assert telemetry.jain_index([3, 3, 3]) == 1.0
+  assert telemetry.jain_index([4, 0, 0, 0]) == 0.25
+  assert telemetry.jain_index([1, 2]) == pytest.approx(9 / 10)
+  assert telemetry.jain_index([0, 0]) == 1.0
+  assert telemetry.participation_summary([1, 0, 3, 0]) == {"jain": round(16 / 40, 6),
+                                                           "never": 0.5, "max": 3, "min": 0}
+
+
+def _sim(data, seed=0):
+  model = fs.build_model("logreg", data.feature_shape, data.num_classes)
+  return fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
+                      fs.uniform_availability(data.num_clients, 6), fs.random_selector(3),
+                      fs.fedavg(), 3, seed, lr_schedule=fs.constant_lr(0.1))
+
+
+def test_records_count_participation_and_client_accuracy(small_data, tmp_path):
+  sim = _sim(small_data)
+  records = fs.run(sim, 5, str(tmp_path / "a"), eval_every=2, progress=None)
+  counts = np.sum([np.asarray(r["trained_clients"], int) for r in records], axis=0)
+  last = records[-1]
+  assert last["participations"] == counts.tolist()
+  assert last["participation"] == telemetry.participation_summary(counts)
+  assert [("participation" in r) for r in records] == [False, True, False, True, True]
+  assert "participations" not in records[1]
+  # The final model's accuracy on each client's test examples, by hand.
+  state = sim.init()
+  for _ in range(5):
+    state, _ = sim.step(state)
+  m = fs.client_metrics(sim.model, state.params, small_data.test)
+  acc = np.asarray(m.accuracy)[np.asarray(m.count) > 0]
+  spread = last["client_test_accuracy"]
+  assert spread["mean"] == pytest.approx(acc.mean(), abs=1e-6)
+  assert spread["worst"] == pytest.approx(acc.min(), abs=1e-6)
+  assert spread["p10"] == pytest.approx(np.percentile(acc, 10), abs=1e-6)
+  assert spread["std"] == pytest.approx(acc.std(), abs=1e-6)
+
+
+def test_participation_survives_resume(small_data, tmp_path):
+  whole = fs.run(_sim(small_data), 6, str(tmp_path / "whole"), eval_every=2, progress=None)
+  fs.run(_sim(small_data), 3, str(tmp_path / "part"), eval_every=2, checkpoint_every=1,
+         progress=None)
+  resumed = fs.run(_sim(small_data), 6, str(tmp_path / "part"), eval_every=2, resume=True,
+                   progress=None)
+  assert resumed[-1]["participations"] == whole[-1]["participations"]
+  assert resumed[-1]["participation"] == whole[-1]["participation"]
