@@ -113,15 +113,27 @@ def table(jobs: dict[str, dict], metric: str, target: float, last_k: int) -> str
                             "value). Rounds count the rounds trained."])
 
 
+LEGIBLE = 8  # Methods one panel of curves shows legibly.
+
+
 def figure(jobs: dict[str, dict], metric: str, path: str) -> None:
-  """One panel of `metric` per round: every method's mean over seeds, its seeds' range shaded."""
+  """One panel of `metric` per round: every method's mean over seeds, its seeds' range shaded.
+  With more than `LEGIBLE` methods the curves go unshaded and a second panel ranks the methods by
+  their final value (mean and sample std over seeds), coloured as their curves, in place of a
+  legend."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  fig, ax = plt.subplots(figsize=(7, 4.5))
   styles = ["-", "--", "-.", ":"]
   named = [(job if m == job else f"{job}: {m}", runs) for job, methods in jobs.items()
            for m, runs in methods.items()]
+  many = len(named) > LEGIBLE
+  if many:
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, max(4.5, 0.28 * len(named) + 1.5)),
+                                 gridspec_kw={"width_ratios": [3, 2]})
+  else:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+  finals = []
   for i, (label, runs) in enumerate(named):
     curves = [{r["round"] + 1: r[metric] for r in recs if metric in r} for recs in runs]
     rounds = sorted(set.intersection(*(set(c) for c in curves)))
@@ -130,15 +142,30 @@ def figure(jobs: dict[str, dict], metric: str, path: str) -> None:
     values = np.array([[c[t] for t in rounds] for c in curves])
     line, = ax.plot(rounds, values.mean(0), styles[i % len(styles)], label=label, marker="o",
                     markevery=max(len(rounds) // 8, 1), markersize=4)
-    if len(curves) > 1:
+    if len(curves) > 1 and not many:
       ax.fill_between(rounds, values.min(0), values.max(0), color=line.get_color(), alpha=0.15)
+    last = values[:, -1]
+    finals.append((last.mean(), last.std(ddof=1) if len(last) > 1 else 0.0, label,
+                   line.get_color()))
   ax.set_xlabel("rounds trained")
   ax.set_ylabel(metric.replace("_", " "))
-  ax.set_title(f"{metric.replace('_', ' ')}: mean over seeds, their range shaded")
+  ax.set_title(f"{metric.replace('_', ' ')}: mean over seeds"
+               + ("" if many else ", their range shaded"))
   ax.grid(alpha=0.3)
-  ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8)
+  if many:
+    finals.sort()
+    y = np.arange(len(finals))
+    bx.barh(y, [f[0] for f in finals], xerr=[f[1] for f in finals],
+            color=[f[3] for f in finals], alpha=0.8)
+    bx.set_yticks(y, [f[2] for f in finals], fontsize=8)
+    low = min(f[0] - f[1] for f in finals)
+    bx.set_xlim(max(0.0, low - 0.05 * abs(low)), None)
+    bx.set_xlabel(f"final {metric.replace('_', ' ')} (mean +- sample std over seeds)")
+    bx.grid(alpha=0.3, axis="x")
+  else:
+    ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  fig.savefig(path, dpi=120, bbox_inches="tight")
   plt.close(fig)
 
 

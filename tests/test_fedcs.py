@@ -37,8 +37,9 @@ def test_selector_asks_a_share_and_keeps_at_most_k():
   sel = fedcs.fedcs_selector(4, rng.uniform(0.5, 3.0, n), rng.uniform(0.05, 0.3, n),
                              deadline_s=3.0, request=0.25)
   mask = jnp.asarray(rng.random(n) < 0.6)
+  state = sel.init(n, None)
   for t in range(10):
-    chosen, _ = sel.select((), jax.random.PRNGKey(t), None, mask)
+    chosen, _ = sel.select(state, jax.random.PRNGKey(t), None, mask)
     assert 1 <= int(chosen.sum()) <= 4 and bool(jnp.all(chosen <= mask))
 
 

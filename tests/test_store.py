@@ -39,7 +39,8 @@ def assert_same_runs(a, b, rounds=4):
   ea, eb = a.evaluate(sa.params), b.evaluate(sb.params)
   assert set(ea) == set(eb)
   for key in ea:  # Per-client sums in another order: float rounding only.
-    np.testing.assert_allclose(float(ea[key]), float(eb[key]), rtol=1e-5, err_msg=key)
+    for x, y in zip(jax.tree.leaves(ea[key]), jax.tree.leaves(eb[key])):
+      np.testing.assert_allclose(float(x), float(y), rtol=1e-5, err_msg=key)
 
 
 def test_host_store_gives_the_same_run_as_the_device():

@@ -367,6 +367,7 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
     if first >= rounds:
       say(f"finished earlier ({first} rounds): nothing to compute\n")
       return [h[:rounds] for h in histories]
+    _continue_histories(histories, paths, writer)
     start = time.perf_counter() - max((h[-1]["wall_s"] for h in histories if h), default=0.0)
     sinks = [open(p[0], "a", encoding="utf-8") if p else None for p in paths]
     stopped: dict[int, str] = {}
@@ -426,6 +427,17 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
       error.stopped = dict(stopped)  # Run index -> why it stopped.
       raise error
     return histories
+
+
+def _continue_histories(histories, paths, writer) -> None:
+  """A run that goes on past its last round: that record's per-client participation counts (a
+  run's last record's) move to the new last round, so a resumed run's records equal an
+  uninterrupted one's."""
+  for history, path in zip(histories, paths):
+    if history and "participations" in history[-1]:
+      del history[-1]["participations"]
+      if writer and path:
+        _write_records(path[0], history)
 
 
 def _start_batch(batch, states, out_dirs, resume, overwrite, fingerprints, say, writer):

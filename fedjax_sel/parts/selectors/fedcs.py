@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +36,7 @@ from fedjax_sel.parts.types import RoundInputs, Selector
 
 
 def fedcs_greedy(candidates: jax.Array, compute: jax.Array, transfer: jax.Array,
-                 deadline: float, k: int) -> jax.Array:
+                 deadline, k: int) -> jax.Array:
   """`[N]` bool: Algorithm 2's greedy over `candidates` (ties to the lower index), at most `k`
   kept; `compute` and `transfer` are `[N]` seconds (t_UD; t_UL and the broadcast)."""
   n = candidates.shape[0]
@@ -56,6 +57,14 @@ def fedcs_greedy(candidates: jax.Array, compute: jax.Array, transfer: jax.Array,
 
   carry = (candidates, jnp.zeros((n,), bool), jnp.float32(0.0), jnp.float32(0.0), jnp.int32(0))
   return jax.lax.fori_loop(0, n, step, carry)[1]
+
+
+class FedCSState(NamedTuple):
+  """The clients' expected `[N]` compute and transfer seconds, and the deadline."""
+
+  compute: jax.Array
+  transfer: jax.Array
+  deadline: jax.Array
 
 
 def fedcs_selector(k: int, compute, transfer, deadline_s: float, request: float = 0.1) -> Selector:
@@ -79,17 +88,23 @@ def fedcs_selector(k: int, compute, transfer, deadline_s: float, request: float 
     raise ValueError(f"fedcs request must be in (0, 1], got {request}")
   asked = max(k, math.ceil(request * compute.shape[0]))
 
+  def init(n, params):
+    del params
+    if n != compute.shape[0]:
+      raise ValueError(f"fedcs was given {compute.shape[0]} clients' times for {n} clients")
+    # In the state, not the program: runs of other data (seeds) share one compiled round.
+    return FedCSState(jnp.asarray(compute), jnp.asarray(transfer), jnp.float32(deadline_s))
+
   def select(state, key, inputs: RoundInputs, mask):
     del inputs
     candidates = top_k_mask(jax.random.uniform(key, mask.shape), mask, asked)
     # The greedy over the asked clients alone (O(asked^2), not O(N^2)).
     ids = jnp.nonzero(candidates, size=asked, fill_value=0)[0]
     live = jnp.arange(asked) < jnp.sum(candidates)
-    kept = fedcs_greedy(live, jnp.asarray(compute)[ids], jnp.asarray(transfer)[ids], deadline_s,
-                        k)
+    kept = fedcs_greedy(live, state.compute[ids], state.transfer[ids], state.deadline, k)
     return jnp.zeros(mask.shape, bool).at[ids].max(kept & live), state
 
-  return Selector(init=lambda n, params: (), select=select,
+  return Selector(init=init, select=select,
                   spec={"name": "fedcs", "k": k, "deadline_s": float(deadline_s),
                         "request": request})
 
