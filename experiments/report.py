@@ -7,10 +7,18 @@
 
 from __future__ import annotations
 
+import glob
+import json
+import math
 import os
+import re
+
+from absl import app
 
 from experiments import config as cfglib
+from fedjax_sel.host.checkpoint import CheckpointError
 from fedjax_sel.host.plotting import mean_std
+from fedjax_sel.host.runner import read_history
 
 
 def figure_path(cfg: cfglib.JobConfig, name: str) -> str:
@@ -67,3 +75,42 @@ def write_summary(cfg: cfglib.JobConfig, text: str) -> None:
   print(text)
   with open(os.path.join(cfg.output.out_dir, "summary.md"), "w", encoding="utf-8") as f:
     f.write(text + "\n")
+
+
+# --- Reading finished jobs (experiments.compare, experiments.bench) ---------------------------
+
+def read_job(folder: str) -> dict[str, list[list[dict]]]:
+  """{method label: [records of each seed]} of one job folder."""
+  manifest = os.path.join(folder, "job.json")
+  methods: dict[str, list[list[dict]]] = {}
+  if os.path.exists(manifest):
+    with open(manifest, encoding="utf-8") as f:
+      runs = json.load(f)["runs"]
+    # A run that stopped (diverged) is its own row: "(stopped)" after its method's label.
+    entries = [(re.sub(r"\s+s\d+(?=\s|$)", "", r["label"]) + (" (stopped)" if r.get("stopped")
+                                                            else ""),
+                os.path.join(folder, r["folder"])) for r in runs]
+  else:
+    paths = sorted(glob.glob(os.path.join(folder, "**", "metrics.jsonl"), recursive=True))
+    relative = [os.path.relpath(os.path.dirname(os.path.dirname(p)), folder) for p in paths]
+    entries = [(rel if rel != "." else os.path.basename(os.path.normpath(folder)),
+                os.path.dirname(p)) for rel, p in zip(relative, paths)]
+  for method, run_folder in entries:
+    path = os.path.join(run_folder, "metrics.jsonl")
+    if not os.path.exists(path):
+      raise app.UsageError(f"{folder}: the run folder {run_folder} holds no metrics.jsonl")
+    try:
+      methods.setdefault(method, []).append(read_history(path, math.inf))
+    except CheckpointError as e:
+      raise app.UsageError(f"{folder}: {e}") from e
+  if not methods:
+    raise app.UsageError(f"{folder}: no job.json and no metrics.jsonl under it")
+  return methods
+
+
+def first_reach(records: list[dict], metric: str, target: float):
+  """(rounds trained, simulated seconds) when `metric` first reaches `target`, or None."""
+  for r in records:
+    if r.get(metric, -math.inf) >= target:
+      return r["round"] + 1, r.get("cumulative_cost", {}).get("sim_time_s", 0.0)
+  return None

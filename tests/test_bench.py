@@ -1,0 +1,64 @@
+"""The selection benchmark (`experiments/bench.py`, run as a process: its flags are its own): a
+quick leaderboard, read again identically when rerun, recomputed identically from scratch
+(slow), and its refusals."""
+
+import csv
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARGS = ["--quick", "--selectors=random,md", "--scenarios=label_skew,diurnal"]
+
+
+def _bench(out, *extra):
+  return subprocess.run([sys.executable, "-m", "experiments.bench", *ARGS, *extra,
+                         f"--out_dir={out}"], cwd=REPO, capture_output=True, text=True,
+                        timeout=600, check=False)
+
+
+def _rows(out):
+  with open(os.path.join(out, "leaderboard.csv"), encoding="utf-8") as f:
+    return list(csv.DictReader(f))
+
+
+@pytest.mark.xdist_group("bench")
+def test_quick_leaderboard_and_rerun(tmp_path):
+  out = str(tmp_path / "b")
+  proc = _bench(out)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  rows = _rows(out)
+  assert [(r["scenario"], r["selector"]) for r in rows] == [
+      ("label_skew", "random"), ("label_skew", "md"), ("diurnal", "random"), ("diurnal", "md")]
+  assert all(r["seeds"] == "2" and "+-" in r["final_acc"] for r in rows)
+  assert set(rows[0]) == {"scenario", "selector", "seeds", "final_acc", "last_k_acc",
+                          "rounds_to_target", "sim_s_to_target", "worst10_client_acc", "jain",
+                          "selection_samples", "stragglers"}
+  table = open(os.path.join(out, "leaderboard.md"), encoding="utf-8").read()
+  assert len([line for line in table.splitlines() if line.startswith("| ")]) == 5
+  assert os.path.exists(os.path.join(out, "leaderboard_ranks.png"))
+  # Run again: every job finished, so each is read back, and the leaderboard is the same.
+  again = _bench(out)
+  assert again.returncode == 0, again.stdout + again.stderr
+  assert _rows(out) == rows
+  log = open(os.path.join(out, "diurnal", "md", "bench.log"), encoding="utf-8").read()
+  assert "nothing to compute" in log
+
+
+@pytest.mark.slow
+def test_fresh_rerun_gives_the_same_leaderboard(tmp_path):
+  assert _bench(str(tmp_path / "a")).returncode == 0
+  assert _bench(str(tmp_path / "b")).returncode == 0
+  assert _rows(str(tmp_path / "a")) == _rows(str(tmp_path / "b"))
+
+
+@pytest.mark.parametrize("flag,needle", [("--selectors=nope", "--selectors: unknown"),
+                                         ("--scenarios=nope", "--scenarios: unknown")])
+def test_refuses_unknown_names_before_any_job(tmp_path, flag, needle):
+  proc = subprocess.run([sys.executable, "-m", "experiments.bench", "--quick", flag,
+                         f"--out_dir={tmp_path}"], cwd=REPO, capture_output=True, text=True,
+                        timeout=120, check=False)
+  assert proc.returncode == 1 and needle in proc.stderr
+  assert not os.listdir(tmp_path)
