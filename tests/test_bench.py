@@ -3,6 +3,7 @@ quick leaderboard, read again identically when rerun, recomputed identically fro
 (slow), and its refusals."""
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,11 @@ def _bench(out, *extra):
   return subprocess.run([sys.executable, "-m", "experiments.bench", *ARGS, *extra,
                          f"--out_dir={out}"], cwd=REPO, capture_output=True, text=True,
                         timeout=600, check=False)
+
+
+def bench_spec():
+  with open(os.path.join(REPO, "experiments", "bench_scenarios.json"), encoding="utf-8") as f:
+    return json.load(f)
 
 
 def _rows(out):
@@ -62,3 +68,21 @@ def test_refuses_unknown_names_before_any_job(tmp_path, flag, needle):
                         timeout=120, check=False)
   assert proc.returncode == 1 and needle in proc.stderr
   assert not os.listdir(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_killed_scenario_resumes_to_the_same_leaderboard(tmp_path):
+  """One job stopped after its first round (as a kill leaves it: its folder, manifest and
+  checkpoint) is resumed by the benchmark, and the leaderboard equals an uninterrupted one's."""
+  whole, killed = str(tmp_path / "whole"), str(tmp_path / "killed")
+  assert _bench(whole).returncode == 0
+  spec = bench_spec()
+  folder = os.path.join(killed, "diurnal", "md")
+  first = subprocess.run([sys.executable, "-m", "experiments.run", *spec["quick"],
+                          *spec["scenarios"]["diurnal"], "--selector=md", "--rounds=1",
+                          f"--out_dir={folder}"], cwd=REPO, capture_output=True, text=True,
+                         timeout=600, check=False)
+  assert first.returncode == 0, first.stderr
+  assert _bench(killed).returncode == 0
+  assert "resuming" in open(os.path.join(folder, "bench.log"), encoding="utf-8").read()
+  assert _rows(killed) == _rows(whole)
