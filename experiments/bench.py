@@ -14,7 +14,8 @@ scenario (mean +- sample std over the seeds): final test accuracy, the mean of t
 `--last_k` evaluated rounds, rounds and simulated seconds to the target (seeds that reached it),
 the worst-10% client's accuracy, Jain's index of participation, the samples clients spent on
 selection alone, and stragglers; `leaderboard_ranks.png` ranks the selectors per scenario by
-final accuracy.
+final accuracy, and `participation.png` shows each selector's histogram of how often the clients
+took part.
 """
 
 from __future__ import annotations
@@ -139,11 +140,45 @@ def rank_figure(rows: list[dict], path: str) -> None:
   for i in range(len(selectors)):
     for j in range(len(scenarios)):
       if not np.isnan(ranks[i, j]):
-        ax.text(j, i, int(ranks[i, j]), ha="center", va="center", color="w", fontsize=8)
+        light = ranks[i, j] <= (np.nanmax(ranks) + 1) / 2  # viridis_r: best ranks are yellow.
+        ax.text(j, i, int(ranks[i, j]), ha="center", va="center", fontsize=8,
+                color="black" if light else "white")
   ax.set_title("rank by final test accuracy (1 = best)")
   fig.colorbar(image, ax=ax, label="rank")
   fig.tight_layout()
   fig.savefig(path, dpi=120, bbox_inches="tight")
+  plt.close(fig)
+
+
+def participation_figure(jobs: dict[tuple[str, str], list[list[dict]]], path: str) -> None:
+  """Per scenario (rows) and selector (columns): the histogram of how many rounds each client
+  took part in, pooled over the seeds (a uniform selector is a narrow bump; one that favours a
+  few clients a long tail and a spike at 0)."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=import-outside-toplevel
+  scenarios = list(dict.fromkeys(s for s, _ in jobs))
+  selectors = list(dict.fromkeys(m for _, m in jobs))
+  fig, axes = plt.subplots(len(scenarios), len(selectors), squeeze=False, sharey="row",
+                           figsize=(1.9 * len(selectors) + 1, 1.6 * len(scenarios) + 1))
+  for i, scenario in enumerate(scenarios):
+    for j, selector in enumerate(selectors):
+      ax = axes[i][j]
+      counts = [c for recs in jobs.get((scenario, selector), [])
+                for c in recs[-1].get("participations", [])]
+      if counts:
+        ax.hist(counts, bins=np.arange(max(counts) + 2) - 0.5, color="tab:blue")
+      if i == 0:
+        ax.set_title(selector, fontsize=8)
+      if j == 0:
+        ax.set_ylabel(f"{scenario}\nclients", fontsize=8)
+      if i == len(scenarios) - 1:
+        ax.set_xlabel("rounds taken part", fontsize=8)
+      ax.tick_params(labelsize=7)
+      ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+  fig.tight_layout()
+  fig.savefig(path, dpi=110, bbox_inches="tight")
   plt.close(fig)
 
 
@@ -167,15 +202,17 @@ def main(argv):
   if FLAGS.last_k < 1:
     raise app.UsageError(f"--last_k must be >= 1, got {FLAGS.last_k}")
   common = spec["quick"] if FLAGS.quick else spec["common"]
-  rows = []
+  rows, jobs = [], {}
   for scenario in scenarios:
     for selector in selectors:
       folder = os.path.join(FLAGS.out_dir, scenario, selector.replace(":", "_"))
       print(f"== {scenario} / {selector}", flush=True)
       run_job(folder, [*common, *spec["scenarios"][scenario], f"--selector={selector}"])
       runs = [r for method in report.read_job(folder).values() for r in method]
+      jobs[scenario, selector] = runs
       rows.append(row(scenario, selector, runs, spec["target"], FLAGS.last_k))
   write_leaderboard(FLAGS.out_dir, rows, spec["target"], FLAGS.last_k)
+  participation_figure(jobs, os.path.join(FLAGS.out_dir, "participation.png"))
   print(f"leaderboard: {os.path.join(FLAGS.out_dir, 'leaderboard.md')}")
 
 

@@ -45,6 +45,7 @@ def test_quick_leaderboard_and_rerun(tmp_path):
   table = open(os.path.join(out, "leaderboard.md"), encoding="utf-8").read()
   assert len([line for line in table.splitlines() if line.startswith("| ")]) == 5
   assert os.path.exists(os.path.join(out, "leaderboard_ranks.png"))
+  assert os.path.exists(os.path.join(out, "participation.png"))
   # Run again: every job finished, so each is read back, and the leaderboard is the same.
   again = _bench(out)
   assert again.returncode == 0, again.stdout + again.stderr
