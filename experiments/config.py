@@ -130,6 +130,8 @@ class OutputConfig:
                            "an --out_dir holding a run is refused).")
   checkpoint_every: int = option(10, "Rounds between checkpoints of each run (a resumed run "
                                  "continues from its last), >= 1.", lower=1)
+  log_every: int = option(1, "Print a progress line every this many rounds (and on the first and "
+                          "last), >= 1; the records keep every round.", lower=1)
   last_k: int = option(10, "Rounds of the summaries' last-k mean (the final round alone is noisy), "
                        ">= 1.", lower=1)
   plot: bool = option(False, "Draw the figures after the runs (needs matplotlib).")

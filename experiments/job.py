@@ -241,7 +241,7 @@ def _run_batch(cfg: cfglib.JobConfig, runs: list[Run], folders: list[str]
   """`runs` advanced together: (each run's records, why each stopped or None)."""
   out = cfg.output
   common = dict(eval_every=cfg.engine.eval_every, checkpoint_every=out.checkpoint_every,
-                resume=out.resume, overwrite=out.overwrite)
+                resume=out.resume, overwrite=out.overwrite, log_every=out.log_every)
   label = os.path.commonprefix([r.label for r in runs]).rsplit(" ", 1)[0].strip()
   label = runs[0].label if len(runs) == 1 else (f"{label} ({len(runs)} runs) " if label else
                                                 f"({len(runs)} runs) ")

@@ -1,6 +1,8 @@
 """Selection telemetry (`host/telemetry.py`, the records' `participation`, `participations` and
 `client_test_accuracy`) against hand counts on a fixed run, and across a resume."""
 
+import io
+
 import numpy as np
 import optax
 import pytest
@@ -61,3 +63,15 @@ def test_participation_survives_resume(small_data, tmp_path):
                    progress=None)
   assert resumed[-1]["participations"] == whole[-1]["participations"]
   assert resumed[-1]["participation"] == whole[-1]["participation"]
+
+
+def test_log_every_thins_the_progress_lines_not_the_records(small_data):
+  """log_every=2 prints rounds 1 (the first), 2, 4 and 5 (the last) of five; every record is
+  kept."""
+  stream = io.StringIO()
+  records = fs.run(_sim(small_data), 5, progress=stream, log_every=2)
+  shown = [line.split("]")[0].split("[")[-1].strip() for line in stream.getvalue().splitlines()
+           if "/5]" in line]
+  assert shown == ["1/5", "2/5", "4/5", "5/5"] and len(records) == 5
+  with pytest.raises(ValueError, match="log_every"):
+    fs.run(_sim(small_data), 2, progress=None, log_every=0)

@@ -180,11 +180,12 @@ def _resume(ckpt_path: str, template, fingerprint: dict, metrics_path: str,
   return state, history
 
 
-def _host_loop(rounds, eval_every, checkpoint_every, progress, label):
+def _host_loop(rounds, eval_every, checkpoint_every, progress, label, log_every=1):
   """Checks the loop arguments; (writer process, its progress stream, `say`)."""
   if not isinstance(rounds, int) or rounds < 1:
     raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
-  for name, value in (("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
+  for name, value in (("eval_every", eval_every), ("checkpoint_every", checkpoint_every),
+                      ("log_every", log_every)):
     if not isinstance(value, int) or value < 1:
       raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
   writer = jax.process_index() == 0
@@ -252,7 +253,7 @@ class OneRun:
 
 def run(sim: Simulator, rounds: int, out_dir: str | None = None, *, eval_every: int = 1,
         checkpoint_every: int = 10, resume: bool = False, overwrite: bool = False,
-        progress: TextIO | None = sys.stdout, label: str = "",
+        progress: TextIO | None = sys.stdout, label: str = "", log_every: int = 1,
         extra: Callable[[EngineState, dict], dict] | None = None,
         settings: dict | None = None,
         on_record: Callable[[dict], None] | None = None) -> list[dict]:
@@ -270,6 +271,7 @@ def run(sim: Simulator, rounds: int, out_dir: str | None = None, *, eval_every: 
     overwrite: replace a previous run in `out_dir` (without it or `resume`, FileExistsError).
     progress: stream for the one-line-per-round progress display (None: silent).
     label: prefix of the progress lines.
+    log_every: print a progress line every this many rounds (and on the first and last round).
     extra: optional `(state, record) -> dict` merged into each record (e.g. OPT ratios).
     settings: JSON-able settings that determine the run besides what the simulator knows (the
       launcher's job config), stored in the checkpoint's fingerprint.
@@ -281,8 +283,8 @@ def run(sim: Simulator, rounds: int, out_dir: str | None = None, *, eval_every: 
   """
   return run_batch(OneRun(sim), rounds, None if out_dir is None else [out_dir],
                    eval_every=eval_every, checkpoint_every=checkpoint_every, resume=resume,
-                   overwrite=overwrite, progress=progress, label=label, settings=[settings],
-                   extras=[extra], on_records=[on_record])[0]
+                   overwrite=overwrite, progress=progress, label=label, log_every=log_every,
+                   settings=[settings], extras=[extra], on_records=[on_record])[0]
 
 
 def _checkpoint_rounds(path: str, template, fingerprint: dict) -> dict[int, str]:
@@ -305,7 +307,7 @@ def _checkpoint_rounds(path: str, template, fingerprint: dict) -> dict[int, str]
 
 def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_every: int = 1,
               checkpoint_every: int = 10, resume: bool = False, overwrite: bool = False,
-              progress: TextIO | None = sys.stdout, label: str = "",
+              progress: TextIO | None = sys.stdout, label: str = "", log_every: int = 1,
               settings: list[dict] | None = None,
               extras: list[Callable[[EngineState, dict], dict] | None] | None = None,
               on_records: list[Callable[[dict], None] | None] | None = None
@@ -331,6 +333,7 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
     overwrite: as in `run`.
     progress: as in `run`.
     label: as in `run`.
+    log_every: as in `run`.
     out_dirs: one folder per run (None: keep in memory only).
     settings: per-run JSON-able settings for the fingerprints (e.g. the launcher's flags with the
       run's swept value).
@@ -338,7 +341,8 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
       is that run's slice of the batch's state).
     on_records: per-run optional callback of each new record, as `run`'s `on_record`.
   """
-  writer, progress, say = _host_loop(rounds, eval_every, checkpoint_every, progress, label)
+  writer, progress, say = _host_loop(rounds, eval_every, checkpoint_every, progress, label,
+                                     log_every)
   with folder_lock.locked(out_dirs if out_dirs is not None and writer else ()):
     r = batch.num_runs
     if out_dirs is not None and len(out_dirs) != r:
@@ -404,7 +408,8 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
               say(f"run {i} stopped: {e}\n")
         if t == first:  # The estimate of the time left starts after it (it compiles).
           since = (t, wall)
-        if progress is not None:
+        shown = (t + 1) % log_every == 0 or t in (first, rounds - 1)
+        if progress is not None and shown:
           line = (progress_line(label, t, rounds, histories[0][-1], since) if r == 1 else
                   batch_progress_line(label, t, rounds, histories, stopped, since))
           progress.write(line + "\n")
