@@ -48,7 +48,8 @@ class DataConfig:
   dominant_fraction: float = option(0.8, "Dominant-class share of the dominant partition.",
                                     lower=0.0, upper=1.0)
   test_fraction: float = option(0.2, "Share of each client's examples held out as its test split, "
-                                "in [0, 0.9].", lower=0.0, upper=0.9)
+                                "in (0, 0.9] (every launcher reports test accuracy; a run without "
+                                "test examples has none to report).", lower=1e-6, upper=0.9)
   val_fraction: float = option(0.0, "Share of each client's examples held out as its validation "
                                "split, in [0, 0.9].", lower=0.0, upper=0.9)
   public_fraction: float = option(0.0, "Server public set: stratified share of the pool (or of "

@@ -130,6 +130,7 @@ BAD_FLAGS = [  # (launcher, flags, what the message must name)
     ("run", ["--dataset=imagenet"], "--dataset"),
     ("run", ["--clients_per_round=30", "--num_available=25"], "--clients_per_round"),
     ("run", ["--lr=-0.1"], "--lr"),
+    ("run", ["--test_fraction=0"], "--test_fraction"),  # No test accuracy to report (issue 37).
     ("run", ["--partition=k_classes", "--classes_per_client=12"], "classes_per_client"),
     ("run", ["--partition=uni_class", "--num_clients=1700", "--num_available=30"], "--num_clients"),
     ("run", ["--dataset=fashion_mnist", "--data_dir=/nonexistent"], "--data_dir"),
