@@ -163,6 +163,14 @@ def test_leaf_json_femnist_and_shakespeare(tmp_path):
                                          leaf_files=(str(tmp_path / "f.json"),),
                                          test_fraction=0.0), seed=0)
   assert data.num_clients == 2 and data.num_classes == 62
+  # Text mostly outside the vocabulary is refused, naming the file (it would train to predict
+  # the unknown character).
+  foreign = {"users": ["u"], "num_samples": [1],
+             "user_data": {"u": {"x": ["\u00e9" * 80], "y": ["\u00e9"]}}}
+  with open(tmp_path / "foreign.json", "w", encoding="utf-8") as f:
+    json.dump(foreign, f)
+  with pytest.raises(ValueError, match=r"foreign\.json: 100% of its characters are outside"):
+    sources.load_leaf_json([str(tmp_path / "foreign.json")])
 
 
 def test_tfds_mock_data_loader():

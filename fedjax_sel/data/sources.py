@@ -27,6 +27,7 @@ PUBLIC_TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "public_t
 # LEAF's Shakespeare vocabulary (80 characters); index 80 is the out-of-vocabulary character.
 LEAF_CHARS = ("\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}")
 OOV_INDEX = len(LEAF_CHARS)
+MAX_UNKNOWN_SHARE = 0.5  # A Shakespeare file with more unknown characters is refused.
 FEMNIST_CLASSES = 62
 VOCAB_SIZE = len(LEAF_CHARS) + 1
 
@@ -152,6 +153,7 @@ def load_leaf_json(paths: list[str]) -> tuple[list[str], list[np.ndarray], list[
   source = {}  # user -> the file that holds it
   for path in paths:
     blob = _leaf_blob(path)
+    chars = unknown = 0  # Shakespeare characters of this file, and those outside the vocabulary.
     for uid, n in zip(blob["users"], blob["num_samples"]):
       if uid in source:
         where = "twice in its 'users'" if source[uid] == path else f"also in {source[uid]}"
@@ -171,6 +173,8 @@ def load_leaf_json(paths: list[str]) -> tuple[list[str], list[np.ndarray], list[
           raise ValueError(f"{path}: user {uid}: Shakespeare labels must be single characters")
         x = np.stack([encode_chars(s) for s in ud["x"]]) if n else np.zeros((0, 80), np.int32)
         y = np.array([encode_chars(c)[0] for c in ud["y"]], dtype=np.int32)
+        chars += x.size + y.size
+        unknown += int(np.sum(x == OOV_INDEX) + np.sum(y == OOV_INDEX))
       else:
         try:
           x = np.asarray(ud["x"], dtype=np.float32).reshape(n, 28, 28, 1)
@@ -191,6 +195,11 @@ def load_leaf_json(paths: list[str]) -> tuple[list[str], list[np.ndarray], list[
       users.append(uid)
       xs.append(x)
       ys.append(y)
+    if chars and unknown > MAX_UNKNOWN_SHARE * chars:
+      raise ValueError(f"{path}: {unknown / chars:.0%} of its characters are outside LEAF's "
+                       f"{len(LEAF_CHARS)}-character Shakespeare vocabulary (at most "
+                       f"{MAX_UNKNOWN_SHARE:.0%} may be): it is not LEAF Shakespeare text, and a "
+                       "model would learn to predict the unknown character")
   return users, xs, ys
 
 
