@@ -81,9 +81,8 @@ def row(scenario: str, selector: str, runs: list[list[dict]], target: float,
         last_k: int) -> dict:
   """One leaderboard row from a job's runs (cells as text, mean +- sample std over the seeds)."""
   acc = [[r["test_accuracy"] for r in recs if "test_accuracy" in r] for recs in runs]
-  hits = [h for h in (report.first_reach(recs, "test_accuracy", target) for recs in runs)
-          if h is not None]
-  last = [next(r for r in reversed(recs) if "participation" in r) for recs in runs]
+  rounds, seconds = report.reach_values(runs, "test_accuracy", target)
+  worst10, jain, _ = report.telemetry_values(runs)
   final = [recs[-1] for recs in runs]
   selection = [f["cumulative_cost"]["client_eval_samples"]
                + f["cumulative_cost"]["client_grad_samples"] for f in final]
@@ -91,12 +90,8 @@ def row(scenario: str, selector: str, runs: list[list[dict]], target: float,
   return {"scenario": scenario, "selector": selector, "seeds": len(runs),
           "final_acc": mean_std([a[-1] for a in acc]),
           "last_k_acc": mean_std([np.mean(a[-last_k:]) for a in acc]),
-          "rounds_to_target": (f"{np.mean([h[0] for h in hits]):.1f} ({len(hits)}/{len(runs)})"
-                               if hits else "never"),
-          "sim_s_to_target": (f"{np.mean([h[1] for h in hits]):.0f}"
-                              if hits and any(h[1] for h in hits) else "-"),
-          "worst10_client_acc": mean_std([r["client_test_accuracy"]["p10"] for r in last]),
-          "jain": mean_std([r["participation"]["jain"] for r in last]),
+          "rounds_to_target": rounds, "sim_s_to_target": seconds,
+          "worst10_client_acc": worst10, "jain": jain,
           "selection_samples": f"{np.mean(selection):.0f}",
           "stragglers": f"{np.mean(stragglers):.1f}"}
 

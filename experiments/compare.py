@@ -24,7 +24,7 @@ from absl import app, flags
 
 from experiments import job as joblib
 from experiments import report
-from experiments.report import first_reach, read_job
+from experiments.report import read_job
 from fedjax_sel.host.plotting import mean_std
 
 FLAGS = flags.FLAGS
@@ -51,9 +51,7 @@ def row(job: str, method: str, runs: list[list[dict]], metric: str, target: floa
   series = [[r[metric] for r in recs if metric in r] for recs in runs]
   if not all(series):
     raise app.UsageError(f"{job} / {method}: some runs have no {metric!r} in their records")
-  hits = [h for h in (first_reach(recs, metric, target) for recs in runs) if h is not None]
-  rounds = f"{np.mean([h[0] for h in hits]):.1f} ({len(hits)}/{len(runs)})" if hits else "never"
-  seconds = f"{np.mean([h[1] for h in hits]):.0f}" if hits and any(h[1] for h in hits) else "-"
+  rounds, seconds = report.reach_values(runs, metric, target)
   return (f"| {job} | {method} | {len(runs)} | {mean_std([s[-1] for s in series])} | "
           f"{mean_std([np.mean(s[-last_k:]) for s in series])} | "
           f"{mean_std([max(s) for s in series])} | "

@@ -13,6 +13,7 @@ import math
 import os
 import re
 
+import numpy as np
 from absl import app
 
 from experiments import config as cfglib
@@ -38,16 +39,31 @@ TELEMETRY_HEADER = ("worst-10% client test acc | participation fairness (Jain) |
                     "taking part")
 
 
-def telemetry_cells(runs: list[list[dict]]) -> str:
+def telemetry_values(runs: list[list[dict]]) -> tuple[str, str, str]:
   """The runs' last evaluated selection telemetry (`host/telemetry.py`), mean +- sample std over
   the runs: the 10th percentile of the clients' test accuracy, Jain's index of participation, the
   share never taking part ("-" for records written before it existed)."""
   last = [next((r for r in reversed(recs) if "participation" in r), None) for recs in runs]
   if any(r is None for r in last):
-    return "- | - | -"
-  return (f"{mean_std([r['client_test_accuracy']['p10'] for r in last])} | "
-          f"{mean_std([r['participation']['jain'] for r in last])} | "
-          f"{mean_std([r['participation']['never'] for r in last])}")
+    return "-", "-", "-"
+  return (mean_std([r["client_test_accuracy"]["p10"] for r in last]),
+          mean_std([r["participation"]["jain"] for r in last]),
+          mean_std([r["participation"]["never"] for r in last]))
+
+
+def telemetry_cells(runs: list[list[dict]]) -> str:
+  """`telemetry_values` as the cells of a markdown row."""
+  return " | ".join(telemetry_values(runs))
+
+
+def reach_values(runs: list[list[dict]], metric: str, target: float) -> tuple[str, str]:
+  """Rounds trained and simulated seconds until `metric` first reaches `target`: the means over
+  the runs that reached it (the rounds with how many did, "never" when none; seconds "-" without
+  a clock)."""
+  hits = [h for h in (first_reach(recs, metric, target) for recs in runs) if h is not None]
+  rounds = f"{np.mean([h[0] for h in hits]):.1f} ({len(hits)}/{len(runs)})" if hits else "never"
+  seconds = f"{np.mean([h[1] for h in hits]):.0f}" if hits and any(h[1] for h in hits) else "-"
+  return rounds, seconds
 
 
 def method_table(cfg: cfglib.JobConfig, groups: dict[str, list[list[dict]]]) -> str:

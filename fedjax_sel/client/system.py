@@ -125,12 +125,6 @@ def read_profiles(path: str, num_clients: int) -> SystemProfile:
   return profile
 
 
-def model_bytes(params) -> float:
-  """Bytes of one copy of the model (what a client downloads or uploads)."""
-  return float(sum(np.prod(a.shape) * np.dtype(a.dtype).itemsize
-                   for a in jax.tree.leaves(params)))
-
-
 def client_times(clock: Clock, train, evaluated, gradient, transfers) -> jax.Array:
   """`[N]` seconds each client spends in a round, from its `[N]` training samples, evaluated
   samples, gradient samples and model transfers (downloads plus uploads)."""

@@ -36,7 +36,7 @@ import optax
 from fedjax_sel.client.local_training import (CPU_TINY_STEP_FLOPS, LocalHParams, OptimizerFactory,
                                               StepCost, auto_chunk_size, default_memory_budget,
                                               step_cost)
-from fedjax_sel.client.system import Clock, SystemProfile, check_profile, model_bytes
+from fedjax_sel.client.system import Clock, SystemProfile, check_profile
 from fedjax_sel.data import integrity
 from fedjax_sel.data.federated import FederatedDataset
 from fedjax_sel.engine import programs
@@ -44,7 +44,7 @@ from fedjax_sel.engine.placement import Capacity, DevicePlacement, HostPlacement
 from fedjax_sel.engine.round import (CONTRACTS, ContractError, Costs, DataArrays, EngineState,
                                      RoundConfig, RunValues, program_key)
 from fedjax_sel.engine.signature import Keyed, signature
-from fedjax_sel.models.bundle import Model, trainable
+from fedjax_sel.models.bundle import Model, model_bytes, trainable
 from fedjax_sel.parts.availability import Availability
 from fedjax_sel.parts.server_optimizers import ServerOptimizer
 from fedjax_sel.parts.types import (SPLIT_STATS, STAT_NAMES, Aggregator, ClientState, Filter,

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fedjax_sel import registry
@@ -56,6 +57,12 @@ def logits_loss(model: Model, logits: jax.Array, y: jax.Array) -> jax.Array:
   if model.loss is not None:
     return model.loss(logits, y)
   return optax.softmax_cross_entropy_with_integer_labels(logits, y)
+
+
+def model_bytes(params) -> float:
+  """Bytes of one copy of the model (what a client downloads or uploads)."""
+  return float(sum(np.prod(a.shape) * np.dtype(a.dtype).itemsize
+                   for a in jax.tree.leaves(params)))
 
 
 def trainable(model: Model, params: Params) -> Params:

@@ -128,6 +128,12 @@ def facility_location_greedy(proxies: jax.Array, ground: jax.Array, k: int) -> j
   return chosen
 
 
+def stacked_rows(tree) -> jax.Array:
+  """`[M, D]`: a pytree of stacked `[M, ...]` leaves (M clients' gradients or models), one row
+  of all its values per client."""
+  return jnp.concatenate([a.reshape(a.shape[0], -1) for a in jax.tree.leaves(tree)], axis=1)
+
+
 DIVFL_PROXIES = ("gradient", "update")
 
 
@@ -163,9 +169,6 @@ def divfl(k: int, proxy: str = "gradient") -> Selector:
   if proxy not in DIVFL_PROXIES:
     raise ValueError(f"divfl_proxy must be one of {DIVFL_PROXIES}, got {proxy!r}")
 
-  def flat(tree):
-    return jnp.concatenate([a.reshape(a.shape[0], -1) for a in jax.tree.leaves(tree)], axis=1)
-
   def init(n, params):
     dim = sum(int(np.size(a)) for a in jax.tree.leaves(params))
     return DivFLState(jnp.zeros((n, dim), jnp.float32), jnp.zeros((), jnp.int32),
@@ -180,7 +183,8 @@ def divfl(k: int, proxy: str = "gradient") -> Selector:
     del key
     n = mask.shape[0]
     fill = filling(inputs)
-    table = jax.lax.cond(fill, lambda: flat(inputs.gradients(jnp.arange(n, dtype=jnp.int32))),
+    every = jnp.arange(n, dtype=jnp.int32)
+    table = jax.lax.cond(fill, lambda: stacked_rows(inputs.gradients(every)),
                          lambda: state.table)
     return facility_location_greedy(table, mask, k), DivFLState(
         table, jnp.where(fill, n, 0).astype(jnp.int32),
@@ -191,12 +195,13 @@ def divfl(k: int, proxy: str = "gradient") -> Selector:
     slots = outcome.slots
     fresh = filling(inputs)
     if proxy == "gradient":  # Rows filled this round already hold the gradients at w_t.
-      rows = jax.lax.cond(fresh, lambda: table[slots], lambda: flat(inputs.gradients(slots)))
+      rows = jax.lax.cond(fresh, lambda: table[slots],
+                          lambda: stacked_rows(inputs.gradients(slots)))
       refreshed = jnp.where(fresh, 0, slots.shape[0])
       samples = jnp.where(fresh, 0.0,
                           jnp.sum(jnp.where(outcome.trained, inputs.num_examples[slots], 0)))
     else:
-      rows = flat(jax.tree.map(lambda p, g: p - g[None], outcome.params, inputs.params))
+      rows = stacked_rows(jax.tree.map(lambda p, g: p - g[None], outcome.params, inputs.params))
       refreshed, samples = 0, 0.0
     new_rows = jnp.where(outcome.trained[:, None], rows, table[slots])
     return DivFLState(table.at[slots].set(new_rows), state.gradients_computed + refreshed,

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel import registry
+from fedjax_sel.parts.selectors.baselines import stacked_rows
 from fedjax_sel.parts.selectors.sampling import data_shares, draws_with_replacement
 from fedjax_sel.parts.types import RoundInputs, RoundOutcome, Selector
 
@@ -165,10 +166,6 @@ class ClusteredState(NamedTuple):
   fallback: jax.Array
 
 
-def _flat(tree) -> jax.Array:
-  return jnp.concatenate([a.reshape(a.shape[0], -1) for a in jax.tree.leaves(tree)], axis=1)
-
-
 def clustered_selector(k: int, algorithm: str = "similarity", metric: str = "arccos") -> Selector:
   """Clustered sampling for K draws.
 
@@ -210,7 +207,7 @@ def clustered_selector(k: int, algorithm: str = "similarity", metric: str = "arc
     if not similarity:
       return state
     slots = outcome.slots
-    update = _flat(jax.tree.map(lambda w, g: w - g[None], outcome.params, inputs.params))
+    update = stacked_rows(jax.tree.map(lambda w, g: w - g[None], outcome.params, inputs.params))
     rows = jnp.where(outcome.trained[:, None], update, state.table[slots])
     return state._replace(table=state.table.at[slots].set(rows))
 

@@ -31,14 +31,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel import registry
-from fedjax_sel.parts.selectors.sampling import data_shares, draws_from
+from fedjax_sel.parts.selectors.baselines import stacked_rows
+from fedjax_sel.parts.selectors.sampling import data_shares, reweighted_draws
 from fedjax_sel.parts.types import RoundInputs, RoundOutcome, Selector
 
 VARIANTS = ("practical", "full")
-
-
-def _flat(tree) -> jax.Array:
-  return jnp.concatenate([a.reshape(a.shape[0], -1) for a in jax.tree.leaves(tree)], axis=1)
 
 
 def practical_weights(g: jax.Array, share: jax.Array, mask: jax.Array, beta: float) -> jax.Array:
@@ -103,23 +100,18 @@ def delta_selector(k: int, variant: str = "practical", beta: float = 0.5) -> Sel
   def select(state, key, inputs: RoundInputs, mask):
     share = data_shares(inputs.num_examples, mask)
     if full:
-      grads = _flat(inputs.stats["grad"])
+      grads = stacked_rows(inputs.stats["grad"])
       probs = full_probabilities(grads, share, mask, beta)
     else:
       probs = state.probs
-    p = jnp.where(mask, probs, 0.0)
-    p = jnp.where(jnp.sum(p) > 0, p, mask.astype(jnp.float32))
-    p = p / jnp.maximum(jnp.sum(p), 1e-30)
-    counts = draws_from(key, p, k)
-    counts = jnp.where(jnp.any(mask), counts, 0)
-    weights = counts * share / (k * jnp.maximum(p, 1e-30))
-    return counts > 0, DeltaState(probs, p, weights.astype(jnp.float32))
+    p, counts, weights = reweighted_draws(key, probs, share, mask, k)
+    return counts > 0, DeltaState(probs, p, weights)
 
   def observe(state, inputs: RoundInputs, outcome: RoundOutcome):
     if full:
       return state
     slots, done = outcome.slots, outcome.trained
-    g = _flat(jax.tree.map(lambda w, g0: w - g0[None], outcome.params, inputs.params))
+    g = stacked_rows(jax.tree.map(lambda w, g0: w - g0[None], outcome.params, inputs.params))
     w = practical_weights(g, inputs.num_examples[slots].astype(jnp.float32), done, beta)
     old = jnp.sum(jnp.where(done, state.probs[slots], 0.0))
     w = jnp.where(done, w / jnp.maximum(jnp.sum(w), 1e-30) * old, state.probs[slots])

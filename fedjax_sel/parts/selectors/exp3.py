@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel import registry
-from fedjax_sel.parts.selectors.sampling import data_shares, draws_from
+from fedjax_sel.parts.selectors.sampling import data_shares, reweighted_draws
 from fedjax_sel.parts.types import RoundInputs, RoundOutcome, Selector
 
 FEEDBACKS = ("update_norm", "loss")
@@ -92,13 +92,9 @@ def exp3_selector(k: int, rounds: int, eta: float = 0.4, bound: float = 1.0,
                      jnp.zeros((n,), jnp.float32))
 
   def select(state, key, inputs: RoundInputs, mask):
-    p = jnp.where(mask, exp3_probabilities(state.weight, eta), 0.0)
-    p = p / jnp.maximum(jnp.sum(p), 1e-30)
-    counts = draws_from(key, p, k)
-    counts = jnp.where(jnp.any(mask), counts, 0)
-    share = data_shares(inputs.num_examples, mask)
-    weights = counts * share / (k * jnp.maximum(p, 1e-30))
-    return counts > 0, state._replace(probs=p, weights=weights.astype(jnp.float32))
+    p, counts, weights = reweighted_draws(key, exp3_probabilities(state.weight, eta),
+                                          data_shares(inputs.num_examples, mask), mask, k)
+    return counts > 0, state._replace(probs=p, weights=weights)
 
   def observe(state, inputs: RoundInputs, outcome: RoundOutcome):
     n = state.weight.shape[0]

@@ -68,6 +68,19 @@ def draws_from(key: jax.Array, probs: jax.Array, k: int) -> jax.Array:
   return jnp.zeros(probs.shape, jnp.int32).at[ids].add(1)
 
 
+def reweighted_draws(key: jax.Array, probs: jax.Array, share: jax.Array, mask: jax.Array,
+                     k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """K draws with replacement from `probs` over `mask` (normalized; uniform over the mask where
+  it holds no mass): `(p [N], counts [N], weights [N])`, each client's sampling weight
+  `draws share / (K p)` (unbiased for the `share`-weighted aggregate)."""
+  p = jnp.where(mask, probs, 0.0)
+  p = jnp.where(jnp.sum(p) > 0, p, mask.astype(jnp.float32))
+  p = p / jnp.maximum(jnp.sum(p), 1e-30)
+  counts = jnp.where(jnp.any(mask), draws_from(key, p, k), 0)
+  weights = counts * share / (k * jnp.maximum(p, 1e-30))
+  return p, counts, weights.astype(jnp.float32)
+
+
 def draw_without_replacement(key: jax.Array, weights: jax.Array, mask: jax.Array,
                              count) -> jax.Array:
   """`[N]` bool: `count` (a traced int is fine) clients of `mask` drawn without replacement with

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from fedjax_sel import registry
+from fedjax_sel.models.bundle import model_bytes
 
 
 class ExpectedTimes(NamedTuple):
@@ -50,8 +51,6 @@ def context_times(context: registry.BuildContext, method: str) -> ExpectedTimes:
                      "clock, --system_profile)")
   if context.data is None or context.model is None:
     raise ValueError(f"{method} needs the run's data and model to time its clients")
-  shapes = jax.eval_shape(context.model.init, jax.random.PRNGKey(0))
-  size = float(sum(np.prod(a.shape) * np.dtype(a.dtype).itemsize
-                   for a in jax.tree.leaves(shapes)))
+  size = model_bytes(jax.eval_shape(context.model.init, jax.random.PRNGKey(0)))
   return expected_times(context.profile.speed, context.profile.bandwidth,
                         context.data.train.counts, context.local_epochs, size)
