@@ -63,18 +63,42 @@ def load_scenarios(path: str) -> dict:
   return spec
 
 
-def run_job(folder: str, flags_: list[str]) -> None:
-  """One `experiments.run` job into `folder`: read again when finished, resumed when it was
-  stopped, started otherwise; its output is the job's `bench.log`."""
+TIMING_FILE = "timing.json"
+
+
+def run_job(folder: str, flags_: list[str]) -> list[dict]:
+  """One `experiments.run` job into `folder`, under `benchmarks.timed_launch`: read again when it
+  finished, resumed when it was stopped, started otherwise; its output is the job's `bench.log`.
+
+  Returns:
+    The timings of the processes that trained its rounds (`<folder>/timing.json`, one entry per
+    such process: wall seconds by phase, programs compiled; a process that found every round
+    done adds none).
+  """
   os.makedirs(folder, exist_ok=True)
   started = os.path.exists(os.path.join(folder, "job.json"))
-  args = [sys.executable, "-m", "experiments.run", *flags_, f"--out_dir={folder}"]
+  fresh = os.path.join(folder, "timing.new.json")
+  args = [sys.executable, "-m", "benchmarks.timed_launch", fresh, "experiments.run", *flags_,
+          f"--out_dir={folder}"]
   args += ["--resume"] if started else []
   with open(os.path.join(folder, "bench.log"), "a", encoding="utf-8") as log:
     proc = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, check=False)
   if proc.returncode:
-    raise app.UsageError(f"{' '.join(args[2:])} failed (exit {proc.returncode}); its output is "
+    raise app.UsageError(f"{' '.join(args[4:])} failed (exit {proc.returncode}); its output is "
                          f"in {os.path.join(folder, 'bench.log')}")
+  path = os.path.join(folder, TIMING_FILE)
+  timings = []
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      timings = json.load(f)
+  with open(fresh, encoding="utf-8") as f:
+    latest = json.load(f)
+  os.remove(fresh)
+  if latest["round_compiles"]:  # It trained rounds.
+    timings.append(latest)
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(timings, f, indent=1)
+  return timings
 
 
 def row(scenario: str, selector: str, runs: list[list[dict]], target: float,
@@ -84,15 +108,16 @@ def row(scenario: str, selector: str, runs: list[list[dict]], target: float,
   rounds, seconds = report.reach_values(runs, "test_accuracy", target)
   worst10, jain, _ = report.telemetry_values(runs)
   final = [recs[-1] for recs in runs]
-  selection = [f["cumulative_cost"]["client_eval_samples"]
-               + f["cumulative_cost"]["client_grad_samples"] for f in final]
+  clients = [f["cumulative_cost"]["client_eval_samples"]
+             + f["cumulative_cost"]["client_grad_samples"] for f in final]
+  server = [f["cumulative_cost"]["server_public_samples"] for f in final]
   stragglers = [sum(r.get("stragglers", 0) for r in recs) for recs in runs]
   return {"scenario": scenario, "selector": selector, "seeds": len(runs),
           "final_acc": mean_std([a[-1] for a in acc]),
           "last_k_acc": mean_std([np.mean(a[-last_k:]) for a in acc]),
           "rounds_to_target": rounds, "sim_s_to_target": seconds,
           "worst10_client_acc": worst10, "jain": jain,
-          "selection_samples": f"{np.mean(selection):.0f}",
+          "selection_samples": f"{np.mean(clients):.0f} / {np.mean(server):.0f}",
           "stragglers": f"{np.mean(stragglers):.1f}"}
 
 
@@ -104,7 +129,7 @@ def write_leaderboard(out_dir: str, rows: list[dict], target: float, last_k: int
     writer.writerows(rows)
   heads = ("scenario", "selector", "seeds", "final acc", f"mean acc, last {last_k} evaluated",
            f"rounds to {target:g}", f"simulated s to {target:g}", "worst-10% client acc",
-           "participation fairness (Jain)", "selection samples", "stragglers")
+           "participation fairness (Jain)", "selection samples (clients / server)", "stragglers")
   lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
   lines += ["| " + " | ".join(str(r[c]) for c in COLUMNS) + " |" for r in rows]
   lines += ["", "Mean +- sample std over the seeds; rounds and simulated seconds to the target: "
@@ -112,6 +137,92 @@ def write_leaderboard(out_dir: str, rows: list[dict], target: float, last_k: int
   with open(os.path.join(out_dir, "leaderboard.md"), "w", encoding="utf-8") as f:
     f.write("\n".join(lines) + "\n")
   rank_figure(rows, os.path.join(out_dir, "leaderboard_ranks.png"))
+
+
+TIMING_COLUMNS = ("scenario", "selector", "processes", "wall_s", "compile_s", "round_programs",
+                  "ms_per_round", "x_random")
+
+
+def timing_rows(timings: dict[tuple[str, str], list[dict]], rounds: int) -> list[dict]:
+  """Per job: the wall and compile seconds of the processes that trained it, the round programs
+  they compiled, the milliseconds per round (every seed in one step, compilation excluded) and
+  that against the random selector's in the same scenario (what selection and the statistics it
+  needs add to a round)."""
+  rows = []
+  for (scenario, selector), procs in timings.items():
+    per_round = 1e3 * sum(p["rounds_s"] for p in procs) / rounds
+    rows.append({"scenario": scenario, "selector": selector, "processes": len(procs),
+                 "wall_s": round(sum(p["total_s"] for p in procs), 1),
+                 "compile_s": round(sum(p["compile_s"] for p in procs), 1),
+                 "round_programs": sum(p["round_compiles"] for p in procs),
+                 "ms_per_round": round(per_round, 1)})
+  base = {r["scenario"]: r["ms_per_round"] for r in rows if r["selector"] == "random"}
+  for r in rows:
+    r["x_random"] = (round(r["ms_per_round"] / base[r["scenario"]], 2)
+                     if base.get(r["scenario"]) else "-")
+  return rows
+
+
+def write_timing(out_dir: str, rows: list[dict]) -> None:
+  """`timing.md` (per job, then per scenario) and `timing.csv`: how long the benchmark took on
+  this machine, kept apart from the leaderboard, which is the same on every rerun."""
+  with open(os.path.join(out_dir, "timing.csv"), "w", encoding="utf-8", newline="") as f:
+    writer = csv.DictWriter(f, TIMING_COLUMNS)
+    writer.writeheader()
+    writer.writerows(rows)
+  heads = ("scenario", "selector", "processes", "wall s", "compile s", "round programs compiled",
+           "ms per round (all seeds)", "x random's round")
+  lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+  lines += ["| " + " | ".join(str(r[c]) for c in TIMING_COLUMNS) + " |" for r in rows]
+  lines += ["", "| scenario | jobs | wall s | compile s | round programs compiled |",
+            "|---|---|---|---|---|"]
+  for scenario in dict.fromkeys(r["scenario"] for r in rows):
+    mine = [r for r in rows if r["scenario"] == scenario]
+    lines.append(f"| {scenario} | {len(mine)} | {sum(r['wall_s'] for r in mine):.0f} | "
+                 f"{sum(r['compile_s'] for r in mine):.0f} | "
+                 f"{sum(r['round_programs'] for r in mine)} |")
+  total = sum(r["wall_s"] for r in rows)
+  lines += ["", f"All jobs: {total / 60:.1f} min of wall time (each job one process; a job's "
+            "seeds share one compiled round program)."]
+  with open(os.path.join(out_dir, "timing.md"), "w", encoding="utf-8") as f:
+    f.write("\n".join(lines) + "\n")
+
+
+def target_figure(jobs: dict[tuple[str, str], list[list[dict]]], target: float,
+                  path: str) -> None:
+  """Per scenario, each selector's rounds to the target accuracy (simulated seconds where the
+  scenario runs the clock), the mean over the seeds that reached it with how many did; "never"
+  where none did."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  scenarios = list(dict.fromkeys(s for s, _ in jobs))
+  selectors = list(dict.fromkeys(m for _, m in jobs))
+  fig, axes = plt.subplots(1, len(scenarios), squeeze=False, sharey=True,
+                           figsize=(2.6 * len(scenarios) + 1.5, 0.28 * len(selectors) + 1.6))
+  for ax, scenario in zip(axes[0], scenarios):
+    hits = {m: [h for h in (report.first_reach(recs, "test_accuracy", target)
+                            for recs in jobs[scenario, m]) if h is not None] for m in selectors}
+    clock = any(h[1] for hs in hits.values() for h in hs)
+    ax.set_title(scenario, fontsize=9)
+    ax.set_xlabel("simulated s" if clock else "rounds", fontsize=8)
+    for i, m in enumerate(selectors):
+      n = len(jobs[scenario, m])
+      if hits[m]:
+        value = np.mean([h[1] if clock else h[0] for h in hits[m]])
+        ax.barh(i, value, color="tab:blue" if len(hits[m]) == n else "tab:orange")
+        ax.text(value, i, f" {len(hits[m])}/{n}", va="center", fontsize=6)
+      else:
+        ax.text(0, i, " never", va="center", fontsize=6, color="tab:red")
+    ax.tick_params(labelsize=7)
+    ax.margins(x=0.25)
+  axes[0][0].set_yticks(range(len(selectors)), selectors)
+  axes[0][0].invert_yaxis()
+  fig.suptitle(f"time to test accuracy {target:g} (mean over the seeds that reached it; orange: "
+               "not every seed did)", fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120, bbox_inches="tight")
+  plt.close(fig)
 
 
 def rank_figure(rows: list[dict], path: str) -> None:
@@ -197,17 +308,21 @@ def main(argv):
   if FLAGS.last_k < 1:
     raise app.UsageError(f"--last_k must be >= 1, got {FLAGS.last_k}")
   common = spec["quick"] if FLAGS.quick else spec["common"]
-  rows, jobs = [], {}
+  rows, jobs, timings = [], {}, {}
   for scenario in scenarios:
     for selector in selectors:
       folder = os.path.join(FLAGS.out_dir, scenario, selector.replace(":", "_"))
       print(f"== {scenario} / {selector}", flush=True)
-      run_job(folder, [*common, *spec["scenarios"][scenario], f"--selector={selector}"])
+      timings[scenario, selector] = run_job(
+          folder, [*common, *spec["scenarios"][scenario], f"--selector={selector}"])
       runs = [r for method in report.read_job(folder).values() for r in method]
       jobs[scenario, selector] = runs
       rows.append(row(scenario, selector, runs, spec["target"], FLAGS.last_k))
   write_leaderboard(FLAGS.out_dir, rows, spec["target"], FLAGS.last_k)
   participation_figure(jobs, os.path.join(FLAGS.out_dir, "participation.png"))
+  target_figure(jobs, spec["target"], os.path.join(FLAGS.out_dir, "time_to_target.png"))
+  rounds = max(recs[-1]["round"] + 1 for runs in jobs.values() for recs in runs)
+  write_timing(FLAGS.out_dir, timing_rows(timings, rounds))
   print(f"leaderboard: {os.path.join(FLAGS.out_dir, 'leaderboard.md')}")
 
 

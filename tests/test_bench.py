@@ -46,12 +46,19 @@ def test_quick_leaderboard_and_rerun(tmp_path):
   assert len([line for line in table.splitlines() if line.startswith("| ")]) == 5
   assert os.path.exists(os.path.join(out, "leaderboard_ranks.png"))
   assert os.path.exists(os.path.join(out, "participation.png"))
+  assert os.path.exists(os.path.join(out, "time_to_target.png"))
+  with open(os.path.join(out, "timing.csv"), encoding="utf-8") as f:
+    timing = list(csv.DictReader(f))
+  assert [(r["scenario"], r["selector"], r["processes"], r["round_programs"]) for r in timing] == [
+      (s, m, "1", "1") for s in ("label_skew", "diurnal") for m in ("random", "md")]
   # Run again: every job finished, so each is read back, and the leaderboard is the same.
   again = _bench(out)
   assert again.returncode == 0, again.stdout + again.stderr
   assert _rows(out) == rows
   log = open(os.path.join(out, "diurnal", "md", "bench.log"), encoding="utf-8").read()
   assert "nothing to compute" in log
+  with open(os.path.join(out, "diurnal", "md", "timing.json"), encoding="utf-8") as f:
+    assert len(json.load(f)) == 1  # The rerun trained nothing and added no timing.
 
 
 @pytest.mark.slow
