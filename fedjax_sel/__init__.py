@@ -11,12 +11,13 @@ list:
 - `parts/`: the round's parts, pure functions over client-state arrays: `types` (the part types,
   their costs), `availability`, `selectors/` (`baselines`: random, power of choice, DivFL, all,
   per group; `uacs`; `oort`), `filters/` (`filfl`), `rules/` (`fedalign`, `fedsrc`),
-  `aggregators`, `server_optimizers`.
+  `aggregators`, `server_optimizers`, `asynchronous` (FedBuff's and FedAsync's server rules).
 - `client/`: what one client computes: `local_training`, `evaluation`, `chunking`,
   `compiled_cost` (XLA's memory and FLOP counts), `system` (speeds, bandwidths, the clock).
 - `engine/`: `round` (the round as pure stages), `signature` and `programs` (the compiled
   programs, shared by signature), `placement` (where the clients' data live), `simulator` (the
-  `Simulator`), `runs` (runs as a batch axis).
+  `Simulator`), `runs` (runs as a batch axis), `asynchronous` (the asynchronous mode's server
+  step).
 - `host/`: the host side of a run: `runner` (the loop, records, resume), `checkpoint`,
   `folder_lock`, `tracking` (TensorBoard), `plotting`, `compilation` (the persistent cache).
 """
@@ -26,6 +27,7 @@ __version__ = "0.3.0"  # Before the imports: the runner writes it into checkpoin
 from fedjax_sel.client.evaluation import ClientMetrics, client_gradients, client_metrics
 from fedjax_sel.client.local_training import (LocalHParams, LocalResult, local_train,
                                               steps_per_client)
+from fedjax_sel.client.system import SystemProfile, lognormal_profiles
 from fedjax_sel.data.builders import DATASETS, DatasetSpec, build_dataset
 from fedjax_sel.data.federated import ClientPool, FederatedDataset
 from fedjax_sel.engine.placement import Capacity
@@ -37,6 +39,7 @@ from fedjax_sel.host.runner import run, run_batch, summary_table
 from fedjax_sel.models import MODELS, Model, build_model
 from fedjax_sel.parts.aggregators import (coordinate_median, fedasl, fedavg, krum, trimmed_mean,
                                           weighted_mean)
+from fedjax_sel.parts.asynchronous import AsyncSpec, async_spec, fedasync, fedbuff
 from fedjax_sel.parts.availability import (Availability, diurnal_availability,
                                            load_trace_availability, probability_availability,
                                            trace_availability, uniform_availability)
@@ -71,10 +74,11 @@ __all__ = [
     "fedalign_rule", "priority_only", "choose_priority", "FedSRCConfig", "fedsrc_rule",
     "fedavg", "weighted_mean", "coordinate_median", "trimmed_mean", "krum", "fedasl",
     "ServerOptimizer", "server_sgd", "fedavgm", "fedadam", "fedyogi", "fedadagrad",
+    "AsyncSpec", "async_spec", "fedbuff", "fedasync",
     # Clients, data and models.
     "ClientMetrics", "client_gradients", "client_metrics", "LocalHParams", "LocalResult",
     "local_train", "steps_per_client", "DATASETS", "DatasetSpec", "build_dataset", "ClientPool",
-    "FederatedDataset", "MODELS", "Model", "build_model",
+    "FederatedDataset", "MODELS", "Model", "build_model", "SystemProfile", "lognormal_profiles",
     # Engine and host.
     "Capacity", "Costs", "EngineState", "LrSchedule", "Simulator", "constant_lr", "step_decay_lr",
     "RunBatch", "run", "run_batch", "summary_table",

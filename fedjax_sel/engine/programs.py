@@ -25,6 +25,7 @@ import jax
 from fedjax_sel import keys as keylib
 from fedjax_sel.client.evaluation import client_metrics
 from fedjax_sel.engine import round as round_lib
+from fedjax_sel.engine.asynchronous import step_function
 
 
 @functools.cache
@@ -36,13 +37,15 @@ def program(fn: Callable, out_shardings: Any = None, static_argnums: tuple[int, 
 
 
 def step(cfg, state, arrays, run, stats=None):
-  """One round (`round.round_step`) of the config `cfg.value`."""
-  return round_lib.round_step(cfg.value, state, arrays, run, stats)
+  """One round (`round.round_step`; a server step in the asynchronous mode) of the config
+  `cfg.value`."""
+  return step_function(cfg.value)(cfg.value, state, arrays, run, stats)
 
 
 def steps(cfg, state, arrays, run, num_rounds):
   """`num_rounds` rounds in one call (a `lax.scan`); metrics stacked `[num_rounds, ...]`."""
-  return jax.lax.scan(lambda s, _: round_lib.round_step(cfg.value, s, arrays, run), state, None,
+  fn = step_function(cfg.value)
+  return jax.lax.scan(lambda s, _: fn(cfg.value, s, arrays, run), state, None,
                       length=num_rounds)
 
 

@@ -93,6 +93,7 @@ class EngineState(NamedTuple):
   prev_available: jax.Array
   costs: Costs
   server_state: Any = ()
+  inflight: Any = ()
 
 
 class DataArrays(NamedTuple):
@@ -153,6 +154,8 @@ class RoundConfig(NamedTuple):
       value `RunValues.prox_mu`, so runs with different mu share one program).
     clock: a `system.Clock` timing the clients and the round (with its deadline dropping
       stragglers), or None (no simulated time).
+    asynchrony: a `parts.asynchronous.AsyncSpec` for the asynchronous mode (a step is then
+      `engine/asynchronous.py`'s server step and `k` the buffer size), or None (rounds).
   """
 
   model: Model
@@ -176,6 +179,7 @@ class RoundConfig(NamedTuple):
   server_optimizer: Any = None
   clock: Any = None
   proximal: bool = False
+  asynchrony: Any = None
 
 
 def program_key(config: RoundConfig) -> Any:

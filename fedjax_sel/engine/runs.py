@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel.engine import round as round_lib
+from fedjax_sel.engine.asynchronous import step_function
 from fedjax_sel.engine.programs import program
 from fedjax_sel.engine.round import EngineState, RoundConfig
 from fedjax_sel.engine.signature import Keyed
@@ -91,7 +92,8 @@ def _over_runs(fn, chunk: int, *trees):
 def _batched_step(cfg, states, arrays, runs):
   config, chunk = cfg.value
   t = states.round[0]  # The runs advance together: one unbatched round index.
-  return _over_runs(lambda s, a, r: round_lib.round_step(config, s._replace(round=t), a, r),
+  fn = step_function(config)
+  return _over_runs(lambda s, a, r: fn(config, s._replace(round=t), a, r),
                     chunk, states, arrays, runs)
 
 

@@ -40,11 +40,13 @@ from fedjax_sel.client.system import Clock, SystemProfile, check_profile
 from fedjax_sel.data import integrity
 from fedjax_sel.data.federated import FederatedDataset
 from fedjax_sel.engine import programs
+from fedjax_sel.engine.asynchronous import InFlight
 from fedjax_sel.engine.placement import Capacity, DevicePlacement, HostPlacement, fits_on_device
 from fedjax_sel.engine.round import (CONTRACTS, ContractError, Costs, DataArrays, EngineState,
                                      RoundConfig, RunValues, program_key)
 from fedjax_sel.engine.signature import Keyed, signature
 from fedjax_sel.models.bundle import Model, model_bytes, trainable
+from fedjax_sel.parts.asynchronous import AsyncSpec
 from fedjax_sel.parts.availability import Availability
 from fedjax_sel.parts.server_optimizers import ServerOptimizer
 from fedjax_sel.parts.types import (SPLIT_STATS, STAT_NAMES, Aggregator, ClientState, Filter,
@@ -139,6 +141,28 @@ def _check_k(selector, clients_per_round: int) -> None:
     raise ValueError(f"the selector {spec.get('name', '')!r} was built for K = {built} clients "
                      f"but clients_per_round = {clients_per_round}: build it with the "
                      "simulator's K")
+
+
+def _check_asynchrony(spec, k: int, num_available: int, clock, filt, participation,
+                      on_host: bool) -> None:
+  """The asynchronous mode's requirements, else ValueError naming the argument."""
+  if not isinstance(spec, AsyncSpec):
+    raise TypeError(f"asynchrony must be an AsyncSpec (fedbuff, fedasync), got "
+                    f"{type(spec).__name__}")
+  if not k <= spec.concurrency <= num_available:
+    raise ValueError(f"asynchrony.concurrency must be in {k}..{num_available} (clients_per_round, "
+                     f"the buffer size, up to the clients available), got {spec.concurrency}")
+  if clock is None:
+    raise ValueError("asynchrony needs a system_profile: the clients' speeds order their updates")
+  if clock.deadline_s is not None:
+    raise ValueError("asynchrony takes no deadline_s: the server steps when K updates arrived")
+  if filt is not None:
+    raise ValueError(f"asynchrony takes no filter (got {part_name(filt)!r}): a filter decides on "
+                     "a round's available set, which the asynchronous mode does not have")
+  if participation is not None and part_name(participation) != "everyone":
+    raise ValueError(f"asynchrony takes no participation rule (got {part_name(participation)!r})")
+  if on_host:
+    raise ValueError("asynchrony needs the device store (store='device')")
 
 
 def _check_model(model: Model, data: FederatedDataset, init_params) -> None:
@@ -247,6 +271,10 @@ class Simulator:
       is then timed (`round_time_s`, cumulative `sim_time_s`, `system.py`).
     deadline_s: with a profile, the server waits at most this many seconds per round; clients
       that trained but finish later are stragglers, left out of the aggregate.
+    asynchrony: optional `AsyncSpec` (`fedbuff`, `fedasync`): the asynchronous mode
+      (`engine/asynchronous.py`), where `step` is one server step, `clients_per_round` the buffer
+      size K and `asynchrony.concurrency` the clients training at once; it needs a
+      `system_profile`, no deadline, filter or participation rule, and the device store.
   """
 
   def __init__(self, model: Model, data: FederatedDataset, optimizer: OptimizerFactory,
@@ -258,7 +286,8 @@ class Simulator:
                eval_batch_size: int = 512, init_params: Any = None, eval_mask=None,
                nonfinite: str = "stop", store: str = "device", host_rows: str = "auto",
                capacity: Capacity | None = None, server_optimizer: ServerOptimizer | None = None,
-               system_profile: SystemProfile | None = None, deadline_s: float | None = None):
+               system_profile: SystemProfile | None = None, deadline_s: float | None = None,
+               asynchrony: AsyncSpec | None = None):
     n = data.num_clients
     for name, value, accepted in (("store", store, STORES), ("host_rows", host_rows, HOST_ROWS),
                                   ("nonfinite", nonfinite, NONFINITE)):
@@ -305,6 +334,13 @@ class Simulator:
       clock = Clock(system_profile, size, None if deadline_s is None else float(deadline_s))
     elif deadline_s is not None:
       raise ValueError("deadline_s needs a system_profile (the clients' speeds) to time them")
+    if asynchrony is not None:
+      _check_asynchrony(asynchrony, clients_per_round, availability.num_available, clock, filter,
+                        participation, on_host)
+      if selector.sampling_weights is not None:
+        warnings.warn(f"the selector {part_name(selector)!r} reweights the clients it samples; "
+                      "the asynchronous mode aggregates the updates that arrive as a set and "
+                      "ignores those weights", stacklevel=2)
     self.k, self.seed, self.num_clients = clients_per_round, int(seed), n
     self.init_params = init_params
     self.eval_mask = np.ones(n, bool) if eval_mask is None else np.asarray(eval_mask, bool)
@@ -329,7 +365,8 @@ class Simulator:
     self.stream = (aggregator.linear_weights is not None and not selector.reads_local_models
                    and not exclude and not participation.reads_local_models
                    and (clock is None or clock.deadline_s is None)
-                   and (filter is None or not filter.trains_available))
+                   and (filter is None or not filter.trains_available)
+                   and asynchrony is None)
     if selector.sampling_weights is not None and not aggregator.applies_sampling_weights:
       warnings.warn(f"the selector {part_name(selector)!r} reweights the clients it samples, and "
                     f"the aggregator {part_name(aggregator)!r} ignores those weights: it "
@@ -346,7 +383,7 @@ class Simulator:
         max_count=data.train.max_count if self.on_host else self.capacity.max_count,
         eval_batch_size=eval_batch_size, lr_factor=factor, clean_metrics=eval_mask is not None,
         client_sharding=self.client_sharding, server_optimizer=server_optimizer, clock=clock,
-        proximal=bool(local.prox_mu))
+        proximal=bool(local.prox_mu), asynchrony=asynchrony)
     self.keyed = Keyed(program_key(self.config), self.config)
     self.run_values = RunValues(jnp.int32(seed), jnp.float32(base), jnp.float32(local.prox_mu))
     self.placement = HostPlacement(self, host_rows) if self.on_host else DevicePlacement(
@@ -389,7 +426,9 @@ class Simulator:
         aggregator_state=self.aggregator.init(params), filtered=jnp.zeros((n,), bool),
         prev_available=jnp.zeros((n,), bool), costs=Costs.zeros(),
         server_state=(() if self.server_optimizer is None else
-                      self.server_optimizer.transform.init(trainable(self.model, params))))
+                      self.server_optimizer.transform.init(trainable(self.model, params))),
+        inflight=(() if self.config.asynchrony is None else
+                  InFlight.create(self.config.asynchrony.concurrency, params)))
     return self._global(state)
 
   def step(self, state: EngineState) -> tuple[EngineState, dict]:
