@@ -33,6 +33,8 @@ class DatasetSpec(NamedTuple):
     alpha: Dirichlet concentration.
     classes_per_client: k of the `k_classes` partition.
     dominant_fraction: fraction of the dominant class of the `dominant` partition.
+    shards_per_client: shards each client holds under the `shards` partition.
+    size_skew: the `lognormal_sizes` partition's sigma, the `power_law_sizes` one's Pareto shape.
     val_fraction, test_fraction: per-client validation / test shares.
     public_fraction: share of the data given to the server's public set.
     public_mode: "stratified" (a stratified share of the centralized pool, held out before
@@ -55,6 +57,8 @@ class DatasetSpec(NamedTuple):
   alpha: float = 0.5
   classes_per_client: int = 2
   dominant_fraction: float = 0.8
+  shards_per_client: int = 2
+  size_skew: float = 1.0
   val_fraction: float = 0.0
   test_fraction: float = 0.2
   public_fraction: float = 0.0
@@ -260,7 +264,8 @@ def build_dataset(spec: DatasetSpec, seed: int) -> FederatedDataset:
       public = (x[held], y[held])
       x, y = x[kept], y[kept]
     parts = partition(spec.partition, y, spec.num_clients, num_classes, seed,
-                      alpha=spec.alpha, k=spec.classes_per_client, fraction=spec.dominant_fraction)
+                      alpha=spec.alpha, k=spec.classes_per_client, fraction=spec.dominant_fraction,
+                      shards_per_client=spec.shards_per_client, size_skew=spec.size_skew)
     xs, ys = [x[p] for p in parts], [y[p] for p in parts]
     if spec.public_fraction > 0 and spec.public_mode == "per_client":
       xs, ys, public = _pool_fraction(xs, ys, spec.public_fraction, seed + 1)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-PARTITIONS = ("iid", "dirichlet", "uni_class", "dominant", "k_classes")
+PARTITIONS = ("iid", "dirichlet", "uni_class", "dominant", "k_classes", "shards",
+              "inner_dirichlet", "lognormal_sizes", "power_law_sizes")
 
 
 def _check_clients(num_examples: int, num_clients: int) -> None:
@@ -123,8 +124,98 @@ def dominant(y: np.ndarray, num_clients: int, num_classes: int, fraction: float,
   return [np.sort(np.array(m, dtype=np.int64)) for m in mine]
 
 
+def shards(y: np.ndarray, num_clients: int, shards_per_client: int,
+           seed: int) -> list[np.ndarray]:
+  """McMahan et al.'s shards (Flower's `ShardPartitioner`): the pool sorted by label (ties in a
+  seeded random order) is cut into `num_clients * shards_per_client` equal shards (the remainder
+  left out), dealt at random, `shards_per_client` to each client."""
+  _check_clients(len(y), num_clients)
+  total = num_clients * shards_per_client
+  if shards_per_client < 1 or total > len(y):
+    raise ValueError(f"shards_per_client must be in 1..{len(y) // num_clients} ({len(y)} examples "
+                     f"over {num_clients} clients), got {shards_per_client}")
+  rng = np.random.default_rng(seed)
+  perm = rng.permutation(len(y))
+  ordered = perm[np.argsort(y[perm], kind="stable")]
+  size = len(y) // total
+  cut = ordered[:total * size].reshape(total, size)[rng.permutation(total)]
+  return [np.sort(cut[i * shards_per_client:(i + 1) * shards_per_client].ravel())
+          for i in range(num_clients)]
+
+
+def inner_dirichlet(y: np.ndarray, num_clients: int, num_classes: int, alpha: float,
+                    seed: int, sizes: np.ndarray | None = None) -> list[np.ndarray]:
+  """Fixed client sizes, labels drawn per client (Flower's `InnerDirichletPartitioner`): client
+  k draws a class distribution ~ Dirichlet(alpha) and then its `sizes[k]` examples one at a time
+  from it, a class that runs out leaving the distribution (renormalized). Default sizes: the
+  pool in N near-equal parts."""
+  _check_clients(len(y), num_clients)
+  if alpha <= 0:
+    raise ValueError(f"dirichlet alpha must be > 0, got {alpha}")
+  sizes = (np.array([len(a) for a in np.array_split(np.arange(len(y)), num_clients)])
+           if sizes is None else np.asarray(sizes, np.int64))
+  if sizes.shape != (num_clients,) or sizes.min() < 1 or sizes.sum() > len(y):
+    raise ValueError(f"sizes must be {num_clients} counts >= 1 summing to at most {len(y)}, got "
+                     f"{sizes.tolist()[:10]}")
+  rng = np.random.default_rng(seed)
+  pools = [list(rng.permutation(np.flatnonzero(y == c))) for c in range(num_classes)]
+  parts = []
+  for k in range(num_clients):
+    probs = rng.dirichlet(np.full(num_classes, alpha))
+    mine = []
+    for u in rng.random(int(sizes[k])):
+      live = np.array([len(p) > 0 for p in pools])
+      p = np.where(live, probs, 0.0)
+      if p.sum() <= 0:  # The classes this client favours ran out: the others, evenly.
+        p = live.astype(np.float64)
+      c = int(np.searchsorted(np.cumsum(p / p.sum()), u, side="right"))
+      mine.append(pools[min(c, num_classes - 1)].pop())
+    parts.append(np.sort(np.array(mine, dtype=np.int64)))
+  return parts
+
+
+def skewed_sizes(num_examples: int, num_clients: int, distribution: str, skew: float,
+                 rng: np.random.Generator) -> np.ndarray:
+  """N client sizes summing to `num_examples`, each >= 1: proportional to log-normal draws
+  (sigma = `skew`) or to Pareto draws (power law, shape = `skew`: heavier tail when smaller)."""
+  if skew <= 0:
+    raise ValueError(f"size_skew must be > 0, got {skew}")
+  draws = (rng.lognormal(0.0, skew, num_clients) if distribution == "lognormal"
+           else 1.0 + rng.pareto(skew, num_clients))
+  share = draws / draws.sum() * (num_examples - num_clients)
+  sizes = 1 + np.floor(share).astype(np.int64)
+  left = num_examples - sizes.sum()  # Largest remainders first.
+  sizes[np.argsort(-(share - np.floor(share)), kind="stable")[:left]] += 1
+  return sizes
+
+
+def quantity_skew(y: np.ndarray, num_clients: int, distribution: str, skew: float,
+                  seed: int) -> list[np.ndarray]:
+  """IID labels, skewed sizes (`skewed_sizes`): the shuffled pool dealt in those sizes."""
+  _check_clients(len(y), num_clients)
+  rng = np.random.default_rng(seed)
+  sizes = skewed_sizes(len(y), num_clients, distribution, skew, rng)
+  perm = rng.permutation(len(y))
+  return [np.sort(p) for p in np.split(perm, np.cumsum(sizes)[:-1])]
+
+
+def natural_id(groups: np.ndarray) -> list[np.ndarray]:
+  """One client per distinct value of `groups` (a writer, speaker or user id per example;
+  Flower's `NaturalIdPartitioner`), in sorted order of the values.
+
+  Examples:
+    >>> [p.tolist() for p in natural_id(np.array(["b", "a", "b"]))]
+    [[1], [0, 2]]
+  """
+  groups = np.asarray(groups)
+  _, inverse = np.unique(groups, return_inverse=True)
+  order = np.argsort(inverse, kind="stable")
+  return np.split(order.astype(np.int64), np.cumsum(np.bincount(inverse))[:-1])
+
+
 def partition(name: str, y: np.ndarray, num_clients: int, num_classes: int, seed: int, *,
-              alpha: float = 0.5, k: int = 2, fraction: float = 0.8) -> list[np.ndarray]:
+              alpha: float = 0.5, k: int = 2, fraction: float = 0.8,
+              shards_per_client: int = 2, size_skew: float = 1.0) -> list[np.ndarray]:
   """Dispatches to a partitioner by name (one of `PARTITIONS`)."""
   if name == "iid":
     return iid(y, num_clients, seed)
@@ -136,4 +227,11 @@ def partition(name: str, y: np.ndarray, num_clients: int, num_classes: int, seed
     return dominant(y, num_clients, num_classes, fraction, seed)
   if name == "k_classes":
     return k_classes(y, num_clients, num_classes, k, seed)
+  if name == "shards":
+    return shards(y, num_clients, shards_per_client, seed)
+  if name == "inner_dirichlet":
+    return inner_dirichlet(y, num_clients, num_classes, alpha, seed)
+  if name in ("lognormal_sizes", "power_law_sizes"):
+    return quantity_skew(y, num_clients, name.split("_sizes")[0].replace("power_law", "pareto"),
+                         size_skew, seed)
   raise ValueError(f"unknown partition {name!r}; accepted: {', '.join(PARTITIONS)}")
