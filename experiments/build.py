@@ -132,7 +132,59 @@ def part_defaults(cfg: cfglib.JobConfig, given: frozenset) -> cfglib.JobConfig:
                   or (rule.name == "fedalign" and rule.settings.split == "val") for rule in rules)
   if wants_val:
     cfg = cfglib.updated(cfg, given, val_fraction=DEFAULT_VAL_FRACTION)
-  return _required(cfg, given, runs)
+  return _required(asynchronous(cfg, given), given, runs)
+
+
+ASYNC_FIELDS = ("concurrency", "buffer_size", "async_rule", "staleness", "staleness_a",
+                "staleness_b", "async_alpha", "avail_window_s")
+
+
+def asynchronous(cfg: cfglib.JobConfig, given: frozenset) -> cfglib.JobConfig:
+  """The asynchronous mode's flags resolved: K is --buffer_size when given (one K: the selector's
+  and the buffer's), C defaults to 2 K, the clock is turned on (and said) unless chosen; in the
+  synchronous mode an asynchronous flag is refused, naming it."""
+  e = cfg.engine
+  if e.mode == "sync":
+    stray = [f"--{name}" for name in ASYNC_FIELDS if name in given]
+    if stray:
+      raise app.UsageError(f"{', '.join(stray)} set the asynchronous mode's options; add "
+                           "--mode=async (or leave them out)")
+    return cfg
+  if e.buffer_size:
+    if "clients_per_round" in given and e.clients_per_round != e.buffer_size:
+      raise app.UsageError(f"--buffer_size={e.buffer_size} and --clients_per_round="
+                           f"{e.clients_per_round} disagree: in --mode=async the buffer size is K; "
+                           "give one of them")
+    cfg = cfglib.updated(cfg, clients_per_round=e.buffer_size)
+  cfg = cfglib.updated(cfg, buffer_size=cfg.engine.clients_per_round)
+  if not e.concurrency:
+    cfg = cfglib.updated(cfg, concurrency=2 * cfg.engine.clients_per_round)
+  if e.system_profile == "none":
+    if "system_profile" in given:
+      raise app.UsageError("--mode=async needs --system_profile (lognormal or a file): the "
+                           "clients' speeds order their updates")
+    print("note: --mode=async times the clients: --system_profile=lognormal (log-normal speeds "
+          "and bandwidths) is on; set --system_profile to choose others")
+    cfg = cfglib.updated(cfg, system_profile="lognormal")
+  if cfg.engine.deadline_s:
+    raise app.UsageError("--deadline_s is a synchronous round's; --mode=async has none (the "
+                         "server steps when --buffer_size updates arrived)")
+  return cfg
+
+
+def async_spec(cfg: cfglib.JobConfig):
+  """The run's `AsyncSpec` (None in the synchronous mode); a refusal names the flag."""
+  e = cfg.engine
+  if e.mode == "sync":
+    return None
+  try:
+    return fs.async_spec(e.concurrency, e.async_rule, e.staleness, e.staleness_a, e.staleness_b,
+                         e.async_alpha, e.avail_window_s)
+  except ValueError as err:
+    name = str(err).split()[0]
+    flag = {"alpha": "async_alpha", "a": "staleness_a", "b": "staleness_b",
+            "window_s": "avail_window_s", "rule": "async_rule"}.get(name, name)
+    raise app.UsageError(f"--{flag}: {err}") from err
 
 
 def _required(cfg: cfglib.JobConfig, given: frozenset, runs) -> cfglib.JobConfig:
@@ -261,6 +313,12 @@ def check_population(cfg: cfglib.JobConfig) -> None:
   system_profile(cfg)
   server_optimizer(cfg)
   available = availability(cfg).num_available
+  async_spec(cfg)
+  if cfg.engine.mode == "async" and not (cfg.engine.clients_per_round <= cfg.engine.concurrency
+                                         <= available):
+    raise app.UsageError(f"--concurrency={cfg.engine.concurrency} must be in "
+                         f"{cfg.engine.clients_per_round}..{available} (the buffer size K up to "
+                         "the clients available at once)")
   if available < cfg.engine.clients_per_round:
     raise app.UsageError(f"--availability={cfg.parts.availability.name} makes at most {available} "
                          f"clients available at once, fewer than --clients_per_round="
@@ -294,7 +352,8 @@ def dataset_spec(cfg: cfglib.JobConfig, **overrides) -> fs.DatasetSpec:
   spec = fs.DatasetSpec(
       name=chosen.name, num_clients=d.num_clients, partition=d.partition,
       alpha=d.dirichlet_alpha, classes_per_client=d.classes_per_client,
-      dominant_fraction=d.dominant_fraction, val_fraction=d.val_fraction,
+      dominant_fraction=d.dominant_fraction, shards_per_client=d.shards_per_client,
+      size_skew=d.size_skew, val_fraction=d.val_fraction,
       test_fraction=d.test_fraction, public_fraction=d.public_fraction,
       max_examples=d.max_examples, **own)
   return spec._replace(**overrides)
@@ -390,7 +449,8 @@ def engine_options(cfg: cfglib.JobConfig) -> dict:
   """The engine config as `Simulator` arguments."""
   e = cfg.engine
   return {"nonfinite": e.nonfinite, "store": e.store, "server_optimizer": server_optimizer(cfg),
-          "system_profile": system_profile(cfg), "deadline_s": e.deadline_s or None}
+          "system_profile": system_profile(cfg), "deadline_s": e.deadline_s or None,
+          "asynchrony": async_spec(cfg)}
 
 
 def simulator(run: cfglib.JobConfig, data: fs.FederatedDataset, seed: int, *, model=None,

@@ -12,7 +12,8 @@ method, over its seeds (mean +- sample std, n stated; no spread for one seed): t
 the simulated seconds (`sim_time_s`, with `--system_profile`) until it first reaches `--target`
 (the mean over the seeds that did, and how many did). With `--out=PREFIX`: `PREFIX.md` holds the
 table and `PREFIX_<metric>.png` one figure per `--plot_metrics` entry (mean over seeds per method,
-the seeds' range shaded, x in rounds trained).
+the seeds' range shaded, x in rounds trained, or in simulated seconds with `--x=sim_time`, which
+puts asynchronous server steps and synchronous rounds on one axis).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "Prefix of the files to write (PREFIX.md, PREFIX_<metric>.png); "
                     "without it the table is only printed.")
 flags.DEFINE_string("metric", "test_accuracy", "The metric of the table (a key of the records).")
+flags.DEFINE_enum("x", "rounds", ["rounds", "sim_time"], "The figures' x axis: rounds trained "
+                  "(server steps in the asynchronous mode) or simulated seconds (runs with a "
+                  "clock; compares synchronous and asynchronous training).")
 flags.DEFINE_float("target", 0.85, "The value whose first crossing the table reports (rounds and "
                    "simulated seconds to reach it), for a metric where higher is better.")
 flags.DEFINE_integer("last_k", 10, "Rounds of the table's last-k mean, >= 1.", lower_bound=1)
@@ -72,8 +76,32 @@ def table(jobs: dict[str, dict], metric: str, target: float, last_k: int) -> str
 LEGIBLE = 8  # Methods one panel of curves shows legibly.
 
 
-def figure(jobs: dict[str, dict], metric: str, path: str) -> None:
-  """One panel of `metric` per round: every method's mean over seeds, its seeds' range shaded.
+def curves(runs: list[list[dict]], metric: str, x: str) -> tuple[np.ndarray, np.ndarray]:
+  """(x values, `[seeds, x]` values of `metric`): by rounds trained, at the rounds every seed
+  evaluated; by simulated seconds, each seed's curve interpolated (as a step: the last value
+  reached) onto 100 times up to the shortest seed's end."""
+  points = [[(r["round"] + 1, r["cumulative_cost"]["sim_time_s"], r[metric]) for r in recs
+             if metric in r] for recs in runs]
+  if x == "rounds":
+    rounds = sorted(set.intersection(*({p[0] for p in seed} for seed in points)))
+    at = [{p[0]: p[2] for p in seed} for seed in points]
+    return np.array(rounds), np.array([[a[t] for t in rounds] for a in at])
+  if not all(points):
+    return np.array([]), np.array([])
+  end = min(seed[-1][1] for seed in points)
+  grid = np.linspace(min(seed[0][1] for seed in points), end, 100)
+  values = []
+  for seed in points:
+    times = np.array([p[1] for p in seed])
+    index = np.clip(np.searchsorted(times, grid, side="right") - 1, 0, len(seed) - 1)
+    values.append(np.array([p[2] for p in seed])[index])
+  return grid, np.array(values)
+
+
+def figure(jobs: dict[str, dict], metric: str, path: str, x: str = "rounds") -> None:
+  """One panel of `metric` per round (`x="rounds"`) or simulated second (`x="sim_time"`, for
+  asynchronous runs beside synchronous ones): every method's mean over seeds, its seeds' range
+  shaded.
   With more than `LEGIBLE` methods the curves go unshaded and a second panel ranks the methods by
   their final value (mean and sample std over seeds), coloured as their curves, in place of a
   legend."""
@@ -91,19 +119,17 @@ def figure(jobs: dict[str, dict], metric: str, path: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
   finals = []
   for i, (label, runs) in enumerate(named):
-    curves = [{r["round"] + 1: r[metric] for r in recs if metric in r} for recs in runs]
-    rounds = sorted(set.intersection(*(set(c) for c in curves)))
-    if not rounds:
+    xs, values = curves(runs, metric, x)
+    if not len(xs):
       continue
-    values = np.array([[c[t] for t in rounds] for c in curves])
-    line, = ax.plot(rounds, values.mean(0), styles[i % len(styles)], label=label, marker="o",
-                    markevery=max(len(rounds) // 8, 1), markersize=4)
-    if len(curves) > 1 and not many:
-      ax.fill_between(rounds, values.min(0), values.max(0), color=line.get_color(), alpha=0.15)
+    line, = ax.plot(xs, values.mean(0), styles[i % len(styles)], label=label, marker="o",
+                    markevery=max(len(xs) // 8, 1), markersize=4)
+    if len(runs) > 1 and not many:
+      ax.fill_between(xs, values.min(0), values.max(0), color=line.get_color(), alpha=0.15)
     last = values[:, -1]
     finals.append((last.mean(), last.std(ddof=1) if len(last) > 1 else 0.0, label,
                    line.get_color()))
-  ax.set_xlabel("rounds trained")
+  ax.set_xlabel("rounds trained" if x == "rounds" else "simulated seconds")
   ax.set_ylabel(metric.replace("_", " "))
   ax.set_title(f"{metric.replace('_', ' ')}: mean over seeds"
                + ("" if many else ", their range shaded"))
@@ -141,7 +167,7 @@ def main(argv):
       f.write(text + "\n")
     for metric in FLAGS.plot_metrics:
       path = f"{FLAGS.out}_{metric}.{FLAGS.figure_format}"
-      figure(jobs, metric, path)
+      figure(jobs, metric, path, FLAGS.x)
       print(f"figure: {path}")
 
 

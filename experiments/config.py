@@ -39,14 +39,24 @@ def option(default: Any, help: str, *, choices: tuple | None = None,  # pylint: 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-  partition: str = option("dirichlet", "How a centralized pool is split.", choices=PARTITIONS)
+  partition: str = option("dirichlet", "How a centralized pool is split: iid; dirichlet (each "
+                          "class's shares over clients ~ Dir(alpha)); k_classes (k classes each, "
+                          "Flower's pathological); uni_class; dominant; shards (label-sorted "
+                          "shards); inner_dirichlet (equal sizes, each client's classes ~ "
+                          "Dir(alpha)); lognormal_sizes / power_law_sizes (IID labels, skewed "
+                          "sizes: --size_skew).", choices=PARTITIONS)
   num_clients: int = option(50, "Total clients in the population (N), >= 1.", lower=1)
-  dirichlet_alpha: float = option(0.5, "Concentration of the Dirichlet label partition (alpha); "
-                                  "smaller is more skewed, > 0.", lower=1e-6)
+  dirichlet_alpha: float = option(0.5, "Concentration of the dirichlet and inner_dirichlet "
+                                  "partitions (alpha); smaller is more skewed, > 0.", lower=1e-6)
   classes_per_client: int = option(2, "Classes each client holds under --partition=k_classes (k), "
                                    "1..C.", lower=1)
   dominant_fraction: float = option(0.8, "Dominant-class share of the dominant partition.",
                                     lower=0.0, upper=1.0)
+  shards_per_client: int = option(2, "Shards per client under --partition=shards (the pool "
+                                  "sorted by label, cut into N x this many shards).", lower=1)
+  size_skew: float = option(1.0, "Client-size skew: the sigma of --partition=lognormal_sizes, the "
+                            "Pareto shape of --partition=power_law_sizes (smaller: heavier tail); "
+                            "> 0.", lower=0.0)
   test_fraction: float = option(0.2, "Share of each client's examples held out as its test split, "
                                 "in (0, 0.9] (every launcher reports test accuracy; a run without "
                                 "test examples has none to report).", lower=1e-6, upper=0.9)
@@ -110,6 +120,28 @@ class EngineConfig:
   deadline_s: float = option(0.0, "Round deadline in simulated seconds: clients that finish later "
                              "are stragglers, left out of the aggregate (0: no deadline; needs "
                              "--system_profile).", lower=0.0)
+  mode: str = option("sync", "sync: rounds of K clients; async: clients train at once and the "
+                     "server steps when --buffer_size updates arrived on the simulated clock "
+                     "(FedBuff, FedAsync; --rounds counts server steps; needs --system_profile).",
+                     choices=("sync", "async"))
+  concurrency: int = option(0, "async: clients training at once, C (0: twice the buffer size).",
+                            lower=0)
+  buffer_size: int = option(0, "async: updates per server step, K (0: --clients_per_round; the "
+                            "selector picks K per call).", lower=0)
+  async_rule: str = option("fedbuff", "async: fedbuff (staleness-weighted deltas, aggregated) or "
+                           "fedasync (the aggregate mixed in with --async_alpha * s(staleness)).",
+                           choices=("fedbuff", "fedasync"))
+  staleness: str = option("polynomial", "async: staleness weight s(tau): constant (1), polynomial "
+                          "((1 + tau)^-a; FedBuff's 1/sqrt(1 + tau) at a = 0.5) or hinge (1 up to "
+                          "b, then 1 / (a (tau - b) + 1)).",
+                          choices=("constant", "polynomial", "hinge"))
+  staleness_a: float = option(0.5, "async: the staleness function's a (>= 0).", lower=0.0)
+  staleness_b: float = option(4.0, "async: the hinge staleness function's b (>= 0).", lower=0.0)
+  async_alpha: float = option(0.6, "async, fedasync: the mixing weight alpha, in (0, 1].",
+                              lower=0.0, upper=1.0)
+  avail_window_s: float = option(1.0, "async: simulated seconds per availability index (a client "
+                                 "is available at time T when the availability model has it at "
+                                 "round floor(T / window)).", lower=0.0)
   nonfinite: str = option("stop", "When a model or loss is not finite: stop the run naming the "
                           "round, or exclude the diverged client updates from aggregation and "
                           "count them (nonfinite_clients).", choices=("stop", "exclude"))

@@ -41,6 +41,7 @@ flag_binding.define(DEFAULTS, choose=registry.KINDS, sweepable=SWEEPABLE)
 
 AGGREGATION = {"fedavg": "FedAvg", "median": "Median", "trimmed_mean": "Trimmed mean",
                "krum": "Krum", "multi_krum": "Multi-Krum", "fedasl": "FedASL"}
+ASYNC = {"fedbuff": "FedBuff", "fedasync": "FedAsync"}
 SERVER = {"sgd": "server SGD", "momentum": "FedAvgM", "adam": "FedAdam", "yogi": "FedYogi",
           "adagrad": "FedAdagrad"}
 
@@ -48,7 +49,8 @@ SERVER = {"sgd": "server SGD", "momentum": "FedAvgM", "adam": "FedAdam", "yogi":
 def label(cfg: config.JobConfig) -> str:
   """The method's name from what it runs: its aggregation (FedAvg, Krum, ...; FedAdam etc. with a
   server optimizer; FedProx local training), then its selector, filter and rule when not the
-  plain ones, e.g. "Krum + entropy + fedsrc"."""
+  plain ones, e.g. "Krum + entropy + fedsrc"; in the asynchronous mode its rule, C, K and
+  staleness function first, e.g. "FedBuff C=20 K=10 polynomial + oort"."""
   p = cfg.parts
   agg = p.aggregator.name
   if p.server_optimizer is not None and agg == "fedavg":
@@ -59,6 +61,10 @@ def label(cfg: config.JobConfig) -> str:
       head += f" ({SERVER.get(p.server_optimizer.name, p.server_optimizer.name)})"
   if cfg.local.prox_mu:
     head = "FedProx" if head == "FedAvg" else f"{head} + FedProx"
+  if cfg.engine.mode == "async":
+    e = cfg.engine
+    rule = ASYNC[e.async_rule] + ("" if head == "FedAvg" else f" ({head})")
+    head = f"{rule} C={e.concurrency} K={e.buffer_size} {e.staleness}"
   rest = [q.name for q in (p.selector, p.filter, p.rule) if q is not None and q.name != "random"]
   if p.availability.name != "uniform":
     rest.append(f"{p.availability.name} availability")

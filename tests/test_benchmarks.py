@@ -20,6 +20,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     pytest.param("filter_throughput", {"model", "n", "m", "dgf_s", "rgf_s", "limit_s",
                                        "host_loop_s"}, "opt", marks=pytest.mark.slow),
     ("selector_throughput", {"selector", "N", "K", "ms", "selections_per_s"}, "rounds"),
+    pytest.param("async_throughput", {"model", "N", "what", "ms", "per_s", "runs_ms"}, "machine",
+                 marks=pytest.mark.slow),
     pytest.param("population_scaling", {"selector", "store", "N", "round_ms", "peak_rss_mb",
                                         "device_data_mb"}, "machine", marks=pytest.mark.slow),
     pytest.param("population_scaling --sweep=k", {"selector", "store", "K", "round_ms"}, "machine",

@@ -131,6 +131,12 @@ BAD_FLAGS = [  # (launcher, flags, what the message must name)
     ("run", ["--clients_per_round=30", "--num_available=25"], "--clients_per_round"),
     ("run", ["--lr=-0.1"], "--lr"),
     ("run", ["--test_fraction=0"], "--test_fraction"),  # No test accuracy to report (issue 37).
+    ("run", ["--concurrency=5"], "--mode=async"),  # An asynchronous flag in the synchronous mode.
+    ("run", ["--mode=async", "--system_profile=none"], "--system_profile"),
+    ("run", ["--mode=async", "--system_profile=lognormal", "--deadline_s=1"], "--deadline_s"),
+    ("run", ["--mode=async", "--concurrency=30", "--num_available=25"], "--concurrency"),
+    ("run", ["--mode=async", "--buffer_size=4", "--clients_per_round=5"], "--buffer_size"),
+    ("run", ["--mode=async", "--async_alpha=0"], "--async_alpha"),
     ("run", ["--partition=k_classes", "--classes_per_client=12"], "classes_per_client"),
     ("run", ["--partition=uni_class", "--num_clients=1700", "--num_available=30"], "--num_clients"),
     ("run", ["--dataset=fashion_mnist", "--data_dir=/nonexistent"], "--data_dir"),
@@ -210,6 +216,14 @@ COMPOSE_CASES = (
        ["--system_profile=lognormal", "--deadline_s=2"],
        ["--selector=oort", "--system_profile=lognormal", "--rule=fedsrc", "--aggregator=median",
         "--server_opt=adam"]])
+# The asynchronous mode with every selector, FedAsync with a robust aggregator and a server
+# optimizer, FedBuff's seeds batched.
+ASYNC_CASES = (
+    [["--mode=async", f"--selector={s}", *SELECTION_EXTRA.get(s, ())]
+     for s in ("random", "poc", "divfl", "entropy", "grad_norm", "oort", *SELECTION_METHODS)]
+    + [["--mode=async", "--async_rule=fedasync", "--buffer_size=1", "--staleness=hinge",
+        "--aggregator=median", "--server_opt=adam"],
+       ["--mode=async", "--aggregator=krum", "--staleness=constant", "--seeds=0,1"]])
 SLOW_COMPOSE_CASES = [  # Wider combinations: pytest -m slow.
     ["--filter=dgf", "--selector=divfl", "--rule=fedalign", "--server_opt=yogi"],
     ["--selector=entropy", "--rule=fedsrc", "--aggregator=krum", "--availability=diurnal",
@@ -241,6 +255,14 @@ def _compose(tmp_path, cases):
 def test_run_composes_every_part(tmp_path):
   assert len(COMPOSE_CASES) >= 25
   _compose(tmp_path, COMPOSE_CASES)
+
+
+def test_async_mode_composes_with_every_selector(tmp_path):
+  _compose(tmp_path, ASYNC_CASES)
+  for i, case in enumerate(ASYNC_CASES):
+    last = records(tmp_path / f"c{i}" / "seed0" / "metrics.jsonl")[-1]
+    assert {"staleness_mean", "staleness_max", "dropped", "concurrency", "sim_time_s"} <= set(
+        last), case
 
 
 @pytest.mark.slow
