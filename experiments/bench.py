@@ -43,6 +43,8 @@ flags.DEFINE_string("scenarios_file", SCENARIOS_FILE, "The benchmark's scenarios
                     "common flags, quick flags, a target accuracy and named scenarios.")
 flags.DEFINE_bool("quick", False, "Tiny jobs of two rounds (the suite's and CI's smoke run).")
 flags.DEFINE_integer("last_k", 10, "Evaluated rounds of the last-k mean, >= 1.")
+flags.DEFINE_float("job_timeout_s", 1800.0, "Wall seconds after which a job's process is taken "
+                   "as hung: killed and resumed from its checkpoint once.")
 
 COLUMNS = ("scenario", "selector", "seeds", "final_acc", "last_k_acc", "rounds_to_target",
            "sim_s_to_target", "worst10_client_acc", "jain", "selection_samples", "stragglers")
@@ -66,9 +68,10 @@ def load_scenarios(path: str) -> dict:
 TIMING_FILE = "timing.json"
 
 
-def run_job(folder: str, flags_: list[str]) -> list[dict]:
+def run_job(folder: str, flags_: list[str], timeout_s: float = 1800.0) -> list[dict]:
   """One `experiments.run` job into `folder`, under `benchmarks.timed_launch`: read again when it
   finished, resumed when it was stopped, started otherwise; its output is the job's `bench.log`.
+  A process that runs past `timeout_s` (a hang) is killed and the job resumed once.
 
   Returns:
     The timings of the processes that trained its rounds (`<folder>/timing.json`, one entry per
@@ -76,13 +79,24 @@ def run_job(folder: str, flags_: list[str]) -> list[dict]:
     done adds none).
   """
   os.makedirs(folder, exist_ok=True)
-  started = os.path.exists(os.path.join(folder, "job.json"))
   fresh = os.path.join(folder, "timing.new.json")
-  args = [sys.executable, "-m", "benchmarks.timed_launch", fresh, "experiments.run", *flags_,
-          f"--out_dir={folder}"]
-  args += ["--resume"] if started else []
-  with open(os.path.join(folder, "bench.log"), "a", encoding="utf-8") as log:
-    proc = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, check=False)
+  for attempt in range(2):
+    started = os.path.exists(os.path.join(folder, "job.json"))
+    args = [sys.executable, "-m", "benchmarks.timed_launch", fresh, "experiments.run", *flags_,
+            f"--out_dir={folder}"]
+    args += ["--resume"] if started else []
+    with open(os.path.join(folder, "bench.log"), "a", encoding="utf-8") as log:
+      try:
+        proc = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, check=False,
+                              timeout=timeout_s)
+        break
+      except subprocess.TimeoutExpired:  # Killed; its checkpoint stays, the retry resumes it.
+        print(f"   {folder}: no end after {timeout_s:.0f} s, killed"
+              + ("; resuming it" if attempt == 0 else ""), flush=True)
+  else:
+    raise app.UsageError(f"{folder}: the job did not end in {timeout_s:.0f} s twice "
+                         f"(--job_timeout_s); its output is in "
+                         f"{os.path.join(folder, 'bench.log')}")
   if proc.returncode:
     raise app.UsageError(f"{' '.join(args[4:])} failed (exit {proc.returncode}); its output is "
                          f"in {os.path.join(folder, 'bench.log')}")
@@ -314,7 +328,8 @@ def main(argv):
       folder = os.path.join(FLAGS.out_dir, scenario, selector.replace(":", "_"))
       print(f"== {scenario} / {selector}", flush=True)
       timings[scenario, selector] = run_job(
-          folder, [*common, *spec["scenarios"][scenario], f"--selector={selector}"])
+          folder, [*common, *spec["scenarios"][scenario], f"--selector={selector}"],
+          FLAGS.job_timeout_s)
       runs = [r for method in report.read_job(folder).values() for r in method]
       jobs[scenario, selector] = runs
       rows.append(row(scenario, selector, runs, spec["target"], FLAGS.last_k))

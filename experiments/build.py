@@ -25,7 +25,7 @@ from absl import app
 import fedjax_sel as fs
 from experiments import config as cfglib
 from fedjax_sel import registry
-from fedjax_sel.data import sources
+from fedjax_sel.data import fedscale_traces, federated_sqlite, sources
 from fedjax_sel.data.builders import source
 from fedjax_sel.data.store import STORE_FILE
 from fedjax_sel.data.corruption import KINDS as CORRUPTION_KINDS
@@ -132,7 +132,14 @@ def part_defaults(cfg: cfglib.JobConfig, given: frozenset) -> cfglib.JobConfig:
                   or (rule.name == "fedalign" and rule.settings.split == "val") for rule in rules)
   if wants_val:
     cfg = cfglib.updated(cfg, given, val_fraction=DEFAULT_VAL_FRACTION)
+  if cfg.parts.dataset.name in PUBLISHED_SPLITS and "test_fraction" in given:
+    raise app.UsageError(f"--test_fraction: --dataset={cfg.parts.dataset.name} has its published "
+                         "per-client test split, which the runs use; leave --test_fraction out")
   return _required(asynchronous(cfg, given), given, runs)
+
+
+FEDSCALE = "fedscale:"  # --system_profile=fedscale:FILE reads FedScale's device capacity pickle.
+PUBLISHED_SPLITS = ("emnist", "shakespeare", "cifar100_fed")  # Datasets with their own test split.
 
 
 ASYNC_FIELDS = ("concurrency", "buffer_size", "async_rule", "staleness", "staleness_a",
@@ -299,10 +306,15 @@ def system_profile(cfg: cfglib.JobConfig):
     if e.system_profile == "lognormal":
       return system.lognormal_profiles(cfg.data.num_clients, 0, e.speed_median, e.speed_sigma,
                                        e.bandwidth_median, e.bandwidth_sigma)
-    if not os.path.isfile(e.system_profile):
-      raise ValueError(f"{e.system_profile}: no such file (accepted: none, lognormal or a "
-                       "CSV file client,speed,bandwidth)")
-    return system.read_profiles(e.system_profile, cfg.data.num_clients)
+    fedscale = e.system_profile.startswith(FEDSCALE)
+    path = e.system_profile.removeprefix(FEDSCALE)
+    if not os.path.isfile(path):
+      raise ValueError(f"{path}: no such file (accepted: none, lognormal, a CSV file "
+                       "client,speed,bandwidth, or fedscale:FILE, FedScale's "
+                       "client_device_capacity)")
+    if fedscale:
+      return fedscale_traces.device_profile(path, cfg.data.num_clients)
+    return system.read_profiles(path, cfg.data.num_clients)
   except ValueError as err:
     raise app.UsageError(f"--system_profile={e.system_profile}: {err}") from err
 
@@ -405,7 +417,8 @@ def model_for(cfg: cfglib.JobConfig, data: fs.FederatedDataset) -> fs.Model:
   """The chosen model for `data`'s inputs (a model that does not fit them is refused)."""
   chosen = cfg.parts.model
   # Character windows: 1-D rows of vocabulary indices labelled over the LEAF vocabulary.
-  text = len(data.feature_shape) == 1 and data.num_classes == sources.VOCAB_SIZE
+  text = len(data.feature_shape) == 1 and data.num_classes in (sources.VOCAB_SIZE,
+                                                                federated_sqlite.SHAKESPEARE_VOCAB)
   if chosen.name in fs.MODELS and not model_accepts(chosen.name, data.feature_shape, text):
     kind = "character windows" if text else f"features of shape {data.feature_shape}"
     raise app.UsageError(f"--model={chosen.name} does not fit --dataset="

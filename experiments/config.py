@@ -108,9 +108,11 @@ class EngineConfig:
                                   lower=1)
   system_profile: str = option("none", "Clients' speeds and bandwidths for the simulated clock: "
                                "none (rounds take no time), lognormal (drawn around --speed_median "
-                               "and --bandwidth_median, the same population for every seed), or a "
-                               "CSV file with the header client,speed,bandwidth. Rounds then "
-                               "report round_time_s and sim_time_s.")
+                               "and --bandwidth_median, the same population for every seed), a "
+                               "CSV file with the header client,speed,bandwidth, or "
+                               "fedscale:FILE (FedScale's client_device_capacity pickle, clients "
+                               "drawn onto its devices). Rounds then report round_time_s and "
+                               "sim_time_s.")
   speed_median: float = option(100.0, "lognormal profile: median compute speed, training samples "
                                "per second (> 0).")
   speed_sigma: float = option(0.8, "lognormal profile: sigma of log speed (>= 0).")
@@ -395,6 +397,18 @@ def fingerprint(cfg: JobConfig) -> dict:
     out.update({f.name: _plain(getattr(cfg.options, f.name))
                 for f in dataclasses.fields(cfg.options) if f.metadata.get("result", True)})
   return out
+
+
+def fingerprint_defaults(cfg: JobConfig) -> dict:
+  """`fingerprint` of `cfg` with every section field and every chosen part's settings at their
+  defaults: what a setting added after a run started stood for (`checkpoint.load`)."""
+  fresh = {section: cls() for section, cls in SECTIONS.items()}
+  parts = {kind: None if p is None else dataclasses.replace(p, settings=type(p.settings)())
+           for kind in registry.KINDS for p in [getattr(cfg.parts, kind)]}
+  options = None if cfg.options is None else type(cfg.options)()
+  return fingerprint(dataclasses.replace(cfg, **fresh, parts=dataclasses.replace(cfg.parts,
+                                                                                 **parts),
+                                         options=options))
 
 
 def to_dict(cfg: JobConfig) -> dict:

@@ -26,7 +26,7 @@ from absl import app
 import fedjax_sel as fs
 from experiments import config as cfglib
 from fedjax_sel.host import folder_lock
-from fedjax_sel.host.checkpoint import CheckpointError, WriteError, write_atomic
+from fedjax_sel.host.checkpoint import DEFAULTS, CheckpointError, WriteError, write_atomic
 from fedjax_sel.host.checkpoint import previous as checkpoint_previous
 from fedjax_sel.host.runner import CHECKPOINT_FILE, NonFiniteError, OneRun
 from fedjax_sel.models import CONV_MODELS, resolve_conv_impl
@@ -68,6 +68,7 @@ def settings(run: cfglib.JobConfig) -> dict:
   out = cfglib.fingerprint(run)
   if out.get("part_model") in CONV_MODELS and out.get("conv_impl") == "auto":
     out["conv_impl"] = resolve_conv_impl("auto")
+  out[DEFAULTS] = cfglib.fingerprint_defaults(run)
   return out
 
 

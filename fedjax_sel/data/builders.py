@@ -15,11 +15,12 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fedjax_sel import registry
-from fedjax_sel.data import sources
+from fedjax_sel.data import federated_sqlite, sources
 from fedjax_sel.data.federated import FederatedDataset, split_clients
 from fedjax_sel.data.partition import PARTITIONS, partition
 
-DATASETS = ("digits", "fashion_mnist", "synth", "leaf", "tfds")  # The registered ones built in.
+DATASETS = ("digits", "fashion_mnist", "synth", "leaf", "tfds", "emnist", "shakespeare",
+            "cifar100_fed")  # The registered ones built in.
 PUBLIC_MODES = ("stratified", "per_client")
 
 
@@ -34,6 +35,8 @@ class DatasetSpec(NamedTuple):
     classes_per_client: k of the `k_classes` partition.
     dominant_fraction: fraction of the dominant class of the `dominant` partition.
     shards_per_client: shards each client holds under the `shards` partition.
+    emnist_only_digits: `emnist` reads fedjax's digits-only files (10 classes).
+    download: `emnist` and `shakespeare` fetch their published files into `data_dir` when absent.
     size_skew: the `lognormal_sizes` partition's sigma, the `power_law_sizes` one's Pareto shape.
     val_fraction, test_fraction: per-client validation / test shares.
     public_fraction: share of the data given to the server's public set.
@@ -59,6 +62,8 @@ class DatasetSpec(NamedTuple):
   dominant_fraction: float = 0.8
   shards_per_client: int = 2
   size_skew: float = 1.0
+  emnist_only_digits: bool = False
+  download: bool = False
   val_fraction: float = 0.0
   test_fraction: float = 0.2
   public_fraction: float = 0.0
@@ -227,6 +232,57 @@ def _leaf(settings: LeafSettings, context: registry.BuildContext) -> NamedDatase
   return NamedDataset(load, federated=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class SqliteSettings:
+  data_dir: str = _data_dir_setting()
+  download: bool = registry.setting(False, "Fetch the dataset's published files into --data_dir "
+                                    "when they are not there (emnist, shakespeare; never "
+                                    "otherwise).", flag="download")
+
+
+@dataclasses.dataclass(frozen=True)
+class EmnistSettings(SqliteSettings):
+  emnist_only_digits: bool = registry.setting(False, "--dataset=emnist: fedjax's digits-only "
+                                              "files (10 classes).", flag="emnist_only_digits")
+
+
+def _sqlite(name: str, settings) -> NamedDataset:
+  """fedjax's federated SQLite files of `name` (`federated_sqlite.py`); the generic data dir
+  default means fedjax's own cache, ~/.cache/fedjax."""
+  folder = (federated_sqlite.DEFAULT_DIR if settings.data_dir == sources.FASHION_MNIST_DIR
+            else settings.data_dir)
+  digits = getattr(settings, "emnist_only_digits", False)
+
+  def load(spec, seed):
+    del seed
+    if settings.download:
+      federated_sqlite.download(name, folder, digits)
+    return federated_sqlite.load(name, folder, spec.num_clients, digits)
+  return NamedDataset(load, federated=True)
+
+
+@registry.register("dataset", "emnist", EmnistSettings)
+def _emnist(settings: EmnistSettings, context: registry.BuildContext) -> NamedDataset:
+  """Federated EMNIST (3,400 writers; fedjax's SQLite files), its published test split."""
+  del context
+  return _sqlite("emnist", settings)
+
+
+@registry.register("dataset", "shakespeare", SqliteSettings)
+def _shakespeare(settings: SqliteSettings, context: registry.BuildContext) -> NamedDataset:
+  """Shakespeare's speakers (fedjax's SQLite files), windows of 80 characters, its published test
+  split."""
+  del context
+  return _sqlite("shakespeare", settings)
+
+
+@registry.register("dataset", "cifar100_fed", SqliteSettings)
+def _cifar100(settings: SqliteSettings, context: registry.BuildContext) -> NamedDataset:
+  """CIFAR-100 in 500 clients (TFF's split, as fedjax converts it to SQLite)."""
+  del context
+  return _sqlite("cifar100_fed", settings)
+
+
 def source(spec: DatasetSpec, seed: int = 0) -> NamedDataset:
   """The loader of the dataset `spec.name` names (registered, `module:name` included), its
   settings read from the `DatasetSpec` fields of the same names."""
@@ -252,8 +308,12 @@ def build_dataset(spec: DatasetSpec, seed: int) -> FederatedDataset:
   check_spec(spec)
   public = None
   named = source(spec, seed)
+  tests = None
   if named.federated:
-    xs, ys, num_classes = named.load(spec, seed)
+    loaded = named.load(spec, seed)
+    xs, ys, num_classes = loaded[:3]
+    if isinstance(loaded, federated_sqlite.Published):
+      tests = (loaded.test_xs, loaded.test_ys)
     if spec.public_fraction > 0:
       xs, ys, public = _pool_fraction(xs, ys, spec.public_fraction, seed + 1)
   else:
@@ -277,4 +337,5 @@ def build_dataset(spec: DatasetSpec, seed: int) -> FederatedDataset:
     public = (public[0][keep], public[1][keep])
   name = spec.name if named.federated else f"{spec.name}/{spec.partition}"
   return split_clients(xs, ys, num_classes=num_classes, val_fraction=spec.val_fraction,
-                       test_fraction=spec.test_fraction, seed=seed + 2, public=public, name=name)
+                       test_fraction=0.0 if tests is not None else spec.test_fraction,
+                       seed=seed + 2, public=public, name=name, tests=tests)

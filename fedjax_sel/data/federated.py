@@ -119,12 +119,16 @@ def split_clients(
     seed: int,
     public: tuple[np.ndarray, np.ndarray] | None = None,
     name: str = "federated",
+    tests: tuple[Sequence[np.ndarray], Sequence[np.ndarray]] | None = None,
 ) -> FederatedDataset:
   """Splits each client's examples into train / validation / test (shuffled, seeded).
 
   Each client keeps at least one training example; validation and test take
-  `round(fraction * n_k)` of the rest.
+  `round(fraction * n_k)` of the rest. `tests`, a published per-client test split `(xs, ys)`,
+  is the test pool instead (`test_fraction` must then be 0).
   """
+  if tests is not None and test_fraction:
+    raise ValueError(f"test_fraction must be 0 with a published test split, got {test_fraction}")
   for flag, frac in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
     if not 0.0 <= frac < 1.0:
       raise ValueError(f"{flag} must be in [0, 1), got {frac}")
@@ -149,6 +153,8 @@ def split_clients(
     for split, idx in cuts.items():
       parts[split][0].append(np.asarray(x)[idx])
       parts[split][1].append(np.asarray(y)[idx])
+  if tests is not None:
+    parts["test"] = (list(tests[0]), list(tests[1]))
   pools = {k: ClientPool.from_client_arrays(*v) for k, v in parts.items()}
   feat = pools["train"].x.shape[1:]
   px, py = public if public is not None else (np.zeros((0, *feat), np.float32),

@@ -118,6 +118,9 @@ def load(path: str, template: Any, fingerprint: dict | None = None) -> tuple[Any
     fingerprint: when given, the run's current fingerprint: a checkpoint of another run is refused
       naming the settings that differ, before its structure is compared (a changed setting such
       as the number of clients also changes the state's shapes; the setting is the better news).
+      Its entry `DEFAULTS` ({setting: default value}) lets a setting that one side lacks (added
+      to the library after the run started, or removed since) match the other side's value
+      when that is the setting's default.
 
   Returns:
     (state as numpy arrays in `template`'s tree structure, the fingerprint dict).
@@ -129,9 +132,18 @@ def load(path: str, template: Any, fingerprint: dict | None = None) -> tuple[Any
   """
   stored, found = _read(path)
   if fingerprint is not None:
+    defaults = fingerprint.get(DEFAULTS, {})
+    absent = object()
+
+    def same(key) -> bool:  # A setting one side lacks matches the other side at its default.
+      a, b = found.get(key, absent), fingerprint.get(key, absent)
+      if a is absent or b is absent:
+        value = b if a is absent else a
+        return key in defaults and _normal(value) == _normal(defaults[key])
+      return _normal(a) == _normal(b)
+
     changed = [(k, found.get(k, "(absent)"), fingerprint.get(k, "(absent)"))
-               for k in sorted(set(found) | set(fingerprint))
-               if _normal(found.get(k)) != _normal(fingerprint.get(k))]
+               for k in sorted((set(found) | set(fingerprint)) - {DEFAULTS}) if not same(k)]
     if changed:
       raise CheckpointError(f"cannot resume {path}: the run was started with other settings "
                             "(checkpoint -> now): " + "; ".join(f"{k}: {a!r} -> {b!r}"
@@ -174,6 +186,9 @@ def _read(path: str) -> tuple[dict, dict]:
   except Exception as e:  # A payload with the right checksum but another layout.
     raise CheckpointError(f"{path} does not hold a fedjax_sel state ({e})") from e
   return stored, fingerprint
+
+
+DEFAULTS = "defaults"  # A fingerprint's {setting: default value}, not compared itself.
 
 
 def _normal(value):

@@ -33,6 +33,7 @@ import numpy as np
 
 from fedjax_sel import keys as keylib
 from fedjax_sel import registry
+from fedjax_sel.data import fedscale_traces
 
 
 class Availability(NamedTuple):
@@ -375,6 +376,9 @@ def _diurnal(settings: DiurnalSettings, context: registry.BuildContext) -> Avail
                               settings.amplitude, _capacity(settings.capacity))
 
 
+FEDSCALE = "fedscale:"  # --avail_trace=fedscale:FILE reads FedScale's client behaviour pickle.
+
+
 @dataclasses.dataclass(frozen=True)
 class TraceSettings:
   """A recorded availability trace."""
@@ -382,13 +386,19 @@ class TraceSettings:
   path: str | None = registry.setting(None, "trace model: a CSV (header client,start,end: client "
                                       "available in rounds start <= t < end) or JSON "
                                       "({\"available\": {\"<client>\": [[start, end], ...]}, "
-                                      "\"rounds\": T}) file; cycled past its end.",
+                                      "\"rounds\": T}) file, or fedscale:FILE (FedScale's "
+                                      "client_behave_trace pickle); cycled past its end.",
                                       flag="avail_trace")
   capacity: int = _capacity_setting()
+  round_s: float = registry.setting(60.0, "trace model, fedscale:FILE: the trace's seconds per "
+                                    "round (in --mode=async give --avail_window_s the same value).",
+                                    flag="avail_trace_round_s")
 
   def check(self, context: registry.BuildContext) -> None:
     if self.path is None:
       raise registry.SettingError("path", "=FILE is needed: the recorded trace to read")
+    if not self.round_s > 0:
+      raise registry.SettingError("round_s", f"must be > 0 seconds, got {self.round_s}")
     _capacity_check(self.capacity, context)
 
 
@@ -396,6 +406,12 @@ class TraceSettings:
 def _trace(settings: TraceSettings, context: registry.BuildContext) -> Availability:
   """Clients available as a recorded trace says (cycled past its end)."""
   try:
+    if settings.path.startswith(FEDSCALE):
+      path = settings.path.removeprefix(FEDSCALE)
+      if not os.path.isfile(path):
+        raise FileNotFoundError(f"availability trace {path}: no such file")
+      table = fedscale_traces.availability_table(path, context.num_clients, settings.round_s)
+      return trace_availability(table, _capacity(settings.capacity))
     return load_trace_availability(settings.path, context.num_clients,
                                    _capacity(settings.capacity))
   except (ValueError, FileNotFoundError) as e:

@@ -1,0 +1,348 @@
+"""fedjax's federated SQLite files (EMNIST, Shakespeare, CIFAR-100), read as published.
+
+Each split is one SQLite file with the table `federated_data(client_id BLOB, data BLOB,
+num_examples INTEGER)`, a row per client: `data` is the zlib-compressed msgpack map of the
+client's arrays by feature name, each array a msgpack extension (type 1: `[shape, dtype name,
+C-order bytes]`; type 3: a NumPy scalar the same way; type 4: an array of byte strings as
+`[shape, [bytes, ...]]`). The files keep fedjax's names, so a fedjax cache (`~/.cache/fedjax`,
+the default data dir) is read as it is:
+
+- `emnist`: federated_emnist_{train,test}.sqlite (`--emnist_only_digits`: the
+  federated_emnist_digitsonly_ files), features pixels [n, 28, 28] float32 (1 = background) and
+  label [n]; x = 1 - pixels as [28, 28, 1] (ink = 1, as fedjax feeds its models), 62 classes (10).
+- `shakespeare`: shakespeare_{train,test}.sqlite, feature snippets [n] (byte strings); windows
+  of 80 of fedjax's 90 character ids, each labelled with the id that follows it
+  (`shakespeare_windows`).
+- `cifar100_fed`: federated_cifar100_{train,test}.sqlite, features image [n, 32, 32, 3] uint8,
+  label [n], coarse_label [n]; x = (image / 255 - mean) / std per channel (fedjax's constants,
+  no augmentation), 100 classes.
+
+Train and test hold the same client ids for EMNIST and Shakespeare (each client's published test
+split is its test pool; a test client unknown to the train file is refused). CIFAR-100's 100 test
+clients are other clients than its 500 train clients: test client `k mod 100` is train client k's
+test pool, so the pooled test accuracy is the published test set's (each test example counted five
+times) and per-client test accuracy is not a client's own.
+
+Nothing is fetched unless asked: `download(name, folder)` (the launchers' `--download`) fetches
+the published files, checks each against its SHA-256 where one is published (fedjax publishes
+none for EMNIST and Shakespeare: their structure is checked instead, and the digest printed), and
+moves it in place only then.
+
+Examples:
+  >>> import zlib, msgpack
+  >>> blob = zlib.compress(msgpack.packb({"label": encode_array(np.arange(3, dtype=np.int32))}))
+  >>> decode_blob(blob, "f.sqlite", b"c0")["label"].tolist()
+  [0, 1, 2]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import urllib.request
+import zlib
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import msgpack
+import numpy as np
+
+TABLE = "federated_data"
+COLUMNS = ("client_id", "data", "num_examples")
+EXT_ARRAY, EXT_SCALAR, EXT_BYTES_ARRAY = 1, 3, 4
+DEFAULT_DIR = os.path.join(os.path.expanduser("~"), ".cache", "fedjax")
+BASE_URL = "https://storage.googleapis.com/gresearch/fedjax"
+
+# Shakespeare, as fedjax tokenizes it: byte `TABLE[i]` is id 3 + i; 0 pads, 1 begins and 2 ends a
+# snippet; any other byte is the out-of-vocabulary id 89.
+SHAKESPEARE_BYTES = (b"dhlptx@DHLPTX $(,048cgkoswCGKOSW[_#'/37;?bfjnrvzBFJNRVZ\"&*.26:\n"
+                     b"aeimquyAEIMQUY]!%)-159\r")
+PAD, BOS, EOS = 0, 1, 2
+OOV = 3 + len(SHAKESPEARE_BYTES)
+SHAKESPEARE_VOCAB = OOV + 1
+SEQUENCE = 80
+CIFAR_MEAN = np.array([0.4914, 0.4822, 0.4465], np.float32)
+CIFAR_STD = np.array([0.2023, 0.1994, 0.2010], np.float32)
+
+
+class Published(NamedTuple):
+  """A natively federated dataset with its published per-client test split."""
+
+  xs: list
+  ys: list
+  num_classes: int
+  test_xs: list
+  test_ys: list
+
+
+def files(name: str, only_digits: bool = False) -> tuple[str, str]:
+  """The published (train, test) file names of dataset `name`."""
+  if name == "emnist":
+    stem = "federated_emnist_digitsonly" if only_digits else "federated_emnist"
+    return f"{stem}_train.sqlite", f"{stem}_test.sqlite"
+  if name == "shakespeare":
+    return "shakespeare_train.sqlite", "shakespeare_test.sqlite"
+  if name == "cifar100_fed":
+    return "federated_cifar100_train.sqlite", "federated_cifar100_test.sqlite"
+  raise ValueError(f"unknown federated SQLite dataset {name!r}; accepted: emnist, shakespeare, "
+                   "cifar100_fed")
+
+
+def url(name: str, filename: str) -> str:
+  """Where fedjax publishes `filename` (CIFAR-100 is converted by fedjax from TFF's file and has
+  no published SQLite file of its own)."""
+  if name == "cifar100_fed":
+    raise ValueError("cifar100_fed has no published SQLite file: fedjax converts TFF's "
+                     "cifar100.sqlite.lzma on first use; run fedjax.datasets.cifar100.load_data() "
+                     f"once where fedjax is installed and copy {filename} from ~/.cache/fedjax")
+  return f"{BASE_URL}/{name}/{filename}"
+
+
+# Published SHA-256 digests (none for fedjax's EMNIST and Shakespeare files).
+CHECKSUMS = {
+    "federated_cifar100_train.sqlite":
+        "a4dc2f4ac4c9b6e7bd5234a1b568389384c00c903dcd34001c3cf50a4a81c713",
+    "federated_cifar100_test.sqlite":
+        "74416c6ee8f41b1086f0e0e3c5289ac6df5a641100df48e8b583411a55de891f",
+}
+
+
+# --- The blobs ----------------------------------------------------------------------------------
+
+def encode_array(a: np.ndarray) -> msgpack.ExtType:
+  """A NumPy array as fedjax's msgpack extension (type 1; type 4 for arrays of bytes)."""
+  a = np.asarray(a)
+  if a.dtype == object or a.dtype.kind == "S":
+    items = [bytes(b) for b in a.ravel()]
+    return msgpack.ExtType(EXT_BYTES_ARRAY, msgpack.packb((list(a.shape), items),
+                                                          use_bin_type=True))
+  return msgpack.ExtType(EXT_ARRAY, msgpack.packb(
+      (list(a.shape), a.dtype.name, np.ascontiguousarray(a).tobytes()), use_bin_type=True))
+
+
+def encode_blob(arrays: dict) -> bytes:
+  """A client's arrays as a `data` blob (what the tests' fixtures write)."""
+  return zlib.compress(msgpack.packb({k: encode_array(v) for k, v in arrays.items()},
+                                     use_bin_type=True))
+
+
+def _ext(code: int, payload: bytes):
+  if code in (EXT_ARRAY, EXT_SCALAR):
+    shape, dtype, buf = msgpack.unpackb(payload, raw=True)
+    array = np.frombuffer(buf, np.dtype(dtype.decode())).reshape(shape)
+    return array[()] if code == EXT_SCALAR else array
+  if code == EXT_BYTES_ARRAY:
+    shape, items = msgpack.unpackb(payload, raw=True)
+    out = np.empty(len(items), object)
+    out[:] = items
+    return out.reshape(shape)
+  raise ValueError(f"msgpack extension type {code} (accepted: 1 array, 3 scalar, 4 byte strings)")
+
+
+def decode_blob(blob: bytes, path: str, client) -> dict:
+  """One client's `data` blob as {feature: array}; ValueError naming the file and client."""
+  try:
+    value = msgpack.unpackb(zlib.decompress(blob), ext_hook=_ext, raw=False)
+  except (zlib.error, ValueError, TypeError, msgpack.UnpackException) as e:
+    raise ValueError(f"{path}: client {client!r}: its data blob is not zlib-compressed msgpack of "
+                     f"arrays ({e})") from e
+  if not isinstance(value, dict) or not all(isinstance(v, np.ndarray) for v in value.values()):
+    raise ValueError(f"{path}: client {client!r}: its data blob is not a map of feature arrays")
+  return value
+
+
+# --- The files ----------------------------------------------------------------------------------
+
+def _connect(path: str) -> sqlite3.Connection:
+  if not os.path.isfile(path):
+    raise FileNotFoundError(path)
+  try:
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    names = [r[1] for r in db.execute(f"PRAGMA table_info({TABLE})")]
+  except sqlite3.DatabaseError as e:
+    raise ValueError(f"{path}: not an SQLite file ({e})") from e
+  if not names:
+    raise ValueError(f"{path}: has no table {TABLE!r} (a federated SQLite file has "
+                     f"{TABLE}({', '.join(COLUMNS)}))")
+  missing = [c for c in COLUMNS if c not in names]
+  if missing:
+    raise ValueError(f"{path}: table {TABLE!r} has no column {missing[0]!r} (it needs "
+                     f"{', '.join(COLUMNS)})")
+  return db
+
+
+def read_clients(path: str, features: tuple[str, ...]) -> Iterator[tuple[object, dict]]:
+  """(client id, {feature: array}) per row, in the file's order; ValueError naming the file and
+  client for a bad blob, a missing feature, or arrays whose length is not `num_examples`."""
+  db = _connect(path)
+  try:
+    for client, blob, count in db.execute(
+        f"SELECT client_id, data, num_examples FROM {TABLE} ORDER BY rowid"):
+      arrays = decode_blob(blob, path, client)
+      absent = [f for f in features if f not in arrays]
+      if absent:
+        raise ValueError(f"{path}: client {client!r} has no feature {absent[0]!r} (it has "
+                         f"{sorted(arrays)})")
+      lengths = {f: len(arrays[f]) for f in features}
+      if any(n != count for n in lengths.values()):
+        raise ValueError(f"{path}: client {client!r} says num_examples={count} but holds "
+                         f"{lengths}")
+      yield client, arrays
+  finally:
+    db.close()
+
+
+def check_file(path: str) -> int:
+  """The number of clients of a federated SQLite file, after checking its table and its first
+  client's blob (ValueError naming the file)."""
+  db = _connect(path)
+  try:
+    first = db.execute(f"SELECT client_id, data FROM {TABLE} ORDER BY rowid LIMIT 1").fetchone()
+    if first is not None:
+      decode_blob(first[1], path, first[0])
+    return int(db.execute(f"SELECT COUNT(*) FROM {TABLE}").fetchone()[0])
+  finally:
+    db.close()
+
+
+# --- Preprocessing ------------------------------------------------------------------------------
+
+_BYTE_IDS = np.full(256, OOV, np.int32)
+_BYTE_IDS[np.frombuffer(SHAKESPEARE_BYTES, np.uint8)] = np.arange(3, OOV, dtype=np.int32)
+
+
+def shakespeare_windows(snippets, length: int = SEQUENCE) -> tuple[np.ndarray, np.ndarray]:
+  """fedjax's windows of one client: its snippets as `[BOS] + ids + [EOS]`, joined, cut into
+  consecutive windows of `length` ids; each window labelled with the id that follows it (LEAF's
+  next-character task); the last window's padding left out.
+
+  Examples:
+    >>> x, y = shakespeare_windows([b"hello", b"hi there"], length=10)
+    >>> x.tolist(), y.tolist()
+    ([[1, 4, 67, 5, 5, 26, 2, 1, 4, 68]], [16])
+  """
+  joined = np.concatenate([np.concatenate([[BOS], _BYTE_IDS[np.frombuffer(bytes(s), np.uint8)],
+                                           [EOS]]) for s in snippets]).astype(np.int32)
+  windows = (len(joined) - 1) // length  # Windows whose next id exists.
+  x = joined[:windows * length].reshape(windows, length)
+  y = joined[length:(windows + 1) * length:length]
+  return x, y
+
+
+def _emnist(arrays: dict) -> tuple[np.ndarray, np.ndarray]:
+  return (1.0 - arrays["pixels"].astype(np.float32))[..., None], arrays["label"].astype(np.int32)
+
+
+def _cifar(arrays: dict) -> tuple[np.ndarray, np.ndarray]:
+  x = (arrays["image"].astype(np.float32) / 255.0 - CIFAR_MEAN) / CIFAR_STD
+  return x, arrays["label"].astype(np.int32)
+
+
+def _shakespeare(arrays: dict) -> tuple[np.ndarray, np.ndarray]:
+  return shakespeare_windows(arrays["snippets"])
+
+
+DATASETS = {  # name -> (features, preprocessing, classes)
+    "emnist": (("pixels", "label"), _emnist, 62),
+    "shakespeare": (("snippets",), _shakespeare, SHAKESPEARE_VOCAB),
+    "cifar100_fed": (("image", "label"), _cifar, 100),
+}
+
+
+def load(name: str, data_dir: str = DEFAULT_DIR, num_clients: int = 0,
+         only_digits: bool = False) -> Published:
+  """Dataset `name`'s first `num_clients` train clients (0: all) with their published test
+  splits (see the module's table).
+
+  Raises:
+    FileNotFoundError: naming the missing file, where it is published and `--download`.
+    ValueError: naming the file and the client of malformed data, or test clients the train file
+      does not hold.
+  """
+  features, prepare, classes = DATASETS[name]
+  classes = 10 if name == "emnist" and only_digits else classes
+  train_file, test_file = (os.path.join(data_dir, f) for f in files(name, only_digits))
+  for path in (train_file, test_file):
+    if not os.path.isfile(path):
+      if name == "cifar100_fed":
+        raise FileNotFoundError(f"{path}: no such file. fedjax converts TFF's CIFAR-100 on first "
+                                "use: run fedjax.datasets.cifar100.load_data() once where fedjax "
+                                "is installed and copy ~/.cache/fedjax/federated_cifar100_*.sqlite "
+                                "into --data_dir")
+      raise FileNotFoundError(f"{path}: no such file. It is published at "
+                              f"{url(name, os.path.basename(path))}: run with --download to fetch "
+                              "it, or copy it into --data_dir")
+  ids, xs, ys = [], [], []
+  for client, arrays in read_clients(train_file, features):
+    if num_clients and len(ids) == num_clients:
+      break
+    x, y = prepare(arrays)
+    ids.append(client)
+    xs.append(x)
+    ys.append(y)
+  if num_clients > len(ids):
+    raise ValueError(f"{train_file}: holds {len(ids)} clients, fewer than num_clients="
+                     f"{num_clients}")
+  test = {client: prepare(arrays) for client, arrays in read_clients(test_file, features)}
+  if name == "cifar100_fed":  # Other clients: dealt over the train clients (module docstring).
+    pools = list(test.values())
+    pairs = [pools[k % len(pools)] for k in range(len(ids))] if pools else []
+  else:
+    known = set(_all_ids(train_file))
+    unknown = [c for c in test if c not in known]
+    if unknown:
+      raise ValueError(f"{test_file}: {len(unknown)} test clients are not in {train_file} (first: "
+                       f"{unknown[0]!r}); the two files must be one dataset's splits")
+    empty = (xs[0][:0], ys[0][:0])
+    pairs = [test.get(c, empty) for c in ids]
+  bad = [(c, int(y.max())) for c, y in zip(ids, ys) if len(y) and y.max() >= classes]
+  if bad:
+    raise ValueError(f"{train_file}: client {bad[0][0]!r} holds label {bad[0][1]}, outside "
+                     f"0..{classes - 1}")
+  return Published(xs, ys, classes, [p[0] for p in pairs], [p[1] for p in pairs])
+
+
+def _all_ids(path: str) -> list:
+  db = _connect(path)
+  try:
+    return [r[0] for r in db.execute(f"SELECT client_id FROM {TABLE}")]
+  finally:
+    db.close()
+
+
+def download(name: str, data_dir: str, only_digits: bool = False, base_url: str = BASE_URL,
+             log=print) -> list[str]:
+  """Fetches dataset `name`'s published files into `data_dir` (those not there yet): each into
+  a `.part` file, checked (its SHA-256 against `CHECKSUMS` where published, then its table and
+  first blob), then moved in place. Returns the paths.
+
+  Raises:
+    ValueError: naming the file whose digest or structure does not match (the `.part` removed).
+  """
+  os.makedirs(data_dir, exist_ok=True)
+  paths = []
+  for filename in files(name, only_digits):
+    path = os.path.join(data_dir, filename)
+    paths.append(path)
+    if os.path.exists(path):
+      continue
+    source = url(name, filename).replace(BASE_URL, base_url.rstrip("/"), 1)
+    log(f"downloading {source}")
+    digest, part = hashlib.sha256(), path + ".part"
+    with urllib.request.urlopen(source) as response, open(part, "wb") as out:  # noqa: S310
+      while chunk := response.read(1 << 20):
+        digest.update(chunk)
+        out.write(chunk)
+    want = CHECKSUMS.get(filename)
+    try:
+      if want is not None and digest.hexdigest() != want:
+        raise ValueError(f"{source}: SHA-256 {digest.hexdigest()}, published {want}")
+      clients = check_file(part)
+    except ValueError:
+      os.remove(part)
+      raise
+    os.replace(part, path)
+    log(f"{path}: {clients} clients, SHA-256 {digest.hexdigest()}"
+        + ("" if want else " (no published digest to check against)"))
+  return paths

@@ -1,0 +1,192 @@
+"""fedjax's federated SQLite files (`data/federated_sqlite.py`), on small files written here in the
+published format: each dataset's preprocessing and published test split, the download step
+(from a file:// mirror), malformed files refused naming the file and the problem, and a
+3,400-client EMNIST-shaped file through the host store from `experiments.run`."""
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+
+import fedjax_sel as fs
+from fedjax_sel.data import federated_sqlite as fsql
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCHEMA = ("CREATE TABLE federated_data (client_id BLOB NOT NULL PRIMARY KEY, data BLOB NOT NULL, "
+          "num_examples INTEGER NOT NULL);")
+
+
+def write_sqlite(path, clients, schema=SCHEMA):
+  """`clients`: {client id (bytes): {feature: array}} as fedjax writes them."""
+  if os.path.exists(path):
+    os.remove(path)
+  db = sqlite3.connect(path)
+  db.execute(schema)
+  db.executemany("INSERT INTO federated_data VALUES (?, ?, ?);",
+                 [(cid, fsql.encode_blob(arrays), len(next(iter(arrays.values()))))
+                  for cid, arrays in clients.items()])
+  db.commit()
+  db.close()
+
+
+def emnist_clients(num, per_client, seed, classes=62):
+  rng = np.random.default_rng(seed)
+  return {f"{k:016x}:f{k:04d}_00".encode(): {
+      "pixels": rng.random((per_client, 28, 28)).astype(np.float32),
+      "label": rng.integers(0, classes, per_client).astype(np.int32)} for k in range(num)}
+
+
+def write_emnist(folder, num=5, train=4, test=2, stem="federated_emnist"):
+  os.makedirs(folder, exist_ok=True)
+  tr, te = emnist_clients(num, train, 0), emnist_clients(num, test, 1)
+  write_sqlite(os.path.join(folder, f"{stem}_train.sqlite"), tr)
+  write_sqlite(os.path.join(folder, f"{stem}_test.sqlite"), te)
+  return tr, te
+
+
+def test_emnist_reads_pixels_labels_and_the_published_test_split(tmp_path):
+  tr, te = write_emnist(str(tmp_path))
+  data = fs.build_dataset(fs.DatasetSpec("emnist", num_clients=5, data_dir=str(tmp_path)), seed=0)
+  assert data.num_clients == 5 and data.feature_shape == (28, 28, 1) and data.num_classes == 62
+  for k, (cid, arrays) in enumerate(tr.items()):
+    x, y = data.train.client(k)
+    order = np.argsort(y, kind="stable")
+    want = np.argsort(arrays["label"], kind="stable")
+    np.testing.assert_array_equal(np.sort(y), np.sort(arrays["label"]))
+    np.testing.assert_allclose(x[order], (1.0 - arrays["pixels"][want])[..., None])
+    tx, ty = data.test.client(k)
+    np.testing.assert_array_equal(ty, te[cid]["label"])  # The published split, as published.
+    np.testing.assert_allclose(tx, (1.0 - te[cid]["pixels"])[..., None])
+
+
+def test_emnist_digits_only_reads_the_digitsonly_files(tmp_path):
+  write_emnist(str(tmp_path), stem="federated_emnist_digitsonly")
+  with pytest.raises(ValueError, match="holds label"):  # Labels of 62 classes in 10-class files.
+    fsql.load("emnist", str(tmp_path), 0, only_digits=True)
+
+
+def test_shakespeare_windows_as_fedjax_cuts_them(tmp_path):
+  text = {b"0001:A": {"snippets": np.array([b"hello", b"hi there"] * 10, object)},
+          b"0002:B": {"snippets": np.array([b"To be, or not to be" * 6], object)}}
+  test = {b"0001:A": {"snippets": np.array([b"hi there, again and again and again" * 4],
+                                           object)}}
+  write_sqlite(str(tmp_path / "shakespeare_train.sqlite"), text)
+  write_sqlite(str(tmp_path / "shakespeare_test.sqlite"), test)
+  data = fs.build_dataset(fs.DatasetSpec("shakespeare", num_clients=2, data_dir=str(tmp_path)),
+                          seed=0)
+  assert data.num_classes == fsql.SHAKESPEARE_VOCAB == 90 and data.feature_shape == (80,)
+  x, y = fsql.shakespeare_windows(text[b"0001:A"]["snippets"])
+  assert len(y) == (170 - 1) // 80  # 10 x (7 + 10) ids: two whole windows.
+  assert data.train.counts.tolist()[0] == len(y) and data.test.counts.tolist() == [1, 0]
+  # The fedjax tokenizer's test vector (ids of "hello", BOS / EOS), and an unknown byte.
+  first = fsql.shakespeare_windows([b"hello", b"hi there"], 6)[0][0]
+  assert first.tolist() == [1, 4, 67, 5, 5, 26]
+  assert fsql.shakespeare_windows([b"~~"], 2)[0].tolist() == [[1, fsql.OOV]]
+  model = fs.build_model("char_lstm", data.feature_shape, data.num_classes)
+  assert model.num_classes == 90
+
+
+def test_cifar100_deals_the_other_test_clients_over_the_train_clients(tmp_path):
+  rng = np.random.default_rng(0)
+  make = lambda n: {str(k).encode(): {"image": rng.integers(0, 256, (3, 32, 32, 3), np.uint8),
+                                      "label": rng.integers(0, 100, 3),
+                                      "coarse_label": rng.integers(0, 20, 3)} for k in range(n)}
+  tr, te = make(5), make(2)
+  write_sqlite(str(tmp_path / "federated_cifar100_train.sqlite"), tr)
+  write_sqlite(str(tmp_path / "federated_cifar100_test.sqlite"), te)
+  got = fsql.load("cifar100_fed", str(tmp_path))
+  assert got.num_classes == 100 and len(got.xs) == 5
+  np.testing.assert_allclose(got.xs[0][0, 0, 0], (tr[b"0"]["image"][0, 0, 0] / 255
+                                                   - fsql.CIFAR_MEAN) / fsql.CIFAR_STD, rtol=1e-5)
+  assert [y.tolist() for y in got.test_ys] == [te[str(k % 2).encode()]["label"].tolist()
+                                               for k in range(5)]
+
+
+def test_download_fetches_checks_and_places_the_files(tmp_path):
+  mirror = tmp_path / "mirror" / "emnist"
+  write_emnist(str(mirror))
+  said = []
+  paths = fsql.download("emnist", str(tmp_path / "cache"),
+                        base_url=(tmp_path / "mirror").as_uri(), log=said.append)
+  assert [os.path.basename(p) for p in paths] == ["federated_emnist_train.sqlite",
+                                                  "federated_emnist_test.sqlite"]
+  assert all(os.path.exists(p) for p in paths) and "5 clients" in said[1]
+  assert "no published digest" in said[1]
+  assert fsql.load("emnist", str(tmp_path / "cache"), 3).num_classes == 62
+
+
+def test_download_refuses_a_file_whose_digest_differs(tmp_path, monkeypatch):
+  mirror = tmp_path / "mirror" / "emnist"
+  write_emnist(str(mirror))
+  monkeypatch.setitem(fsql.CHECKSUMS, "federated_emnist_train.sqlite", "0" * 64)
+  with pytest.raises(ValueError, match="SHA-256 .* published 0000"):
+    fsql.download("emnist", str(tmp_path / "cache"), base_url=(tmp_path / "mirror").as_uri())
+  assert not os.listdir(tmp_path / "cache")  # Nothing half-written is left.
+
+
+def test_a_missing_file_names_where_it_is_published(tmp_path):
+  with pytest.raises(FileNotFoundError, match="storage.googleapis.com/gresearch/fedjax/emnist/"
+                     "federated_emnist_train.sqlite: run with --download"):
+    fsql.load("emnist", str(tmp_path))
+
+
+def _rewrite(path, sql, *args):
+  db = sqlite3.connect(path)
+  db.execute(sql, args)
+  db.commit()
+  db.close()
+
+
+@pytest.mark.parametrize("break_it,needle", [
+    (lambda p: _rewrite(p, "UPDATE federated_data SET data = ? WHERE rowid = 2", b"not zlib"),
+     "client b'0000000000000001:f0001_00': its data blob is not zlib-compressed msgpack"),
+    (lambda p: _rewrite(p, "UPDATE federated_data SET data = ? WHERE rowid = 1",
+                        zlib.compress(b"\xc7\x03\x09abc")),  # msgpack ext of an unknown type 9.
+     "its data blob is not zlib-compressed msgpack"),
+    (lambda p: _rewrite(p, "UPDATE federated_data SET num_examples = 7 WHERE rowid = 1"),
+     "says num_examples=7 but holds"),
+    (lambda p: _rewrite(p, "ALTER TABLE federated_data DROP COLUMN num_examples"),
+     "has no column 'num_examples'"),
+    (lambda p: _rewrite(p, "ALTER TABLE federated_data RENAME TO clients"),
+     "has no table 'federated_data'"),
+    (lambda p: open(p, "wb").write(b"plain text, not a database" * 100), "not an SQLite file"),
+])
+def test_malformed_train_files_are_refused_naming_file_and_problem(tmp_path, break_it, needle):
+  write_emnist(str(tmp_path))
+  path = str(tmp_path / "federated_emnist_train.sqlite")
+  break_it(path)
+  with pytest.raises(ValueError, match=f"{path}: .*{needle}" if "not an" not in needle else
+                     needle):
+    fsql.load("emnist", str(tmp_path))
+
+
+def test_a_missing_feature_and_unknown_test_clients_are_refused(tmp_path):
+  write_emnist(str(tmp_path))
+  extra = emnist_clients(7, 1, 2)  # Clients 5 and 6 are not in the train file.
+  write_sqlite(str(tmp_path / "federated_emnist_test.sqlite"), dict(list(extra.items())[5:]))
+  with pytest.raises(ValueError, match="2 test clients are not in"):
+    fsql.load("emnist", str(tmp_path))
+  write_sqlite(str(tmp_path / "other_train.sqlite"), {b"c": {"label": np.zeros(2, np.int32)}})
+  with pytest.raises(ValueError, match="client b'c' has no feature 'pixels'"):
+    list(fsql.read_clients(str(tmp_path / "other_train.sqlite"), ("pixels", "label")))
+
+
+def test_a_3400_client_emnist_file_runs_through_the_host_store(tmp_path):
+  """EMNIST's shape (3,400 writers, 28 x 28 pixels, 62 classes), two examples each, from
+  experiments.run with the host store: every client read, rounds trained."""
+  write_emnist(str(tmp_path / "emnist"), num=3400, train=2, test=1)
+  out = tmp_path / "run"
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.run", "--dataset=emnist",
+       f"--data_dir={tmp_path / 'emnist'}", "--num_clients=3400", "--num_available=200",
+       "--clients_per_round=10", "--rounds=2", "--model=logreg", "--store=host", "--seeds=0",
+       f"--out_dir={out}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  recs = [json.loads(line) for line in open(out / "seed0" / "metrics.jsonl", encoding="utf-8")]
+  assert [r["round"] for r in recs] == [0, 1] and recs[-1]["num_trained"] == 10
+  assert len(recs[-1]["participations"]) == 3400
