@@ -382,6 +382,21 @@ def test_checkpoint_of_another_structure_is_refused(tmp_path):
   np.testing.assert_array_equal(state["w"], np.ones(3))
 
 
+def test_a_setting_added_after_a_run_started_matches_only_at_its_default(tmp_path):
+  """A checkpoint written before a setting existed resumes when the setting is at its default
+  (the fingerprint's `defaults`), and is refused, naming it, at any other value."""
+  path = str(tmp_path / "c.msgpack")
+  checkpoint.save(path, {"w": jnp.ones(3)}, {"seed": 0, "lr": 0.1})
+  now = {"seed": 0, "lr": 0.1, "new": 2, checkpoint.DEFAULTS: {"new": 2, "lr": 0.5}}
+  checkpoint.load(path, {"w": jnp.zeros(3)}, now)
+  with pytest.raises(checkpoint.CheckpointError, match="new: '\\(absent\\)' -> 3"):
+    checkpoint.load(path, {"w": jnp.zeros(3)}, {**now, "new": 3})
+  with pytest.raises(checkpoint.CheckpointError, match="new"):  # No default known: refused.
+    checkpoint.load(path, {"w": jnp.zeros(3)}, {"seed": 0, "lr": 0.1, "new": 2})
+  with pytest.raises(checkpoint.CheckpointError, match="lr: 0.1 -> 0.5"):  # Both sides hold it.
+    checkpoint.load(path, {"w": jnp.zeros(3)}, {**now, "lr": 0.5})
+
+
 def test_nonfinite_guard_stops_naming_the_round(tmp_path):
   with pytest.raises(runner.NonFiniteError, match="round 0: .*non-finite") as info:
     fs.run(make_sim(lr=3e38), 3, str(tmp_path), progress=None)
