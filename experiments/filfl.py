@@ -11,6 +11,7 @@ paper's setups"; listed in --help; explicit flags win; `--fedprox` adds the pres
   python -m experiments.filfl --preset=cifar10 --data_dir=DIR       # TFDS cifar10, ArrayRecord
   python -m experiments.filfl --preset=femnist                      # data/leaf/femnist/*.json
   python -m experiments.filfl --preset=shakespeare --fedprox        # data/leaf/shakespeare/*.json
+  python -m experiments.filfl --preset=femnist --dataset=emnist     # fedjax's federated EMNIST
 
 Per run it writes `<out_dir>/<filter>/seed<s>/metrics.jsonl` with, per round: test / train accuracy
 and loss, |S^f| (`num_filtered`), who was filtered in (`filtered_in`, client ids), R values
@@ -94,7 +95,10 @@ def resolve(cfg: config.JobConfig, given: frozenset) -> config.JobConfig:
   """The preset (under the flags given), --fedprox's mu, and a method per --filters value."""
   opts = cfg.options
   if opts.preset is not None:
-    cfg = config.updated(cfg, given, **PRESETS[opts.preset])
+    preset = PRESETS[opts.preset]
+    if "dataset" in given:  # Another dataset (e.g. emnist for femnist): not the preset's files.
+      preset = {k: v for k, v in preset.items() if k not in ("leaf_files", "tfds_name")}
+    cfg = config.updated(cfg, given, **preset)
   cfg = build.store_clients(cfg, given)
   if opts.fedprox and "prox_mu" not in given:
     if opts.preset is None:

@@ -190,3 +190,22 @@ def test_a_3400_client_emnist_file_runs_through_the_host_store(tmp_path):
   recs = [json.loads(line) for line in open(out / "seed0" / "metrics.jsonl", encoding="utf-8")]
   assert [r["round"] for r in recs] == [0, 1] and recs[-1]["num_trained"] == 10
   assert len(recs[-1]["participations"]) == 3400
+
+
+def test_filfl_shakespeare_preset_reads_fedjax_shakespeare(tmp_path):
+  """The FilFL preset on fedjax's Shakespeare: its public text cut in the clients' vocabulary,
+  DGF filtering a round."""
+  lines = [b"To be, or not to be, that is the question: whether tis nobler in the mind " * 3]
+  clients = {f"{k:04d}:X".encode(): {"snippets": np.array(lines * 2, object)} for k in range(12)}
+  write_sqlite(str(tmp_path / "shakespeare_train.sqlite"), clients)
+  write_sqlite(str(tmp_path / "shakespeare_test.sqlite"), clients)
+  out = tmp_path / "run"
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.filfl", "--preset=shakespeare", "--dataset=shakespeare",
+       f"--data_dir={tmp_path}", "--num_clients=12", "--num_available=6", "--clients_per_round=3",
+       "--rounds=1", "--filters=dgf", "--seeds=0", f"--out_dir={out}"], cwd=REPO,
+      capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  data = fs.build_dataset(fs.DatasetSpec("shakespeare", num_clients=12, data_dir=str(tmp_path),
+                                         public_text=fs.data.sources.PUBLIC_TEXT), seed=0)
+  assert data.public_x.max() < fsql.SHAKESPEARE_VOCAB and data.public_x[0, 0] == fsql.BOS

@@ -329,9 +329,11 @@ def build_dataset(spec: DatasetSpec, seed: int) -> FederatedDataset:
     xs, ys = [x[p] for p in parts], [y[p] for p in parts]
     if spec.public_fraction > 0 and spec.public_mode == "per_client":
       xs, ys, public = _pool_fraction(xs, ys, spec.public_fraction, seed + 1)
-  if spec.public_text is not None:
+  if spec.public_text is not None:  # In the vocabulary of the clients' windows.
     with open(spec.public_text, encoding="utf-8") as f:
-      public = sources.char_windows(f.read())
+      text = f.read()
+    public = (federated_sqlite.shakespeare_windows([text.encode()])
+              if num_classes == federated_sqlite.SHAKESPEARE_VOCAB else sources.char_windows(text))
   if public is not None and spec.public_size is not None and spec.public_size < len(public[1]):
     keep = np.sort(np.random.default_rng(seed + 3).permutation(len(public[1]))[:spec.public_size])
     public = (public[0][keep], public[1][keep])
