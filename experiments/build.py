@@ -217,7 +217,16 @@ def _required(cfg: cfglib.JobConfig, given: frozenset, runs) -> cfglib.JobConfig
           "--availability=diurnal (each client available around its own local noon) is on; set "
           "--availability to choose another model")
     cfg = cfglib.updated(cfg, given, availability="diurnal")
+  unused = [f"--{name}" for name in LOGNORMAL_FIELDS if name in given]
+  if unused and cfg.engine.system_profile != "lognormal":
+    raise app.UsageError(f"{', '.join(unused)}: settings of the log-normal clock "
+                         "(--system_profile=lognormal); with --system_profile="
+                         f"{cfg.engine.system_profile} they have no effect: drop them or choose "
+                         "lognormal")
   return cfg
+
+
+LOGNORMAL_FIELDS = ("speed_median", "speed_sigma", "bandwidth_median", "bandwidth_sigma")
 
 
 def priority_mask(cfg: cfglib.JobConfig, n: int, label_hist, seed: int) -> np.ndarray:

@@ -1,6 +1,7 @@
 """Bad inputs across the launchers, loaders and library API: each fails early with an error that
 names the flag, file or argument, and no round runs. Plus resume, checkpoints and NaN guards."""
 
+import io
 import json
 import os
 import signal
@@ -441,7 +442,23 @@ def test_round_in_which_nobody_trained_shows_as_such():
   recs = [{"round": 0, "num_trained": 0, "test_accuracy": 0.5, "test_loss": 1.0,
            "train_loss": 1.0, "wall_s": 1.0,
            "cumulative_cost": {"train_samples": 0, "uploads": 0}}]
-  assert "| 0 | 0 | 1 | 1.0 |" in fs.summary_table([("r", recs)])
+  assert "| 0 | 0 | 1 | 0 | 1.0 |" in fs.summary_table([("r", recs)])
+
+
+def test_a_deadline_every_client_misses_shows_nothing_aggregated(tmp_path):
+  """Trained clients all past the deadline: the progress line and the summary say that nothing
+  was aggregated (the round is not reported as a normal one)."""
+  data = fs.build_dataset(fs.DatasetSpec("digits", num_clients=10), seed=0)
+  sim = fs.Simulator(fs.build_model("logreg", data.feature_shape, data.num_classes), data,
+                     lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=10),
+                     fs.uniform_availability(10, 10), fs.random_selector(3), fs.fedavg(), 3,
+                     seed=0, system_profile=fs.lognormal_profiles(10), deadline_s=1e-6)
+  out = io.StringIO()
+  recs = fs.run(sim, 2, progress=out)
+  lines = [line for line in out.getvalue().splitlines() if "[" in line]
+  assert all(r["num_trained"] == 3 and r["num_aggregated"] == 0 for r in recs)
+  assert all("nothing aggregated (3 past the deadline)" in line for line in lines)
+  assert "| 0 | 2 | " in fs.summary_table([("r", recs)])
 
 
 def test_power_of_choice_charges_only_its_candidates():

@@ -519,6 +519,8 @@ def progress_line(label: str, t: int, rounds: int, record: dict,
            f"trained {record['num_trained']}"]
   if excluded:
     parts.append(f"excluded {excluded} non-finite")
+  if record["num_trained"] and not record.get("num_aggregated", 1):
+    parts.append(f"nothing aggregated ({record.get('stragglers', 0)} past the deadline)")
   if "num_filtered" in record and record.get("filtered_in") is not None:
     parts.append(f"filtered {record['num_filtered']}")
   if "test_accuracy" in record:
@@ -532,8 +534,9 @@ def progress_line(label: str, t: int, rounds: int, record: dict,
 def summary_table(rows: list[tuple[str, list[dict]]]) -> str:
   """Markdown table of final and best test accuracy, final losses and costs per labelled run."""
   head = ("| run | final test acc | best test acc (rounds trained) | final test loss | final train "
-          "loss (all clients) | train samples | uploads | rounds nobody trained | wall s |")
-  lines = [head, "|" + "---|" * 9]
+          "loss (all clients) | train samples | uploads | rounds nobody trained | rounds nothing "
+          "aggregated | wall s |")
+  lines = [head, "|" + "---|" * 10]
   for label, recs in rows:
     evald = [r for r in recs if "test_accuracy" in r]
     last = evald[-1]
@@ -542,5 +545,7 @@ def summary_table(rows: list[tuple[str, list[dict]]]) -> str:
     lines.append(f"| {label} | {last['test_accuracy']:.4f} | {best['test_accuracy']:.4f} "
                  f"({best['round'] + 1}) | {last['test_loss']:.4f} | {last['train_loss']:.4f} | "
                  f"{cost['train_samples']:.0f} | {cost['uploads']:.0f} | "
-                 f"{sum(r['num_trained'] == 0 for r in recs)} | {recs[-1]['wall_s']:.1f} |")
+                 f"{sum(r['num_trained'] == 0 for r in recs)} | "
+                 f"{sum(r.get('num_aggregated', 1) == 0 for r in recs)} | "
+                 f"{recs[-1]['wall_s']:.1f} |")
   return "\n".join(lines)

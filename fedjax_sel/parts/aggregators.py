@@ -16,6 +16,7 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -332,6 +333,17 @@ class TrimmedMeanSettings(registry.Makes):
 
   def make(self) -> Aggregator:
     return trimmed_mean(self.beta, self.rounding)
+
+  def check(self, context: registry.BuildContext) -> None:
+    super().check(context)
+    n = context.k
+    x = self.beta * n
+    trimmed = min(math.floor(x) if self.rounding == "floor" else math.ceil(x), (n - 1) // 2)
+    if self.beta > 0 and n > 2 and trimmed == 0:
+      raise registry.SettingError("beta", f"={self.beta} trims no client of K = {n} "
+                                  f"({self.rounding}(beta * K) = 0): the aggregate would be "
+                                  f"FedAvg's mean; raise it to >= {1 / n:.3g} or use "
+                                  "--trim_rounding=ceil")
 
 
 registry.register_made("aggregator", "trimmed_mean", TrimmedMeanSettings,
