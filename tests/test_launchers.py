@@ -131,6 +131,7 @@ BAD_FLAGS = [  # (launcher, flags, what the message must name)
     ("run", ["--clients_per_round=30", "--num_available=25"], "--clients_per_round"),
     ("run", ["--lr=-0.1"], "--lr"),
     ("run", ["--test_fraction=0"], "--test_fraction"),  # No test accuracy to report (issue 37).
+    ("run", ["--model=mlp", "--hidden=100000,100000"], "GiB of parameters"),  # No hang (37).
     ("run", ["--speed_median=50"], "--speed_median"),  # A clock setting without the clock.
     ("run", ["--aggregator=trimmed_mean", "--trim_beta=0.05"], "--trim_beta"),  # Trims nobody.
     ("run", ["--concurrency=5"], "--mode=async"),  # An asynchronous flag in the synchronous mode.

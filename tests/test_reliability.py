@@ -445,6 +445,18 @@ def test_round_in_which_nobody_trained_shows_as_such():
   assert "| 0 | 0 | 1 | 0 | 1.0 |" in fs.summary_table([("r", recs)])
 
 
+def test_a_model_too_large_for_memory_is_refused_from_its_shapes():
+  """Refused from the shapes, before anything is allocated (it used to hang), with the
+  estimate."""
+  from fedjax_sel.engine.simulator import check_model_fits  # pylint: disable=import-outside-toplevel
+  model = fs.build_model("mlp", (8, 8, 1), 10, hidden=(1000, 1000))
+  assert check_model_fits(model, memory=2**30) == 4 * (64 * 1000 + 1000 + 1000 * 1000 + 1000
+                                                       + 1000 * 10 + 10)
+  with pytest.raises(ValueError, match=r"0.0 GiB of parameters; a round holds at least three "
+                     r"copies .* more than the device's 0.0 GiB"):
+    check_model_fits(model, memory=2**20)
+
+
 def test_a_deadline_every_client_misses_shows_nothing_aggregated(tmp_path):
   """Trained clients all past the deadline: the progress line and the summary say that nothing
   was aggregated (the round is not reported as a normal one)."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -165,6 +166,28 @@ def _check_asynchrony(spec, k: int, num_available: int, clock, filt, participati
     raise ValueError("asynchrony needs the device store (store='device')")
 
 
+def device_memory_bytes() -> int:
+  """The first device's memory: its allocator's limit on accelerators, physical memory on CPU."""
+  device = jax.devices()[0]
+  if device.platform != "cpu":
+    return int((device.memory_stats() or {}).get("bytes_limit", 16 * 2**30))
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_model_fits(model: Model, memory: int | None = None) -> int:
+  """The model's parameter bytes from its shapes (nothing allocated); ValueError when three copies
+  (the global model, a client's model and its gradient, the least a round holds) exceed the
+  device's memory, with the estimate."""
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+  size = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in jax.tree.leaves(shapes))
+  memory = device_memory_bytes() if memory is None else memory
+  if 3 * size > memory:
+    raise ValueError(f"the model {model.name!r} has {size / 2**30:.1f} GiB of parameters; a round "
+                     f"holds at least three copies ({3 * size / 2**30:.1f} GiB), more than the "
+                     f"device's {memory / 2**30:.1f} GiB: choose a smaller model")
+  return size
+
+
 def _check_model(model: Model, data: FederatedDataset, init_params) -> None:
   """The model takes the data's inputs and predicts its classes; `init_params` fit the model."""
   if model.num_classes != data.num_classes:
@@ -294,6 +317,7 @@ class Simulator:
       if value not in accepted:
         raise ValueError(f"{name} must be one of {accepted}, got {value!r}")
     _check_arguments(data, optimizer, local, availability, seed, eval_mask, lr_schedule)
+    check_model_fits(model)
     _check_model(model, data, init_params)
     on_host = store == "host" or (store == "auto" and not fits_on_device(data))
     # Device data are checked whole; the host placement checks rows as it reads them.

@@ -156,7 +156,9 @@ def _close(sink) -> None:
 def _check_space(out_dir: str, state) -> None:
   """Refuses a folder whose disk cannot hold a checkpoint while replacing the last one (a new
   file beside the current and the previous generation) and some metrics, before any round."""
-  need = 3 * sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(state)) + (1 << 18)
+  # From the shapes: copying a large state to the host to count its bytes could exhaust memory.
+  need = 3 * sum(np.size(leaf) * np.dtype(leaf.dtype).itemsize
+                 for leaf in jax.tree.leaves(state)) + (1 << 18)
   free = shutil.disk_usage(out_dir).free
   if free < need:
     raise checkpoint.WriteError(errno.ENOSPC, f"cannot run in {out_dir}: its disk has "
