@@ -132,7 +132,8 @@ def part_defaults(cfg: cfglib.JobConfig, given: frozenset) -> cfglib.JobConfig:
                   or (rule.name == "fedalign" and rule.settings.split == "val") for rule in rules)
   if wants_val:
     cfg = cfglib.updated(cfg, given, val_fraction=DEFAULT_VAL_FRACTION)
-  if cfg.parts.dataset.name in PUBLISHED_SPLITS and "test_fraction" in given:
+  if (cfg.parts.dataset.name in PUBLISHED_SPLITS and "test_fraction" in given
+      and cfg.data.test_fraction != cfglib.DataConfig().test_fraction):
     raise app.UsageError(f"--test_fraction: --dataset={cfg.parts.dataset.name} has its published "
                          "per-client test split, which the runs use; leave --test_fraction out")
   return _required(asynchronous(cfg, given), given, runs)
@@ -152,7 +153,9 @@ def asynchronous(cfg: cfglib.JobConfig, given: frozenset) -> cfglib.JobConfig:
   synchronous mode an asynchronous flag is refused, naming it."""
   e = cfg.engine
   if e.mode == "sync":
-    stray = [f"--{name}" for name in ASYNC_FIELDS if name in given]
+    default = cfglib.EngineConfig()  # A replayed flags.txt names every flag, at its default.
+    stray = [f"--{name}" for name in ASYNC_FIELDS
+             if name in given and getattr(e, name) != getattr(default, name)]
     if stray:
       raise app.UsageError(f"{', '.join(stray)} set the asynchronous mode's options; add "
                            "--mode=async (or leave them out)")
@@ -217,7 +220,9 @@ def _required(cfg: cfglib.JobConfig, given: frozenset, runs) -> cfglib.JobConfig
           "--availability=diurnal (each client available around its own local noon) is on; set "
           "--availability to choose another model")
     cfg = cfglib.updated(cfg, given, availability="diurnal")
-  unused = [f"--{name}" for name in LOGNORMAL_FIELDS if name in given]
+  default = cfglib.EngineConfig()
+  unused = [f"--{name}" for name in LOGNORMAL_FIELDS
+            if name in given and getattr(cfg.engine, name) != getattr(default, name)]
   if unused and cfg.engine.system_profile != "lognormal":
     raise app.UsageError(f"{', '.join(unused)}: settings of the log-normal clock "
                          "(--system_profile=lognormal); with --system_profile="

@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -443,6 +444,17 @@ def test_round_in_which_nobody_trained_shows_as_such():
            "train_loss": 1.0, "wall_s": 1.0,
            "cumulative_cost": {"train_samples": 0, "uploads": 0}}]
   assert "| 0 | 0 | 1 | 0 | 1.0 |" in fs.summary_table([("r", recs)])
+
+
+def test_a_trimmed_mean_that_trims_nobody_warns():
+  from fedjax_sel import registry  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.parts.aggregators import TrimmedMeanSettings  # pylint: disable=import-outside-toplevel
+  context = registry.BuildContext(k=10, rounds=1, seed=0, num_clients=20)
+  with pytest.warns(UserWarning, match=r"beta=0.05 \(--trim_beta\) trims no client of K = 10"):
+    TrimmedMeanSettings(beta=0.05).check(context)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    TrimmedMeanSettings(beta=0.1).check(context)  # Trims one a side: no warning.
 
 
 def test_a_model_too_large_for_memory_is_refused_from_its_shapes():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -340,10 +341,9 @@ class TrimmedMeanSettings(registry.Makes):
     x = self.beta * n
     trimmed = min(math.floor(x) if self.rounding == "floor" else math.ceil(x), (n - 1) // 2)
     if self.beta > 0 and n > 2 and trimmed == 0:
-      raise registry.SettingError("beta", f"={self.beta} trims no client of K = {n} "
-                                  f"({self.rounding}(beta * K) = 0): the aggregate would be "
-                                  f"FedAvg's mean; raise it to >= {1 / n:.3g} or use "
-                                  "--trim_rounding=ceil")
+      warnings.warn(f"the trimmed mean's beta={self.beta} (--trim_beta) trims no client of K = "
+                    f"{n} ({self.rounding}(beta * K) = 0): it aggregates as FedAvg's mean; raise "
+                    f"it to >= {1 / n:.3g} or use --trim_rounding=ceil", stacklevel=2)
 
 
 registry.register_made("aggregator", "trimmed_mean", TrimmedMeanSettings,
