@@ -116,7 +116,7 @@ def figure(jobs: dict[str, dict], metric: str, path: str, x: str = "rounds") -> 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, max(4.5, 0.28 * len(named) + 1.5)),
                                  gridspec_kw={"width_ratios": [3, 2]})
   else:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
   finals = []
   for i, (label, runs) in enumerate(named):
     xs, values = curves(runs, metric, x)
@@ -129,7 +129,9 @@ def figure(jobs: dict[str, dict], metric: str, path: str, x: str = "rounds") -> 
     last = values[:, -1]
     finals.append((last.mean(), last.std(ddof=1) if len(last) > 1 else 0.0, label,
                    line.get_color()))
-  ax.set_xlabel("rounds trained" if x == "rounds" else "simulated seconds")
+  ax.set_xlabel("rounds trained" if x == "rounds" else "simulated seconds (log scale)")
+  if x == "sim_time":  # Asynchronous runs end in a fraction of a synchronous run's time.
+    ax.set_xscale("log")
   ax.set_ylabel(metric.replace("_", " "))
   ax.set_title(f"{metric.replace('_', ' ')}: mean over seeds"
                + ("" if many else ", their range shaded"))

@@ -103,11 +103,13 @@ def _in_flight(fl: InFlight, n: int) -> jax.Array:
   return jnp.zeros((n,), bool).at[fl.client].max(fl.active)
 
 
-def _at_most(chosen: jax.Array, room: jax.Array, key: jax.Array) -> jax.Array:
-  """`chosen` when it holds at most `room` clients, else a uniformly drawn `room` of them."""
+def _at_most(chosen: jax.Array, room: jax.Array, key: jax.Array, k: int) -> jax.Array:
+  """`chosen` (at most `k` clients) when it holds at most `room` of them, else a uniformly drawn
+  `room`: those with the lowest uniform draws of `key`."""
   u = jax.random.uniform(key, chosen.shape)
-  rank = jnp.argsort(jnp.argsort(jnp.where(chosen, u, 2.0)))
-  return chosen & (rank < room)
+  scores, ids = jax.lax.top_k(jnp.where(chosen, -u, -jnp.inf), k)
+  take = (jnp.arange(k) < room) & jnp.isfinite(scores)
+  return jnp.zeros(chosen.shape, bool).at[ids].max(take)
 
 
 class _Refill(NamedTuple):
@@ -145,7 +147,7 @@ def refill(config: rnd.RoundConfig, fl: InFlight, selector_state, inputs: RoundI
     over = jnp.maximum(jnp.sum(chosen).astype(jnp.int32) - k, 0)
     chosen &= candidates
     free = ~fl.active
-    chosen = _at_most(chosen, jnp.sum(free), jax.random.fold_in(key, keylib.SELECT))
+    chosen = _at_most(chosen, jnp.sum(free), jax.random.fold_in(key, keylib.SELECT), k)
     slots, valid, res = rnd.train_slots(config, params, arrays, run, chosen, k, t, lr)
     per_client = jnp.zeros((n,), jnp.float32).at[slots].add(jnp.where(valid, res.samples, 0.0))
     times = client_times(config.clock, per_client, 0.0, 0.0,
@@ -175,6 +177,24 @@ def refill(config: rnd.RoundConfig, fl: InFlight, selector_state, inputs: RoundI
   return jax.lax.while_loop(wanted, call, start)
 
 
+def available_at_finish(config: rnd.RoundConfig, fl: InFlight, seed) -> jax.Array:
+  """`[C]` bool: each slot's client is available at its finish time's index. The availability
+  model is evaluated once per distinct index among the active slots (a few per step: finish
+  times lie close together), not once per slot."""
+  c = fl.client.shape[0]
+  windows = jnp.where(fl.active, window(config.asynchrony, fl.finish), jnp.iinfo(jnp.int32).max)
+  distinct = jnp.unique(windows, size=c, fill_value=jnp.iinfo(jnp.int32).max)
+  count = jnp.sum(distinct < jnp.iinfo(jnp.int32).max)
+
+  def one(carry):
+    i, out = carry
+    mask = config.availability.sample(seed, distinct[i])
+    return i + 1, jnp.where(windows == distinct[i], mask[fl.client], out)
+
+  return jax.lax.while_loop(lambda carry: carry[0] < count, one,
+                            (jnp.zeros((), jnp.int32), jnp.zeros((c,), bool)))[1]
+
+
 class _Events(NamedTuple):
   consumed: jax.Array
   arrived: jax.Array
@@ -186,12 +206,10 @@ def events(config: rnd.RoundConfig, fl: InFlight, seed) -> _Events:
   """Step 2: the in-flight slots in order of (finish time, client id); each is an arrival when
   its client is available at its finish time's index, else a drop; the events up to the K-th
   arrival are this step's (`[C]` masks), and the clock moves to the last one's time."""
-  spec, k = config.asynchrony, config.k
+  k = config.k
   finish = jnp.where(fl.active, fl.finish, jnp.inf)
   order = jnp.lexsort((fl.client, finish))
-  at_finish = jax.vmap(lambda r: config.availability.sample(seed, r))(
-      window(spec, jnp.where(fl.active, fl.finish, 0.0)))
-  arrives = fl.active & at_finish[jnp.arange(fl.client.shape[0]), fl.client]
+  arrives = fl.active & available_at_finish(config, fl, seed)
   ordered = arrives[order].astype(jnp.int32)
   before = jnp.cumsum(ordered) - ordered  # Arrivals strictly earlier in the order.
   consumed = jnp.zeros_like(fl.active).at[order].set(fl.active[order] & (before < k))
