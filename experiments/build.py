@@ -25,7 +25,7 @@ from absl import app
 import fedjax_sel as fs
 from experiments import config as cfglib
 from fedjax_sel import registry
-from fedjax_sel.data import fedscale_traces, federated_sqlite, sources
+from fedjax_sel.data import federated_sqlite, sources
 from fedjax_sel.data.builders import source
 from fedjax_sel.data.store import STORE_FILE
 from fedjax_sel.data.corruption import KINDS as CORRUPTION_KINDS
@@ -327,7 +327,7 @@ def system_profile(cfg: cfglib.JobConfig):
                        "client,speed,bandwidth, or fedscale:FILE, FedScale's "
                        "client_device_capacity)")
     if fedscale:
-      return fedscale_traces.device_profile(path, cfg.data.num_clients)
+      return system.fedscale_profile(path, cfg.data.num_clients)
     return system.read_profiles(path, cfg.data.num_clients)
   except ValueError as err:
     raise app.UsageError(f"--system_profile={e.system_profile}: {err}") from err

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from fedjax_sel.client.system import Clock, client_times
+from fedjax_sel.client.system import Clock, client_times, fedscale_profile
 from fedjax_sel.data import fedscale_traces as traces
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,7 +48,7 @@ def fedscale_is_active(trace, times):
 
 def test_capacity_becomes_a_profile_that_times_rounds_as_fedscale(tmp_path):
   path = dump(tmp_path / "client_device_capacity", capacity())
-  profile = traces.device_profile(path, 5, seed=0)
+  profile = fedscale_profile(path, 5, seed=0)
   devices = list(capacity().values())
   picked = traces.assign(8, 5, 0)
   samples, model_bytes = 600.0, 2.5e5
@@ -63,7 +63,7 @@ def test_capacity_becomes_a_profile_that_times_rounds_as_fedscale(tmp_path):
     assert float(ours[k]) == pytest.approx(fedscale, rel=1e-5)
   assert len(set(picked.tolist())) == 5  # Without replacement while the trace is larger.
   assert traces.assign(3, 5, 0).max() < 3  # With replacement past its size.
-  np.testing.assert_array_equal(traces.device_profile(path, 5, seed=0).speed, profile.speed)
+  np.testing.assert_array_equal(fedscale_profile(path, 5, seed=0).speed, profile.speed)
 
 
 def test_behaviour_trace_matches_fedscales_check_on_its_unit_test(tmp_path):

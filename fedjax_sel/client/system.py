@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_sel.data import fedscale_traces
 from fedjax_sel.parts.types import FORWARD_COST
 
 PROFILE_FIELDS = ("client", "speed", "bandwidth")
@@ -123,6 +124,12 @@ def read_profiles(path: str, num_clients: int) -> SystemProfile:
   profile = SystemProfile(speed.astype(np.float32), bandwidth.astype(np.float32))
   check_profile(profile, num_clients, path)
   return profile
+
+
+def fedscale_profile(path: str, num_clients: int, seed: int = 0) -> SystemProfile:
+  """The profile of `num_clients` clients drawn onto FedScale's device capacity file
+  (`data/fedscale_traces.py`: its pickle read safely, times as FedScale computes them)."""
+  return SystemProfile(*fedscale_traces.device_speeds(path, num_clients, seed))
 
 
 def client_times(clock: Clock, train, evaluated, gradient, transfers) -> jax.Array:

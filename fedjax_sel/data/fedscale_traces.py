@@ -40,8 +40,6 @@ import pickle
 
 import numpy as np
 
-from fedjax_sel.client.system import SystemProfile
-
 CAPACITY_KEYS = ("computation", "communication")
 BEHAVIOUR_KEYS = ("active", "inactive", "finish_time")
 
@@ -55,7 +53,7 @@ class _PlainUnpickler(pickle.Unpickler):
 
   def find_class(self, module, name):
     raise ValueError(f"{self.where}: the pickle holds a {module}.{name} object; only plain "
-                     "containers and numbers are read (fedscale_traces.py says how to convert "
+                     "containers and numbers are read (docs/data.md says how to convert "
                      "a trusted file)")
 
 
@@ -130,13 +128,14 @@ def assign(num_entries: int, num_clients: int, seed: int) -> np.ndarray:
   return rng.choice(num_entries, num_clients, replace=num_entries < num_clients)
 
 
-def device_profile(path: str, num_clients: int, seed: int = 0) -> SystemProfile:
-  """The clock's `SystemProfile` of `num_clients` clients drawn onto the capacity file's devices
-  (speed = 1000 / (3 computation), bandwidth = communication * 128 bytes / s)."""
+def device_speeds(path: str, num_clients: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """`[N]` speeds (training samples / s) and bandwidths (bytes / s) of `num_clients` clients drawn
+  onto the capacity file's devices: speed = 1000 / (3 computation), bandwidth = communication *
+  128 (`client.system.fedscale_profile` makes them the clock's profile)."""
   devices = list(read_capacity(path).values())
   picked = np.array([devices[i] for i in assign(len(devices), num_clients, seed)], np.float64)
-  return SystemProfile((1000.0 / (3.0 * picked[:, 0])).astype(np.float32),
-                       (picked[:, 1] * 1024.0 / 8.0).astype(np.float32))
+  return ((1000.0 / (3.0 * picked[:, 0])).astype(np.float32),
+          (picked[:, 1] * 1024.0 / 8.0).astype(np.float32))
 
 
 def availability_table(path: str, num_clients: int, round_s: float, seed: int = 0,
