@@ -13,15 +13,12 @@ warm-up; a runs column repeats the step with --runs seeds as a runs axis (`RunBa
 
 from __future__ import annotations
 
-import time
 
-import jax
-import numpy as np
 import optax
 from absl import app, flags
 
 import fedjax_sel as fs
-from benchmarks.common import markdown_table, write_results
+from benchmarks.common import markdown_table, median_step_time, write_results
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("ns", ["1000", "10000"], "Population sizes N.")
@@ -42,18 +39,6 @@ def simulators(n: int, model_name: str, concurrency: int | None, seeds=(0,)):
                        seed=s, system_profile=profile, asynchrony=spec) for s in seeds]
 
 
-def step_time(runner, state, reps: int) -> float:
-  state, metrics = runner.step(state)  # Compiles (the first step also fills every slot).
-  jax.block_until_ready(metrics)
-  times = []
-  for _ in range(reps):
-    start = time.perf_counter()
-    state, metrics = runner.step(state)
-    jax.block_until_ready(metrics)
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
-
-
 def main(argv):
   del argv
   ns = [200] if FLAGS.quick else [int(n) for n in FLAGS.ns]
@@ -67,9 +52,9 @@ def main(argv):
         if c is not None and c > n // 2:
           continue
         sim = simulators(n, model_name, c)[0]
-        t = step_time(sim, sim.init(), reps)
+        t = median_step_time(sim, sim.init(), reps)
         batch = fs.RunBatch(simulators(n, model_name, c, seeds=range(FLAGS.runs)))
-        t_runs = step_time(batch, batch.init(), reps)
+        t_runs = median_step_time(batch, batch.init(), reps)
         rows.append({"model": model_name, "N": n, "what": label, "ms": 1e3 * t,
                      "per_s": 1 / t, "runs": FLAGS.runs, "runs_ms": 1e3 * t_runs,
                      "run_steps_per_s": FLAGS.runs / t_runs})

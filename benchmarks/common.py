@@ -34,6 +34,20 @@ def median_time(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
   return statistics.median(times)
 
 
+def median_step_time(runner, state, reps: int) -> float:
+  """Median wall time of `runner.step` (a `Simulator` or `RunBatch`) over `reps` rounds, the
+  state carried from round to round, after one compiled warm-up round from `state`."""
+  state, metrics = runner.step(state)
+  jax.block_until_ready(metrics)
+  times = []
+  for _ in range(reps):
+    start = time.perf_counter()
+    state, metrics = runner.step(state)
+    jax.block_until_ready(metrics)
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
 def peak_gflops() -> float:
   """The machine's float32 GEMM rate in GFLOP/s (a jitted 2048 x 2048 x 2048 product, median of
   5)."""

@@ -34,7 +34,7 @@ import optax
 from absl import app, flags
 
 import fedjax_sel as fs
-from benchmarks.common import markdown_table, median_time, write_results
+from benchmarks.common import markdown_table, median_step_time, median_time, write_results
 from fedjax_sel import registry
 from fedjax_sel.client.system import lognormal_profiles
 from fedjax_sel.parts.types import ClientState, RoundInputs, RoundOutcome, Stats
@@ -141,14 +141,7 @@ def round_time(name, n, k=10):
            else fs.uniform_availability(n, n // 2))
   sim = fs.Simulator(mdl, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=10), avail,
                      build(name, ctx), fs.fedavg(), k, 0, system_profile=profile)
-  state, _ = sim.step(sim.init())  # Compiles (and fills what round 0 fills).
-  times = []
-  for _ in range(FLAGS.round_reps):
-    start = time.perf_counter()
-    state, metrics = sim.step(state)
-    jax.block_until_ready(metrics)
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
+  return median_step_time(sim, sim.init(), FLAGS.round_reps)  # After round 0 fills its state.
 
 
 def main(argv):
