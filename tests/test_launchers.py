@@ -402,6 +402,14 @@ def test_tensorboard_scalars_equal_the_metrics_files(tmp_path):
         recs[2]["cumulative_cost"]["train_samples"])
 
 
+def test_the_tensorboard_extra_installs_the_viewer_the_docs_run():
+  """`pip install -e '.[tensorboard]'` (the test command installs it) brings `tensorboard`, which
+  docs/workflow.md tells users to run, beside the writer."""
+  proc = subprocess.run([sys.executable, "-m", "tensorboard.main", "--version"],
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0 and proc.stdout.strip()[0].isdigit(), proc.stdout + proc.stderr
+
+
 def test_make_store_help_lists_only_what_it_uses():
   proc = subprocess.run([sys.executable, "-m", "experiments.make_store", "--help"], cwd=REPO,
                         capture_output=True, text=True, timeout=120)
