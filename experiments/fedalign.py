@@ -10,11 +10,12 @@ digits in uni-class shards, N = 30 clients, 2 priority clients, logistic regress
 full participation, 50 rounds, 3 seeds.
 
 Per run it writes `<out_dir>/<group>/<method>/seed<s>/metrics.jsonl` (group: `main`, or the SYNTH
-noise level) with, per round: `priority_objective` (F(w_t), the priority clients' data-weighted
-training loss), `priority_test_accuracy` / `priority_test_loss` (on the priority clients' test
-data), `test_accuracy` (all clients), `others_trained` / `others_aggregated` (non-priority clients),
-`eps`, `closest_gap` (the smallest |F_k - F| of a non-priority client: above eps_t nobody aligns)
-and the cost counters; plus `summary.md` and, with --plot, `fedalign.png`
+noise level) with, per round: `priority_objective` (F(w_{t+1}), the priority clients'
+data-weighted training loss after the round), `priority_test_accuracy` / `priority_test_loss`
+(on the priority clients' test data), `test_accuracy` (all clients), `others_trained` /
+`others_aggregated` (non-priority clients), `eps`, `closest_gap` (the smallest gap |F_k - F| of a
+non-priority client in --align_metric, loss or accuracy: above eps_t nobody aligns) and the cost
+counters; plus `summary.md` and, with --plot, `fedalign.png`
 (`experiments/fedalign_report.py`).
 """
 
