@@ -105,8 +105,9 @@ def check_out_dir(out: cfglib.OutputConfig) -> None:
 def start(cfg: cfglib.JobConfig, flag_lines: list[str]) -> None:
   """Checks and locks the job's folder and writes its provenance (process 0): `flags.txt` (a
   flagfile replaying the job), `config.json` (the resolved config: `--config` replays it) and
-  `run_info.json` (the command line, the time, the library, JAX and device versions, the host;
-  with --resume, the earlier starts under `earlier`)."""
+  `run_info.json` (the command line, the time, the library, JAX and device versions, the host,
+  what `--conv_impl` resolved to for a convolutional model (also printed); with --resume, the
+  earlier starts under `earlier`)."""
   check_out_dir(cfg.output)
   if not writer():
     return
@@ -136,6 +137,10 @@ def start(cfg: cfglib.JobConfig, flag_lines: list[str]) -> None:
                        "numpy": np.__version__, "python": sys.version.split()[0]},
           "devices": [f"{d.platform}:{d.device_kind}" for d in jax.devices()],
           "processes": jax.process_count()}
+  impl = getattr(cfg.parts.model.settings, "conv_impl", None)
+  if cfg.parts.model.name in CONV_MODELS and impl is not None:
+    info["conv_impl"] = resolve_conv_impl(impl)  # What "auto" stood for on this machine.
+    print(f"convolutions: --conv_impl={impl} -> {info['conv_impl']}", flush=True)
   path = os.path.join(out, RUN_INFO_FILE)
   earlier = _earlier_starts(path) if cfg.output.resume else []
   if earlier:  # A resumed job keeps how it was started, and every resume before.
