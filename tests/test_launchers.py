@@ -514,13 +514,16 @@ def test_resume_with_an_added_seed_resumes_the_others(tmp_path):
   assert len(records(out / "seed1" / "metrics.jsonl")) == 4
 
 
-def test_what_conv_impl_auto_stood_for_is_printed_and_kept(tmp_path):
+def test_what_conv_impl_auto_stood_for_is_printed_and_kept(tmp_path, capsys):
   """A convolutional job says what --conv_impl=auto resolved to on this machine, and run_info.json
   keeps it (issue 36)."""
+  from experiments import config, job  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.host import folder_lock  # pylint: disable=import-outside-toplevel
   from fedjax_sel.models import resolve_conv_impl  # pylint: disable=import-outside-toplevel
   out = tmp_path / "cnn"
-  proc = launch("experiments.run", "--model=leaf_cnn", "--rounds=1", "--num_clients=10",
-                "--num_available=5", "--clients_per_round=2", "--seeds=0", f"--out_dir={out}")
+  cfg = config.updated(config.JobConfig(), model="leaf_cnn", out_dir=str(out))
+  job.start(cfg, [])
+  folder_lock.release(str(out))
   want = resolve_conv_impl("auto")
-  assert f"convolutions: --conv_impl=auto -> {want}" in proc.stdout
+  assert f"convolutions: --conv_impl=auto -> {want}" in capsys.readouterr().out
   assert json.loads((out / "run_info.json").read_text())["conv_impl"] == want
