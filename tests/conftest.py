@@ -55,6 +55,24 @@ def batch_norm_mlp(input_shape=(6,), num_classes=4):
   return from_flax(_BatchNormMLP(num_classes), input_shape, num_classes, "bn_mlp", stateful=True)
 
 
+class _DropoutMLP(nn.Module):
+  """Dense, ReLU, Dropout, Dense: training-time randomness, as users write it in flax."""
+
+  num_classes: int = 4
+  rate: float = 0.5
+
+  @nn.compact
+  def __call__(self, x, train=False):
+    h = nn.relu(nn.Dense(16)(x.reshape(x.shape[0], -1)))
+    return nn.Dense(self.num_classes)(nn.Dropout(self.rate, deterministic=not train)(h))
+
+
+def dropout_mlp(input_shape=(6,), num_classes=4, rate=0.5):
+  """A stochastic `Model` (dropout in training) for ragged_dataset-shaped data."""
+  return from_flax(_DropoutMLP(num_classes, rate), input_shape, num_classes, f"dropout_{rate}",
+                   stochastic=True)
+
+
 @pytest.fixture
 def small_data():
   return ragged_dataset([23, 5, 40, 1, 17, 9, 31, 12, 3, 28])

@@ -10,19 +10,21 @@ import optax
 import pytest
 
 from fedjax_sel import keys as keylib
-from fedjax_sel.client.local_training import (LocalHParams, _epoch_orders, local_train,
-                                              steps_per_client)
+from fedjax_sel.client.local_training import (DROPOUT, LocalHParams, _epoch_orders,
+                                              local_train, steps_per_client)
 from fedjax_sel.data.federated import ClientPool, device_pool
 from fedjax_sel.models import build_model
-from tests.conftest import batch_norm_mlp, ragged_dataset
+from tests.conftest import batch_norm_mlp, dropout_mlp, ragged_dataset
 
 
 @functools.cache
 def _reference_grad(model, prox_mu):
   """The jitted gradient of one client batch's objective (compiled once per model, not once per
-  client)."""
-  def objective(w, global_weights, xb, yb, state):
-    if state is None:
+  client); `key` is the step's dropout key (used by models with `train_call`)."""
+  def objective(w, global_weights, xb, yb, state, key):
+    if model.train_call is not None and state is None:
+      logits, new_state = model.train_call(w, xb, jnp.ones(len(yb)), key)[0], None
+    elif state is None:
       logits, new_state = model.apply(w, xb), None
     else:
       logits, new_state = model.train_apply({**state, "params": w}, xb, jnp.ones(len(yb)))
@@ -44,10 +46,14 @@ def reference_client(model, tx, hp, global_params, x, y, key, max_count):
   total_loss, total_n = 0.0, 0
   grad = _reference_grad(model, hp.prox_mu)
   orders = np.asarray(_epoch_orders(key, count, hp.num_epochs, max_count))
+  step = 0
   for e in range(hp.num_epochs):
     for start in range(0, count, hp.batch_size):
       idx = orders[e][start:min(start + hp.batch_size, count)]
-      g, (mean, state) = grad(weights, global_weights, x[idx], y[idx], state)
+      # The step's dropout key: the client's key, folded with DROPOUT, then the step index.
+      step_key = jax.random.fold_in(jax.random.fold_in(key, DROPOUT), step)
+      step += 1
+      g, (mean, state) = grad(weights, global_weights, x[idx], y[idx], state, step_key)
       updates, opt_state = tx.update(g, opt_state, weights)
       weights = optax.apply_updates(weights, updates)
       total_loss += float(mean) * len(idx)
@@ -106,6 +112,22 @@ def test_batch_norm_training_equals_per_client_loop_with_statistics(hp):
   moved = res.params["batch_stats"]["BatchNorm_0"]["mean"]
   start = params["batch_stats"]["BatchNorm_0"]["mean"]
   assert not np.allclose(moved[0], start) and np.allclose(moved[1], start)
+
+
+@pytest.mark.parametrize("hp", [LocalHParams(batch_size=4, num_epochs=2),
+                                LocalHParams(batch_size=5, num_epochs=1, chunk_size=3)])
+def test_dropout_training_equals_per_client_loop_with_the_same_keys(hp):
+  """A model with dropout: each client step's mask comes from (seed, round, client, step), so
+  the vmapped chunks equal the plain loop drawing the same keys; and the keys are used (a rate
+  of 0.5 trains to other weights than the same module at rate 0)."""
+  test_vmapped_training_equals_per_client_loop(hp, "sgd", dropout_mlp())
+  data = ragged_dataset([23, 5, 40])
+  params = dropout_mlp().init(jax.random.PRNGKey(1))
+  on, _ = run_vectorized(dropout_mlp(), lambda lr: optax.sgd(lr), hp, params, data.train,
+                         [0, 2], [True, True])
+  off, _ = run_vectorized(dropout_mlp(rate=0.0), lambda lr: optax.sgd(lr), hp, params,
+                          data.train, [0, 2], [True, True])
+  assert not np.allclose(on.params["Dense_1"]["kernel"], off.params["Dense_1"]["kernel"])
 
 
 def test_update_unchanged_by_padding_and_company():

@@ -32,6 +32,10 @@ from fedjax_sel.client.compiled_cost import flops, planned_bytes
 from fedjax_sel.data.federated import ClientPool, rows_with_replacement
 from fedjax_sel.models.bundle import Model, train_losses, trainable, with_trainable
 
+# Folded into a client's key, then the step index: the key of its training-time randomness
+# (dropout) at that step, apart from the keys that draw its batches.
+DROPOUT = 2**31 - 1
+
 Params = Any
 # Builds the client optimizer for this round's learning rate (a traced scalar).
 OptimizerFactory = Callable[[jax.Array], optax.GradientTransformation]
@@ -134,8 +138,9 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
   mu = hp.prox_mu if prox_mu is None else prox_mu
   proximal = prox_mu is not None or bool(hp.prox_mu)
 
-  def loss_fn(weights, params, xb, yb, mask):
-    losses, new_params = train_losses(model, with_trainable(model, params, weights), xb, yb, mask)
+  def loss_fn(weights, params, xb, yb, mask, key):
+    losses, new_params = train_losses(model, with_trainable(model, params, weights), xb, yb, mask,
+                                      key)
     mean = jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     if proximal:  # FedAvg skips the term: its value and gradient are passes over every weight.
       mean += 0.5 * mu * sum(jnp.sum((p - g) ** 2) for p, g in
@@ -172,8 +177,9 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
         mask = jnp.broadcast_to(active & (c > 0), (hp.batch_size,))
       mask = mask.astype(jnp.float32)
       weights = trainable(model, p)
+      step_key = jax.random.fold_in(jax.random.fold_in(k, DROPOUT), s)  # Dropout's, if any.
       (_, (loss_sum, sq_sum, stepped)), grads = grad_fn(weights, p, pool.x[rows], pool.y[rows],
-                                                         mask)
+                                                         mask, step_key)
       updates, o_new = tx.update(grads, o, weights)
       p_new = with_trainable(model, stepped, optax.apply_updates(weights, updates))
       keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(active, a, b), new, old)
@@ -252,7 +258,8 @@ def step_cost(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, param
 
   def client_step(p, o, x, y):
     mask = jnp.ones(y.shape, jnp.float32)
-    loss = lambda w: jnp.mean(train_losses(model, with_trainable(model, p, w), x, y, mask)[0])
+    loss = lambda w: jnp.mean(train_losses(model, with_trainable(model, p, w), x, y, mask,
+                                           jax.random.PRNGKey(0))[0])
     w = trainable(model, p)
     u, o = tx.update(jax.grad(loss)(w), o, w)
     return with_trainable(model, p, optax.apply_updates(w, u)), o

@@ -42,6 +42,11 @@ class Model(NamedTuple):
   training minimizes and every loss statistic reports (F_k, FilFL's public loss, FedALIGN's and
   FedSRC's comparisons); by default it is the softmax cross-entropy. Accuracy and predictive
   entropy always read the logits as softmax scores.
+
+  A model with training-time randomness (dropout) has `train_call`: `(params, x, mask, key) ->
+  (logits, params)`, training mode with the PRNG key of one client's local step (local training
+  derives it from the seed, round, client id and step, so runs repeat bit for bit); it replaces
+  `train_apply` in training (a stateful one updates its state as `train_apply` does).
   """
 
   init: Callable[[jax.Array], Params]
@@ -50,6 +55,7 @@ class Model(NamedTuple):
   name: str
   train_apply: Callable[[Params, jax.Array, jax.Array], tuple[jax.Array, Params]] | None = None
   loss: Callable[[jax.Array, jax.Array], jax.Array] | None = None
+  train_call: Callable[..., tuple[jax.Array, Params]] | None = None
 
 
 def logits_loss(model: Model, logits: jax.Array, y: jax.Array) -> jax.Array:
@@ -76,9 +82,16 @@ def with_trainable(model: Model, params: Params, weights: Params) -> Params:
 
 
 def train_losses(model: Model, params: Params, x: jax.Array, y: jax.Array,
-                 mask: jax.Array) -> tuple[jax.Array, Params]:
+                 mask: jax.Array, key: jax.Array | None = None) -> tuple[jax.Array, Params]:
   """Training-mode per-example losses `[B]` and the params with their state updated over the
-  examples where `mask` is 1 (the params themselves for stateless models)."""
+  examples where `mask` is 1 (the params themselves for stateless models); `key`, the step's
+  PRNG key, feeds a model's training-time randomness (`train_call`)."""
+  if model.train_call is not None:
+    if key is None:
+      raise ValueError(f"model {model.name!r} draws randomness in training (dropout): pass the "
+                       "step's key")
+    logits, new_params = model.train_call(params, x, mask, key)
+    return logits_loss(model, logits, y), new_params
   if model.train_apply is None:
     return per_example_loss(model, params, x, y), params
   logits, new_params = model.train_apply(params, x, mask)
@@ -120,12 +133,17 @@ def masked_mean_loss(model: Model, params: Params, x: jax.Array, y: jax.Array,
 
 def from_flax(module: nn.Module, input_shape: tuple[int, ...], num_classes: int, name: str,
               input_dtype=jnp.float32, stateful: bool = False,
-              loss: Callable[[jax.Array, jax.Array], jax.Array] | None = None) -> Model:
+              loss: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+              stochastic: bool = False) -> Model:
   """Wraps a flax module whose `__call__(x)` returns logits.
 
   With `stateful`, the module takes `__call__(x, train, mask)` and keeps a `batch_stats`
-  collection; the model's params are then all its variables (see `Model`). `loss` is the
-  per-example loss `(logits [B, C], labels [B]) -> [B]` (default: softmax cross-entropy).
+  collection; the model's params are then all its variables (see `Model`). With `stochastic`,
+  the module draws randomness in training, as flax's `nn.Dropout(rate,
+  deterministic=not train)` does: it takes `__call__(x, train=False)` (with `stateful`,
+  `__call__(x, train=False, mask=None)`), and training passes `rngs={"dropout": key}` with each
+  client step's key; evaluation calls it with `train=False`. `loss` is the per-example loss
+  `(logits [B, C], labels [B]) -> [B]` (default: softmax cross-entropy).
 
   Examples:
     >>> import flax.linen as nn
@@ -137,18 +155,24 @@ def from_flax(module: nn.Module, input_shape: tuple[int, ...], num_classes: int,
   dummy = jnp.zeros((1, *input_shape), input_dtype)
 
   if not stateful:
+    def train_call(params, x, mask, key):
+      del mask
+      return module.apply({"params": params}, x.astype(input_dtype), train=True,
+                          rngs={"dropout": key}), params
+
     return Model(lambda key: module.init(key, dummy)["params"],
                  lambda params, x: module.apply({"params": params}, x.astype(input_dtype)),
-                 num_classes, name, loss=loss)
+                 num_classes, name, loss=loss, train_call=train_call if stochastic else None)
 
-  def train_apply(params, x, mask):
+  def train_apply(params, x, mask, key=None):
+    rngs = {} if key is None else {"rngs": {"dropout": key}}
     logits, updates = module.apply(params, x.astype(input_dtype), train=True, mask=mask,
-                                   mutable=["batch_stats"])
+                                   mutable=["batch_stats"], **rngs)
     return logits, {**params, **updates}
 
   return Model(lambda key: dict(module.init(key, dummy)),
                lambda params, x: module.apply(params, x.astype(input_dtype)),
-               num_classes, name, train_apply, loss)
+               num_classes, name, train_apply, loss, train_apply if stochastic else None)
 
 
 class ModelOptions(NamedTuple):
