@@ -217,21 +217,17 @@ def partition(name: str, y: np.ndarray, num_clients: int, num_classes: int, seed
               alpha: float = 0.5, k: int = 2, fraction: float = 0.8,
               shards_per_client: int = 2, size_skew: float = 1.0) -> list[np.ndarray]:
   """Dispatches to a partitioner by name (one of `PARTITIONS`)."""
-  if name == "iid":
-    return iid(y, num_clients, seed)
-  if name == "dirichlet":
-    return dirichlet(y, num_clients, num_classes, alpha, seed)
-  if name == "uni_class":
-    return uni_class(y, num_clients, num_classes, seed)
-  if name == "dominant":
-    return dominant(y, num_clients, num_classes, fraction, seed)
-  if name == "k_classes":
-    return k_classes(y, num_clients, num_classes, k, seed)
-  if name == "shards":
-    return shards(y, num_clients, shards_per_client, seed)
-  if name == "inner_dirichlet":
-    return inner_dirichlet(y, num_clients, num_classes, alpha, seed)
-  if name in ("lognormal_sizes", "power_law_sizes"):
-    return quantity_skew(y, num_clients, name.split("_sizes")[0].replace("power_law", "pareto"),
-                         size_skew, seed)
-  raise ValueError(f"unknown partition {name!r}; accepted: {', '.join(PARTITIONS)}")
+  make = {
+      "iid": lambda: iid(y, num_clients, seed),
+      "dirichlet": lambda: dirichlet(y, num_clients, num_classes, alpha, seed),
+      "uni_class": lambda: uni_class(y, num_clients, num_classes, seed),
+      "dominant": lambda: dominant(y, num_clients, num_classes, fraction, seed),
+      "k_classes": lambda: k_classes(y, num_clients, num_classes, k, seed),
+      "shards": lambda: shards(y, num_clients, shards_per_client, seed),
+      "inner_dirichlet": lambda: inner_dirichlet(y, num_clients, num_classes, alpha, seed),
+      "lognormal_sizes": lambda: quantity_skew(y, num_clients, "lognormal", size_skew, seed),
+      "power_law_sizes": lambda: quantity_skew(y, num_clients, "pareto", size_skew, seed),
+  }
+  if name not in make:
+    raise ValueError(f"unknown partition {name!r}; accepted: {', '.join(PARTITIONS)}")
+  return make[name]()
