@@ -139,7 +139,8 @@ def start(cfg: cfglib.JobConfig, flag_lines: list[str]) -> None:
           "processes": jax.process_count()}
   impl = getattr(cfg.parts.model.settings, "conv_impl", None)
   if cfg.parts.model.name in CONV_MODELS and impl is not None:
-    info["conv_impl"] = resolve_conv_impl(impl)  # What "auto" stood for on this machine.
+    # What "auto" stood for on this machine (an explicit impl is checked with the model).
+    info["conv_impl"] = resolve_conv_impl(impl) if impl == "auto" else impl
     print(f"convolutions: --conv_impl={impl} -> {info['conv_impl']}", flush=True)
   path = os.path.join(out, RUN_INFO_FILE)
   earlier = _earlier_starts(path) if cfg.output.resume else []

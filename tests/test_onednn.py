@@ -104,3 +104,24 @@ def test_launcher_asking_for_unavailable_onednn_names_the_flag_and_the_extra(tmp
   assert proc.returncode != 0
   assert "--conv_impl=onednn" in proc.stderr and "fedjax_sel[onednn]" in proc.stderr
   assert "[   1/" not in proc.stdout
+
+
+def test_a_corrupt_cached_library_is_rebuilt_with_a_warning(tmp_path):
+  """A truncated library in the cache (it used to kill every convolutional run with a bus error)
+  is found by its digest and rebuilt, with one line saying so; the convolution then works."""
+  script = ("from fedjax_sel.models import onednn; import jax.numpy as jnp; "
+            "r = onednn.unavailable_reason(); assert r is None, r; "
+            "print(float(onednn.conv(jnp.ones((1, 4, 4, 1)), jnp.ones((3, 3, 1, 1)), (1, 1), "
+            "((1, 1), (1, 1)))[0, 1, 1, 0]))")
+  env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+  first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         timeout=300, check=False)
+  if first.returncode and "unavailable" in (first.stdout + first.stderr).lower():
+    pytest.skip("oneDNN is not installed here")
+  assert first.returncode == 0 and first.stdout.strip() == "9.0", first.stderr
+  [library] = (tmp_path / "fedjax_sel" / "onednn").glob("onednn_conv-*.so")
+  library.write_bytes(library.read_bytes()[:4096])  # Truncated, as a full disk leaves it.
+  second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+  assert second.returncode == 0 and second.stdout.strip() == "9.0", second.stderr
+  assert "is not the library built there (truncated or replaced): rebuilding it" in second.stderr

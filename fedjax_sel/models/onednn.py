@@ -31,6 +31,7 @@ import os
 import pathlib
 import shutil
 import subprocess
+import sys
 import tempfile
 from importlib import metadata
 
@@ -90,8 +91,14 @@ def build() -> pathlib.Path:
                                   compiler]).encode()).hexdigest()[:16]
   folder = _cache_folder()
   out = folder / f"onednn_conv-{key}.so"
+  digest = out.with_suffix(".sha256")
   with open(folder / ".build.lock", "w", encoding="utf-8") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)  # Concurrent processes (test workers) build it once.
+    if out.exists() and not _intact(out, digest):
+      if digest.exists():  # Without a digest it predates them: rebuilt without a word.
+        sys.stderr.write(f"warning: {out} is not the library built there (truncated or "
+                         "replaced): rebuilding it\n")
+      out.unlink()
     if not out.exists():
       partial = out.with_suffix(f".{os.getpid()}.tmp")
       cmd = [compiler, "-O2", "-w", "-std=c++17", "-shared", "-fPIC", str(SOURCE),
@@ -102,8 +109,21 @@ def build() -> pathlib.Path:
         errors = [line for line in proc.stderr.splitlines() if "error" in line] or [proc.stderr]
         raise Unavailable(f"building {SOURCE.name} with {compiler} failed: " +
                           "\n".join(errors)[:2000])
+      digest.write_text(_sha256(partial), encoding="utf-8")
       os.replace(partial, out)
   return out
+
+
+def _sha256(path: pathlib.Path) -> str:
+  return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _intact(library: pathlib.Path, digest: pathlib.Path) -> bool:
+  """Whether the cached library is the one built there (its digest recorded beside it)."""
+  try:
+    return digest.read_text(encoding="utf-8").strip() == _sha256(library)
+  except OSError:
+    return False
 
 
 @functools.cache
@@ -116,8 +136,12 @@ def unavailable_reason() -> str | None:
     lib = ctypes.CDLL(str(path))
   except (Unavailable, OSError) as e:
     return f"{e}; {INSTALL_HINT}"
-  for target, symbol in _HANDLERS.items():
-    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+  try:
+    handlers = {target: getattr(lib, symbol) for target, symbol in _HANDLERS.items()}
+  except AttributeError as e:  # A library of another build: the portable lowering instead.
+    return f"{path} lacks the convolution handlers ({e}); {INSTALL_HINT}"
+  for target, handler in handlers.items():
+    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(handler), platform="cpu")
   return None
 
 
