@@ -204,4 +204,4 @@ main = flag_binding.launcher_main(resolve, execute)
 
 
 if __name__ == "__main__":
-  app.run(job.cli(main))
+  job.launch(main)

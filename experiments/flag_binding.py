@@ -168,6 +168,38 @@ def define(defaults: cfglib.JobConfig, *, exclude: tuple[str, ...] = (),
   _BOUND = _Bound(defaults, fields, tuple(choose), settings, dict(sweepable or {}))
 
 
+HELP_GROUPS = {"data": "Data", "local": "Local training", "engine": "Engine and clock",
+               "parts": "Parts (each setting applies when its part is chosen)",
+               "options": "This launcher's options", "output": "Outputs",
+               "distributed": "Several hosts"}
+
+
+def short_help(doc: str) -> str:
+  """The launcher's help: its docstring, then each flag it declares in one line (name, the first
+  sentence of its help, its default), grouped by what it configures; `--helpfull` gives absl's
+  full listing."""
+  bound = _bound()
+  groups: dict[str, list[str]] = {group: [] for group in HELP_GROUPS}
+  groups["job"] = []
+  owners = {flag: "parts" for flag in bound.settings}
+  owners.update({PART_FLAG[kind]: "parts" for kind in bound.choices})
+  owners.update({flag: section for flag, (section, _) in bound.fields.items()})
+  for name in [*bound.fields, *(PART_FLAG[k] for k in bound.choices), *bound.settings, "seeds",
+               "sweep", "config"]:
+    if name not in FLAGS:
+      continue
+    flag = FLAGS[name]
+    first = flag.help.split(". ")[0].rstrip(".")
+    default = "" if flag.default in (None, "", []) else f" (default {flag.default_as_str})"
+    groups[owners.get(name, "job")].append(f"  --{name}: {first}{default}")
+  lines = [doc.strip(), ""]
+  for group, entries in groups.items():
+    if entries:
+      lines += [f"{HELP_GROUPS.get(group, 'The job')}:", *entries, ""]
+  lines.append("--helpfull lists every flag with its whole help (absl's listing).")
+  return "\n".join(lines)
+
+
 def _bound() -> _Bound:
   if _BOUND is None:
     raise RuntimeError("flag_binding.define(...) was not called by this launcher")

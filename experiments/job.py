@@ -372,6 +372,16 @@ def _exit_on_failure(label: str):
     sys.exit(f"error: {label.strip()}: {failure(e)}")
 
 
+def launch(main) -> None:
+  """Runs a launcher's `main` (`app.run(cli(main))`); `--help` (or `-h`) prints its short,
+  grouped help (`flag_binding.short_help`) and exits 0."""
+  if any(a in ("--help", "-h", "-?", "--helpshort") for a in sys.argv[1:]):
+    from experiments import flag_binding  # pylint: disable=import-outside-toplevel
+    print(flag_binding.short_help(sys.modules["__main__"].__doc__ or ""))
+    sys.exit(0)
+  app.run(cli(main))
+
+
 def cli(main):
   """`main` for `app.run`: a UsageError prints its message and where to find help (absl would
   print the help of every flag first), exit status 1; a file that cannot be written (a full disk)

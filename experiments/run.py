@@ -28,7 +28,6 @@ JSON line per round, flushed as it comes), prints per-round progress and a final
 
 import dataclasses
 
-from absl import app
 
 import fedjax_sel as fs
 from experiments import build, config, flag_binding, job, report
@@ -118,4 +117,4 @@ main = flag_binding.launcher_main(resolve, execute)
 
 
 if __name__ == "__main__":
-  app.run(job.cli(main))
+  job.launch(main)

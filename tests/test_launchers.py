@@ -527,3 +527,15 @@ def test_what_conv_impl_auto_stood_for_is_printed_and_kept(tmp_path, capsys):
   want = resolve_conv_impl("auto")
   assert f"convolutions: --conv_impl=auto -> {want}" in capsys.readouterr().out
   assert json.loads((out / "run_info.json").read_text())["conv_impl"] == want
+
+
+@pytest.mark.parametrize("launcher", ["run", "filfl", "fedalign", "uacs", "fedsrc"])
+def test_help_is_short_grouped_and_exits_0(launcher):
+  """`--help` prints the launcher's own page and its flags one line each, grouped by what they
+  configure, and exits 0 (absl's exits 1 with every flag's whole help: --helpfull keeps that)."""
+  proc = launch(f"experiments.{launcher}", "--help", check=False)
+  assert proc.returncode == 0, proc.stderr
+  lines = proc.stdout.splitlines()
+  assert len(lines) < 260 and "Data:" in lines and "Local training:" in lines
+  assert any(line.startswith("  --seeds: ") for line in lines)
+  assert lines[-1].startswith("--helpfull")
