@@ -229,3 +229,15 @@ def test_split_clients_refuses_a_label_outside_the_classes():
   ys = [np.array([0, 1, 2]), np.array([3, 7])]
   with pytest.raises(ValueError, match=r"client 1: label 7 is not an integer class in 0..3"):
     split_clients(xs, ys, num_classes=4, val_fraction=0.0, test_fraction=0.2, seed=0)
+
+
+def test_split_clients_defaults_to_the_dataset_specs_fractions():
+  """`split_clients(xs, ys, num_classes=...)` alone: no validation split, a fifth for test (the
+  `DatasetSpec` defaults), seeded at 0 (issue 36)."""
+  from fedjax_sel.data.federated import split_clients  # pylint: disable=import-outside-toplevel
+  xs, ys = [np.zeros((10, 2), np.float32)] * 3, [np.arange(10) % 2] * 3
+  data = split_clients(xs, ys, num_classes=2)
+  assert data.train.counts.tolist() == [8, 8, 8] and data.test.counts.tolist() == [2, 2, 2]
+  assert data.val.counts.tolist() == [0, 0, 0]
+  again = split_clients(xs, ys, num_classes=2, val_fraction=0.0, test_fraction=0.2, seed=0)
+  np.testing.assert_array_equal(again.test.y, data.test.y)

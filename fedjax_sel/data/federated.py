@@ -114,9 +114,9 @@ def split_clients(
     ys: Sequence[np.ndarray],
     *,
     num_classes: int,
-    val_fraction: float,
-    test_fraction: float,
-    seed: int,
+    val_fraction: float = 0.0,
+    test_fraction: float = 0.2,
+    seed: int = 0,
     public: tuple[np.ndarray, np.ndarray] | None = None,
     name: str = "federated",
     tests: tuple[Sequence[np.ndarray], Sequence[np.ndarray]] | None = None,
@@ -124,7 +124,8 @@ def split_clients(
   """Splits each client's examples into train / validation / test (shuffled, seeded).
 
   Each client keeps at least one training example; validation and test take
-  `round(fraction * n_k)` of the rest. `tests`, a published per-client test split `(xs, ys)`,
+  `round(fraction * n_k)` of the rest (by default no validation split and a fifth for test, as
+  `DatasetSpec`'s defaults). `tests`, a published per-client test split `(xs, ys)`,
   is the test pool instead (`test_fraction` must then be 0).
   """
   if tests is not None and test_fraction:
