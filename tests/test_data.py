@@ -234,7 +234,6 @@ def test_split_clients_refuses_a_label_outside_the_classes():
 def test_split_clients_defaults_to_the_dataset_specs_fractions():
   """`split_clients(xs, ys, num_classes=...)` alone: no validation split, a fifth for test (the
   `DatasetSpec` defaults), seeded at 0 (issue 36)."""
-  from fedjax_sel.data.federated import split_clients  # pylint: disable=import-outside-toplevel
   xs, ys = [np.zeros((10, 2), np.float32)] * 3, [np.arange(10) % 2] * 3
   data = split_clients(xs, ys, num_classes=2)
   assert data.train.counts.tolist() == [8, 8, 8] and data.test.counts.tolist() == [2, 2, 2]
