@@ -52,7 +52,7 @@ flags.DEFINE_integer("round_reps", 3, "Timed rounds (median).")
 LIMITS = {"divfl": (10000, "an [N, D] gradient table and [N, N] distances"),
           "clustered_similarity": (1000, "an [N, N] dissimilarity and O(N^3) Ward merges (5 s "
                                          "a round at N = 1000)"),
-          "fedcor": (10000, "an [N, N] covariance, K rank-1 updates of it"),
+          "fedcor": (10000, "its GP fit's [N, N] covariance (the greedy rounds are O(N (D + K)))"),
           "fedcs": (100000, "a greedy of O((N / 10)^2) over the asked tenth"),
           "delta": (100000, "every client's gradient, [N, D], in its full variant")}
 

@@ -21,7 +21,7 @@ def test_greedy_matches_select_clients(seed):
   p = rng.dirichlet(np.ones(n))
   discount = np.where(rng.random(n) < 0.3, 0.9 ** rng.integers(1, 4, n), 1.0)
   want = authors.select_clients(cov, None, 0.01, k, p, discount)
-  got = fedcor.greedy_select(jnp.asarray(cov, jnp.float32), jnp.asarray(p, jnp.float32),
+  got = fedcor.greedy_select(jnp.asarray(x, jnp.float32), jnp.asarray(p, jnp.float32),
                              jnp.asarray(discount, jnp.float32), jnp.ones(n, bool), k)
   assert sorted(want) == np.flatnonzero(np.asarray(got)).tolist()
 

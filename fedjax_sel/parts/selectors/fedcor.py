@@ -20,8 +20,9 @@ the global model before and after the round):
 
 Examples:
   >>> import jax.numpy as jnp
-  >>> cov = jnp.array([[1.0, 0.9, 0.0], [0.9, 1.0, 0.0], [0.0, 0.0, 1.0]])
-  >>> greedy_select(cov, jnp.ones(3) / 3, jnp.ones(3), jnp.ones(3, bool), 2).tolist()
+  >>> x = jnp.array([[1.0, 0.8, 0.0], [0.0, 0.6, 0.0], [0.0, 0.0, 1.0]])  # Sigma_01 = 0.8.
+  >>> p = jnp.array([0.5, 0.25, 0.25])
+  >>> greedy_select(x, p, jnp.ones(3), jnp.ones(3, bool), 2).tolist()
   [True, False, True]
 """
 
@@ -48,25 +49,36 @@ def covariance(x: jax.Array) -> jax.Array:
   return x.T @ x + NOISE ** 2 * jnp.eye(x.shape[1], dtype=x.dtype)
 
 
-def greedy_select(cov: jax.Array, p: jax.Array, discount: jax.Array, mask: jax.Array,
+def greedy_select(x: jax.Array, p: jax.Array, discount: jax.Array, mask: jax.Array,
                   k: int) -> jax.Array:
   """`[N]` bool: K greedy steps over the clients of `mask` (ties to the lower index), each taking
   the k maximizing `discount_k / sqrt(Sigma_kk) sum_{i remaining} p_i Sigma_ik` and conditioning
-  Sigma on it."""
+  Sigma on it, for the covariance `Sigma = X^T X + noise^2 I` of the `[D, N]` features `x`.
 
-  def step(_, carry):
-    sigma, remaining, chosen = carry
-    weighted = jnp.sum(jnp.where(remaining, p, 0.0)[:, None] * sigma, axis=0)
-    score = discount / jnp.sqrt(jnp.maximum(jnp.diag(sigma), 1e-30)) * weighted
+  Sigma is never formed: after t steps it is `Sigma_0 - U U^T`, U holding one column per chosen
+  client (conditioning on j subtracts `u u^T` with `u = Sigma[:, j] / sqrt(Sigma_jj)`), so its
+  diagonal, a column and the weighted column sums cost O(N (D + t)) a step instead of O(N^2).
+  """
+  n = x.shape[1]
+  jitter = NOISE ** 2
+  u = jnp.zeros((n, min(k, n)), x.dtype)
+
+  def step(t, carry):
+    u, diag, remaining, chosen = carry
+    q = jnp.where(remaining, p, 0.0).astype(x.dtype)
+    weighted = x.T @ (x @ q) + jitter * q - u @ (u.T @ q)
+    score = discount / jnp.sqrt(jnp.maximum(diag, 1e-30)) * weighted
     j = jnp.argmax(jnp.where(remaining, score, -jnp.inf))
     ok = remaining[j]
-    col = sigma[:, j]
-    conditioned = sigma - jnp.outer(col, col) / jnp.maximum(sigma[j, j], 1e-30)
-    return (jnp.where(ok, conditioned, sigma), remaining.at[j].set(False),
+    col = x.T @ x[:, j] + jitter * (jnp.arange(n) == j) - u @ u[j]
+    new = col / jnp.sqrt(jnp.maximum(col[j], 1e-30))
+    new = jnp.where(ok, new, 0.0)
+    return (u.at[:, t].set(new), diag - new * new, remaining.at[j].set(False),
             chosen.at[j].set(chosen[j] | ok))
 
-  carry = (cov, mask, jnp.zeros(mask.shape, bool))
-  return jax.lax.fori_loop(0, min(k, mask.shape[0]), step, carry)[2]
+  diag = jnp.sum(x * x, axis=0) + jitter
+  carry = (u, diag, mask, jnp.zeros(mask.shape, bool))
+  return jax.lax.fori_loop(0, min(k, n), step, carry)[3]
 
 
 def gp_loss(x: jax.Array, mu: jax.Array, values: jax.Array, observed: jax.Array,
@@ -226,7 +238,7 @@ def fedcor_selector(k: int, seed: int = 0, config: FedCorConfig = FedCorConfig()
     rand = random_round(t)
     chosen = jax.lax.cond(
         rand, lambda: top_k_mask(jax.random.uniform(key, mask.shape), mask, k),
-        lambda: greedy_select(covariance(x), p, discount, mask, k))
+        lambda: greedy_select(x, p, discount, mask, k))
     discount = jnp.where(rand, discount, jnp.where(chosen, discount * cfg.beta, discount))
     return chosen, FedCorState(x, mu, values, observed, epochs, discount,
                                jnp.where(rand, loss, state.prev_loss),
