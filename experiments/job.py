@@ -388,7 +388,7 @@ def cli(main):
   prints one line naming it, exit status 1."""
   def wrapped(argv):
     from fedjax_sel.host.compilation import use_persistent_cache  # pylint: disable=import-outside-toplevel
-    use_persistent_cache()  # $FEDJAX_SEL_CACHE_DIR moves it; =off disables it.
+    cache = use_persistent_cache()  # $FEDJAX_SEL_CACHE_DIR moves it; =off disables it.
     # JAX logs every accelerator backend it looks for and does not find (libtpu on a CPU host).
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     try:
@@ -407,4 +407,11 @@ def cli(main):
         raise
       where = f"cannot write {e.filename}: " if e.filename else ""
       sys.exit(f"error: {where}{e.strerror or e}")
+    except AssertionError as e:  # XLA's check of a loaded program (a foreign cache entry).
+      if cache is None:
+        raise
+      sys.exit(f"error: a compiled program failed XLA's checks ({e or 'assertion'}); a program "
+               f"loaded from the compilation cache at {cache} may be corrupted or another "
+               "program's: delete that folder (it is rebuilt as jobs compile), or run with "
+               "FEDJAX_SEL_CACHE_DIR=off. Finished rounds are kept: rerun with --resume")
   return wrapped

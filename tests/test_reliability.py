@@ -1063,3 +1063,25 @@ def test_a_job_around_a_running_job_is_refused_before_compute(tmp_path):
     holder.kill()
   assert proc.returncode == 1 and "is in use by another job" in proc.stderr, proc.stderr
   assert str(inner) in proc.stderr and "== " not in proc.stdout
+
+
+def test_a_failed_check_of_a_cached_program_names_the_cache_folder(tmp_path, monkeypatch):
+  """XLA's assertion on a program loaded from the persistent cache (two swapped entries stopped a
+  job with a raw AssertionError) ends the launcher in one line naming the cache folder and what
+  to do (issue 37)."""
+  from experiments import job  # pylint: disable=import-outside-toplevel
+  monkeypatch.setenv("FEDJAX_SEL_CACHE_DIR", str(tmp_path / "cache"))
+
+  def main(argv):
+    del argv
+    raise AssertionError("executable fingerprint mismatch")
+
+  before = jax.config.jax_compilation_cache_dir
+  try:
+    with pytest.raises(SystemExit) as exit_info:
+      job.cli(main)(["launcher"])
+  finally:  # The cache folder of this test process stays what it was.
+    jax.config.update("jax_compilation_cache_dir", before)
+  message = str(exit_info.value.code)
+  assert str(tmp_path / "cache") in message and "FEDJAX_SEL_CACHE_DIR=off" in message
+  assert "fingerprint mismatch" in message
