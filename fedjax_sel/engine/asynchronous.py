@@ -118,7 +118,6 @@ class _Refill(NamedTuple):
   selector_state: Any
   dispatched: jax.Array
   train_samples: jax.Array
-  client_samples: jax.Array
   broken_outside: jax.Array
   broken_over: jax.Array
 
@@ -149,8 +148,7 @@ def refill(config: rnd.RoundConfig, fl: InFlight, selector_state, inputs: RoundI
     free = ~fl.active
     chosen = _at_most(chosen, jnp.sum(free), jax.random.fold_in(key, keylib.SELECT), k)
     slots, valid, res = rnd.train_slots(config, params, arrays, run, chosen, k, t, lr)
-    per_client = jnp.zeros((n,), jnp.float32).at[slots].add(jnp.where(valid, res.samples, 0.0))
-    times = client_times(config.clock, per_client, 0.0, 0.0,
+    times = client_times(config.clock, rnd.per_client(chosen, slots, valid, res.samples), 0.0, 0.0,
                          2.0 * jnp.zeros((n,), jnp.float32).at[slots].max(valid))
     # Slot i of the training goes into the i-th free slot of the table.
     place = jnp.nonzero(free, size=k, fill_value=spec.concurrency)[0]
@@ -168,12 +166,12 @@ def refill(config: rnd.RoundConfig, fl: InFlight, selector_state, inputs: RoundI
         loss=put(fl.loss, res.train_loss),
         loss_sq=put(fl.loss_sq, jnp.zeros(k) if res.train_loss_sq is None else res.train_loss_sq))
     return _Refill(r.calls + 1, fl, sel_state, r.dispatched | chosen,
-                   r.train_samples + jnp.sum(res.samples), r.client_samples + per_client,
-                   r.broken_outside + outside, r.broken_over + over)
+                   r.train_samples + jnp.sum(res.samples), r.broken_outside + outside,
+                   r.broken_over + over)
 
   zero = jnp.zeros((), jnp.int32)
   start = _Refill(zero, fl, selector_state, jnp.zeros((n,), bool), jnp.zeros((), jnp.float32),
-                  jnp.zeros((n,), jnp.float32), zero, zero)
+                  zero, zero)
   return jax.lax.while_loop(wanted, call, start)
 
 
@@ -263,8 +261,8 @@ def async_step(config: rnd.RoundConfig, state: rnd.EngineState, arrays: rnd.Data
   evaluated = config.selector.costs(filled.selector_state).evaluated
   evals, grads, evaluators, _, _ = rnd.stat_costs(config, arrays, avail, filled.dispatched,
                                                   avail if evaluated is None else evaluated)
-  sel_costs = config.selector.costs(sel_state)
-  grads += jnp.asarray(sel_costs.gradient_samples, jnp.float32)
+  selector_grads, gradients_computed = rnd.selector_gradients(config, sel_state, n)
+  grads += selector_grads
   elapsed = ev.now - state.inflight.now
   round_costs = rnd.Costs(
       client_eval_samples=evals, client_grad_samples=grads,
@@ -289,8 +287,7 @@ def async_step(config: rnd.RoundConfig, state: rnd.EngineState, arrays: rnd.Data
       "local_train_loss": jnp.sum(arrived_loss)
                           / jnp.maximum(jnp.sum(jnp.where(ev.arrived, fl.samples, 0.0)), 1.0),
       "nonfinite_clients": jnp.zeros((), jnp.int32),
-      "model_finite": jnp.all(jnp.stack([jnp.all(jnp.isfinite(a))
-                                         for a in jax.tree.leaves(new_params)])),
+      "model_finite": rnd.all_finite(new_params),
       "cost": round_costs._asdict(),
       "cumulative_cost": costs._asdict(),
       "filter": {},
@@ -299,8 +296,7 @@ def async_step(config: rnd.RoundConfig, state: rnd.EngineState, arrays: rnd.Data
       "aggregated_clients": did,
       "rule": config.participation.report(part_state),
       "selector": config.selector.report(sel_state),
-      "gradients_computed": (n * len({"grad", "grad_norm"} & set(config.needs))
-                             + jnp.asarray(sel_costs.gradients_computed, jnp.int32)),
+      "gradients_computed": gradients_computed,
       "contract": {"filter_outside_available": jnp.zeros((), jnp.int32),
                    "selector_outside_filtered": filled.broken_outside,
                    "selector_over_k": filled.broken_over,

@@ -296,7 +296,7 @@ def update_norms(config: RoundConfig, params, arrays: DataArrays, run: RunValues
                        for a in jax.tree.leaves(moved)))
   n = mask.shape[0]
   return (jnp.zeros((n,), jnp.float32).at[slots].max(jnp.where(valid, norms, 0.0)),
-          _per_client(mask, slots, valid, res.samples))
+          per_client(mask, slots, valid, res.samples))
 
 
 def sampling_weights(config: RoundConfig, selector_state) -> jax.Array | None:
@@ -458,7 +458,7 @@ def _train_picked(config: RoundConfig, state: EngineState, arrays: DataArrays, r
                                     sampling_weights(config, sel_state))
     trained_models = jnp.sum(valid)
     train_samples = jnp.sum(res.samples)
-    client_samples = _per_client(fmask, slots, valid, res.samples)
+    client_samples = per_client(fmask, slots, valid, res.samples)
   else:  # Aggregate the already-trained models of the selected clients (no retraining).
     slots_n, valid_n, res_n = local
     slots, valid = _nonzero_slots(train_m, config.k)
@@ -473,18 +473,32 @@ def _train_picked(config: RoundConfig, state: EngineState, arrays: DataArrays, r
     # A run of a batch that did not need this filtering round pays for its K clients only.
     trained_models = jnp.where(trained_all, jnp.sum(valid_n), jnp.sum(valid))
     train_samples = jnp.where(trained_all, jnp.sum(res_n.samples), jnp.sum(res.samples))
-    client_samples = jnp.where(trained_all, _per_client(fmask, slots_n, valid_n, res_n.samples),
-                               _per_client(fmask, slots, valid, res.samples))
+    client_samples = jnp.where(trained_all, per_client(fmask, slots_n, valid_n, res_n.samples),
+                               per_client(fmask, slots, valid, res.samples))
   return _Picked(fmask, fstate, info, chosen, sel_state, train_m, agg_m, part_state, slots, valid,
                  res, train_samples.astype(jnp.float32), trained_models.astype(jnp.float32),
                  jnp.maximum(trained_models, jnp.sum(chosen)).astype(jnp.float32), broken,
                  client_samples)
 
 
-def _per_client(like, slots, valid, values) -> jax.Array:
+def per_client(like, slots, valid, values) -> jax.Array:
   """`[N]` float32: each valid slot's value at its client (0 elsewhere)."""
   return jnp.zeros(like.shape, jnp.float32).at[slots].add(
       jnp.where(valid, values, 0.0).astype(jnp.float32))
+
+
+def selector_gradients(config: RoundConfig, sel_state, n: int) -> tuple[jax.Array, jax.Array]:
+  """(gradient samples the selector charged after `observe`, gradients computed this round: N per
+  gradient stat the parts read, plus the selector's own)."""
+  costs = config.selector.costs(sel_state)
+  computed = (n * len({"grad", "grad_norm"} & set(config.needs))
+              + jnp.asarray(costs.gradients_computed, jnp.int32))
+  return jnp.asarray(costs.gradient_samples, jnp.float32), computed
+
+
+def all_finite(tree) -> jax.Array:
+  """Whether every value of every leaf of `tree` is finite."""
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in jax.tree.leaves(tree)]))
 
 
 def _zeros(shapes):
@@ -643,10 +657,8 @@ def round_step(config: RoundConfig, state: EngineState, arrays: DataArrays, run:
   did = jnp.zeros((n,), bool).at[slots].max(trained)
   clients = update_clients(state.clients, t, chosen, did, slots, trained, res.train_loss)
 
-  sel_costs = config.selector.costs(sel_state)
-  grads += jnp.asarray(sel_costs.gradient_samples, jnp.float32)
-  gradients_computed = (n * len({"grad", "grad_norm"} & set(config.needs))
-                        + jnp.asarray(sel_costs.gradients_computed, jnp.int32))
+  selector_grads, gradients_computed = selector_gradients(config, sel_state, n)
+  grads += selector_grads
   # The clients that evaluated the model for the selector's or filter's stats downloaded it.
   downloads = jnp.maximum(picked.downloads, jnp.sum(evaluators).astype(jnp.float32))
   round_costs = Costs(
@@ -675,8 +687,7 @@ def round_step(config: RoundConfig, state: EngineState, arrays: DataArrays, run:
       "local_train_loss": jnp.sum(jnp.where(w > 0, res.train_loss, 0.0) * w)
                           / jnp.maximum(jnp.sum(w), 1.0),
       "nonfinite_clients": jnp.sum(trained & ~finite),
-      "model_finite": jnp.all(jnp.stack([jnp.all(jnp.isfinite(a))
-                                         for a in jax.tree.leaves(new_params)])),
+      "model_finite": all_finite(new_params),
       "cost": round_costs._asdict(),
       "cumulative_cost": costs._asdict(),
       "filter": picked.info,

@@ -178,14 +178,13 @@ def check_model_fits(model: Model, memory: int | None = None) -> int:
   """The model's parameter bytes from its shapes (nothing allocated); ValueError when three copies
   (the global model, a client's model and its gradient, the least a round holds) exceed the
   device's memory, with the estimate."""
-  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
-  size = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in jax.tree.leaves(shapes))
+  size = model_bytes(jax.eval_shape(model.init, jax.random.PRNGKey(0)))
   memory = device_memory_bytes() if memory is None else memory
   if 3 * size > memory:
     raise ValueError(f"the model {model.name!r} has {size / 2**30:.1f} GiB of parameters; a round "
                      f"holds at least three copies ({3 * size / 2**30:.1f} GiB), more than the "
                      f"device's {memory / 2**30:.1f} GiB: choose a smaller model")
-  return size
+  return int(size)
 
 
 def _check_model(model: Model, data: FederatedDataset, init_params) -> None:
@@ -317,7 +316,7 @@ class Simulator:
       if value not in accepted:
         raise ValueError(f"{name} must be one of {accepted}, got {value!r}")
     _check_arguments(data, optimizer, local, availability, seed, eval_mask, lr_schedule)
-    check_model_fits(model)
+    size = check_model_fits(model)
     _check_model(model, data, init_params)
     on_host = store == "host" or (store == "auto" and not fits_on_device(data))
     # Device data are checked whole; the host placement checks rows as it reads them.
@@ -354,8 +353,7 @@ class Simulator:
       check_profile(system_profile, n)
       if deadline_s is not None and not (math.isfinite(deadline_s) and deadline_s > 0):
         raise ValueError(f"deadline_s must be a finite number of seconds > 0, got {deadline_s}")
-      size = model_bytes(jax.eval_shape(model.init, jax.random.PRNGKey(0)))
-      clock = Clock(system_profile, size, None if deadline_s is None else float(deadline_s))
+      clock = Clock(system_profile, float(size), None if deadline_s is None else float(deadline_s))
     elif deadline_s is not None:
       raise ValueError("deadline_s needs a system_profile (the clients' speeds) to time them")
     if asynchrony is not None:
