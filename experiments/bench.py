@@ -135,17 +135,24 @@ def row(scenario: str, selector: str, runs: list[list[dict]], target: float,
           "stragglers": f"{np.mean(stragglers):.1f}"}
 
 
-def write_leaderboard(out_dir: str, rows: list[dict], target: float, last_k: int) -> None:
-  """`leaderboard.md`, `leaderboard.csv` and the rank figure."""
-  with open(os.path.join(out_dir, "leaderboard.csv"), "w", encoding="utf-8", newline="") as f:
-    writer = csv.DictWriter(f, COLUMNS)
+def tables(out_dir: str, name: str, columns: tuple[str, ...], heads: tuple[str, ...],
+           rows: list[dict]) -> list[str]:
+  """Writes `<out_dir>/<name>.csv` (a header of `columns`, a line per row) and returns the lines
+  of the same rows as a markdown table under `heads`."""
+  with open(os.path.join(out_dir, f"{name}.csv"), "w", encoding="utf-8", newline="") as f:
+    writer = csv.DictWriter(f, columns)
     writer.writeheader()
     writer.writerows(rows)
+  return (["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+          + ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows])
+
+
+def write_leaderboard(out_dir: str, rows: list[dict], target: float, last_k: int) -> None:
+  """`leaderboard.md`, `leaderboard.csv` and the rank figure."""
   heads = ("scenario", "selector", "seeds", "final acc", f"mean acc, last {last_k} evaluated",
            f"rounds to {target:g}", f"simulated s to {target:g}", "worst-10% client acc",
            "participation fairness (Jain)", "selection samples (clients / server)", "stragglers")
-  lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-  lines += ["| " + " | ".join(str(r[c]) for c in COLUMNS) + " |" for r in rows]
+  lines = tables(out_dir, "leaderboard", COLUMNS, heads, rows)
   lines += ["", "Mean +- sample std over the seeds; rounds and simulated seconds to the target: "
             "the mean over the seeds that reached it (how many, in brackets)."]
   with open(os.path.join(out_dir, "leaderboard.md"), "w", encoding="utf-8") as f:
@@ -180,14 +187,9 @@ def timing_rows(timings: dict[tuple[str, str], list[dict]], rounds: int) -> list
 def write_timing(out_dir: str, rows: list[dict]) -> None:
   """`timing.md` (per job, then per scenario) and `timing.csv`: how long the benchmark took on
   this machine, kept apart from the leaderboard, which is the same on every rerun."""
-  with open(os.path.join(out_dir, "timing.csv"), "w", encoding="utf-8", newline="") as f:
-    writer = csv.DictWriter(f, TIMING_COLUMNS)
-    writer.writeheader()
-    writer.writerows(rows)
   heads = ("scenario", "selector", "processes", "wall s", "compile s", "round programs compiled",
            "ms per round (all seeds)", "x random's round")
-  lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-  lines += ["| " + " | ".join(str(r[c]) for c in TIMING_COLUMNS) + " |" for r in rows]
+  lines = tables(out_dir, "timing", TIMING_COLUMNS, heads, rows)
   lines += ["", "| scenario | jobs | wall s | compile s | round programs compiled |",
             "|---|---|---|---|---|"]
   for scenario in dict.fromkeys(r["scenario"] for r in rows):

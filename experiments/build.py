@@ -132,11 +132,21 @@ def part_defaults(cfg: cfglib.JobConfig, given: frozenset) -> cfglib.JobConfig:
                   or (rule.name == "fedalign" and rule.settings.split == "val") for rule in rules)
   if wants_val:
     cfg = cfglib.updated(cfg, given, val_fraction=DEFAULT_VAL_FRACTION)
-  if (cfg.parts.dataset.name in PUBLISHED_SPLITS and "test_fraction" in given
-      and cfg.data.test_fraction != cfglib.DataConfig().test_fraction):
+  if cfg.parts.dataset.name in PUBLISHED_SPLITS and set_off_default(cfg, given,
+                                                                    ("test_fraction",)):
     raise app.UsageError(f"--test_fraction: --dataset={cfg.parts.dataset.name} has its published "
                          "per-client test split, which the runs use; leave --test_fraction out")
   return _required(asynchronous(cfg, given), given, runs)
+
+
+def set_off_default(cfg: cfglib.JobConfig, given: frozenset, names) -> list[str]:
+  """The flags among `names` given at a value other than their default (`--name`), the ones a
+  check of flags that would have no effect refuses: a replayed flags.txt names every flag, most
+  at their defaults."""
+  fresh = cfglib.JobConfig()
+  value = lambda c, name: getattr(getattr(c, cfglib.field_section(name)), name)
+  return [f"--{name}" for name in names
+          if name in given and value(cfg, name) != value(fresh, name)]
 
 
 FEDSCALE = "fedscale:"  # --system_profile=fedscale:FILE reads FedScale's device capacity pickle.
@@ -153,9 +163,7 @@ def asynchronous(cfg: cfglib.JobConfig, given: frozenset) -> cfglib.JobConfig:
   synchronous mode an asynchronous flag is refused, naming it."""
   e = cfg.engine
   if e.mode == "sync":
-    default = cfglib.EngineConfig()  # A replayed flags.txt names every flag, at its default.
-    stray = [f"--{name}" for name in ASYNC_FIELDS
-             if name in given and getattr(e, name) != getattr(default, name)]
+    stray = set_off_default(cfg, given, ASYNC_FIELDS)
     if stray:
       raise app.UsageError(f"{', '.join(stray)} set the asynchronous mode's options; add "
                            "--mode=async (or leave them out)")
@@ -220,9 +228,7 @@ def _required(cfg: cfglib.JobConfig, given: frozenset, runs) -> cfglib.JobConfig
           "--availability=diurnal (each client available around its own local noon) is on; set "
           "--availability to choose another model")
     cfg = cfglib.updated(cfg, given, availability="diurnal")
-  default = cfglib.EngineConfig()
-  unused = [f"--{name}" for name in LOGNORMAL_FIELDS
-            if name in given and getattr(cfg.engine, name) != getattr(default, name)]
+  unused = set_off_default(cfg, given, LOGNORMAL_FIELDS)
   if unused and cfg.engine.system_profile != "lognormal":
     raise app.UsageError(f"{', '.join(unused)}: settings of the log-normal clock "
                          "(--system_profile=lognormal); with --system_profile="

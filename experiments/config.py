@@ -24,6 +24,8 @@ from typing import Any
 from fedjax_sel import registry
 from fedjax_sel.data.corruption import KINDS as CORRUPTION_KINDS
 from fedjax_sel.data.partition import PARTITIONS
+from fedjax_sel.parts.asynchronous import RULES as ASYNC_RULES
+from fedjax_sel.parts.asynchronous import STALENESS
 
 VERSION = 4  # Of the config.json layout; a file of another version is refused, naming both.
 
@@ -132,11 +134,11 @@ class EngineConfig:
                             "selector picks K per call).", lower=0)
   async_rule: str = option("fedbuff", "async: fedbuff (staleness-weighted deltas, aggregated) or "
                            "fedasync (the aggregate mixed in with --async_alpha * s(staleness)).",
-                           choices=("fedbuff", "fedasync"))
+                           choices=ASYNC_RULES)
   staleness: str = option("polynomial", "async: staleness weight s(tau): constant (1), polynomial "
                           "((1 + tau)^-a; FedBuff's 1/sqrt(1 + tau) at a = 0.5) or hinge (1 up to "
                           "b, then 1 / (a (tau - b) + 1)).",
-                          choices=("constant", "polynomial", "hinge"))
+                          choices=STALENESS)
   staleness_a: float = option(0.5, "async: the staleness function's a (>= 0).", lower=0.0)
   staleness_b: float = option(4.0, "async: the hinge staleness function's b (>= 0).", lower=0.0)
   async_alpha: float = option(0.6, "async, fedasync: the mixing weight alpha, in (0, 1].",
