@@ -150,7 +150,7 @@ def set_off_default(cfg: cfglib.JobConfig, given: frozenset, names) -> list[str]
 
 
 FEDSCALE = "fedscale:"  # --system_profile=fedscale:FILE reads FedScale's device capacity pickle.
-PUBLISHED_SPLITS = ("emnist", "shakespeare", "cifar100_fed")  # Datasets with their own test split.
+PUBLISHED_SPLITS = tuple(federated_sqlite.DATASETS)  # Datasets with their own test split.
 
 
 ASYNC_FIELDS = ("concurrency", "buffer_size", "async_rule", "staleness", "staleness_a",
@@ -436,11 +436,13 @@ def corrupt(cfg: cfglib.JobConfig, data, seed: int):
 def model_for(cfg: cfglib.JobConfig, data: fs.FederatedDataset) -> fs.Model:
   """The chosen model for `data`'s inputs (a model that does not fit them is refused)."""
   chosen = cfg.parts.model
-  # Character windows: 1-D rows of vocabulary indices labelled over the LEAF vocabulary.
-  text = len(data.feature_shape) == 1 and data.num_classes in (sources.VOCAB_SIZE,
-                                                                federated_sqlite.SHAKESPEARE_VOCAB)
+  # Token windows: 1-D rows of vocabulary indices labelled over the vocabulary (LEAF's and
+  # fedjax's characters, Stack Overflow's words).
+  text = len(data.feature_shape) == 1 and (
+      data.num_classes in (sources.VOCAB_SIZE, federated_sqlite.SHAKESPEARE_VOCAB)
+      or data.name == "stackoverflow_nwp")
   if chosen.name in fs.MODELS and not model_accepts(chosen.name, data.feature_shape, text):
-    kind = "character windows" if text else f"features of shape {data.feature_shape}"
+    kind = "token windows" if text else f"features of shape {data.feature_shape}"
     raise app.UsageError(f"--model={chosen.name} does not fit --dataset="
                          f"{cfg.parts.dataset.name} ({kind}); accepted: " + ", ".join(
                              n for n in fs.MODELS if model_accepts(n, data.feature_shape, text)))

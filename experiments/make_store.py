@@ -4,10 +4,15 @@ r"""Writes a federated dataset once to a memory-mapped client store, for runs wi
       --num_clients=0 --store_out=stores/femnist
   python -m experiments.make_store --synth_clients=1000000 --synth_max_samples=20 \
       --store_out=stores/synth1m
+  python -m experiments.make_store --dataset=stackoverflow_nwp --num_clients=0 \
+      --store_out=stores/stackoverflow
 
 The first builds any dataset the launchers build (the same data flags: LEAF JSON, TFDS, IDX,
 digits, SYNTH, partitions and splits; seed --seeds' first) and writes it with
-`fedjax_sel.data.store.write_store`; the second generates a SYNTH(alpha, beta) population of
+`fedjax_sel.data.store.write_store`; fedjax's federated SQLite files (emnist, shakespeare,
+stackoverflow_nwp, cifar100_fed) are written one client at a time instead
+(`federated_sqlite.write_store`: Stack Overflow's users do not fit in memory); the second
+generates a SYNTH(alpha, beta) population of
 --synth_clients clients (SYNTH(1, 1), or `--dataset=synth --synth_alpha=A --synth_beta=B`) block
 by block straight to disk (`synth_store`), for populations that would not fit in memory. Then,
 e.g.:
@@ -25,8 +30,8 @@ from absl import app
 import fedjax_sel as fs
 from experiments import build, config, flag_binding, job
 from experiments.config import option
-from fedjax_sel.data import store
-from fedjax_sel.data.builders import SynthSettings
+from fedjax_sel.data import federated_sqlite, store
+from fedjax_sel.data.builders import SynthSettings, sqlite_folder
 
 # The flags this tool reads: the data flags, the seed and --overwrite.
 USED = ("partition", "num_clients", "dirichlet_alpha", "classes_per_client", "dominant_fraction",
@@ -49,6 +54,26 @@ flag_binding.define(DEFAULTS, exclude=tuple(
     choose=("dataset",), replay=False)
 
 
+def _published(cfg: config.JobConfig, out: str, seed: int) -> fs.FederatedDataset:
+  """fedjax's files of the chosen dataset, streamed into the store (train and published test
+  pools only)."""
+  chosen = cfg.parts.dataset
+  for flag, value in (("val_fraction", cfg.data.val_fraction),
+                      ("public_fraction", cfg.data.public_fraction)):
+    if value:
+      raise app.UsageError(f"--{flag}={value}: --dataset={chosen.name} is written with its "
+                           f"published test split and no other; pass --{flag}=0")
+  folder = sqlite_folder(chosen.settings)
+  digits = getattr(chosen.settings, "emnist_only_digits", False)
+  try:
+    if chosen.settings.download:
+      federated_sqlite.download(chosen.name, folder, digits)
+    return federated_sqlite.write_store(chosen.name, out, folder, cfg.data.num_clients, digits,
+                                        seed=seed + 2)
+  except (FileNotFoundError, ValueError) as e:
+    raise app.UsageError(f"--dataset={chosen.name}: {e}") from e
+
+
 def main(argv):
   del argv
   cfg = flag_binding.job_config()
@@ -67,6 +92,8 @@ def main(argv):
                              beta=synth.synth_beta, seed=seed,
                              max_samples=opts.synth_max_samples,
                              test_fraction=cfg.data.test_fraction)
+  elif cfg.parts.dataset.name in federated_sqlite.DATASETS:
+    data = _published(cfg, out, seed)
   else:
     try:
       data = fs.build_dataset(build.dataset_spec(cfg), seed)

@@ -209,3 +209,121 @@ def test_filfl_shakespeare_preset_reads_fedjax_shakespeare(tmp_path):
   data = fs.build_dataset(fs.DatasetSpec("shakespeare", num_clients=12, data_dir=str(tmp_path),
                                          public_text=fs.data.sources.PUBLIC_TEXT), seed=0)
   assert data.public_x.max() < fsql.SHAKESPEARE_VOCAB and data.public_x[0, 0] == fsql.BOS
+
+
+# --- Stack Overflow ------------------------------------------------------------------------------
+
+WORDS = [b"the", b"to", b"a", b"how", b"i", b"is", b"python", b"list", b"sort", b"error"]
+
+
+def write_stackoverflow(folder, num=4):
+  """Users' sentences (some longer than 20 words, an empty one, unknown words) and a vocabulary
+  file of 8 of the 10 words."""
+  os.makedirs(folder, exist_ok=True)
+  with open(os.path.join(folder, fsql.VOCAB_FILE), "w", encoding="utf-8") as f:
+    f.writelines(f"{w.decode()} {1000 - i}\n" for i, w in enumerate(WORDS[:8]))
+  rng = np.random.default_rng(0)
+  sentence = lambda n: b" ".join(WORDS[i] for i in rng.integers(0, len(WORDS), n))
+  make = lambda k, n: {"tokens": np.array([sentence(int(m)) for m in rng.integers(1, 30, n)]
+                                          + ([b""] if k == 0 else []), object),
+                       "type": np.array([b"question"] * (n + (k == 0)), object)}
+  train = {f"{k:08d}".encode(): make(k, 3 + k) for k in range(num)}
+  test = {f"{k:08d}".encode(): make(k, 2) for k in (1, 2)}
+  test[b"99999999"] = make(5, 2)  # A user who posted only after the cut-off date.
+  write_sqlite(os.path.join(folder, "stackoverflow_train.sqlite"), train)
+  write_sqlite(os.path.join(folder, "stackoverflow_test.sqlite"), test)
+  return train, test
+
+
+def fedjax_pairs(sentences, vocab, length=20):
+  """A plain transcription of fedjax's StackoverflowTokenizer (x, y = ids[:-1], ids[1:], cut at
+  `length`): the (context before each target, target) pairs a causal model trains on."""
+  pairs = []
+  for s in sentences:
+    ids = [1] + [vocab.get(w, 3 + len(vocab)) for w in bytes(s).split(b" ")] + [2]
+    x, y = ids[:-1][:length], ids[1:][:length]
+    for j, target in enumerate(y):
+      pairs.append(([0] * (length - j - 1) + x[:j + 1], target))
+  return pairs
+
+
+def test_stackoverflow_windows_are_fedjax_token_pairs(tmp_path):
+  train, test = write_stackoverflow(str(tmp_path))
+  vocab = fsql.read_vocab(str(tmp_path / fsql.VOCAB_FILE))
+  assert vocab[b"the"] == 3 and len(vocab) == 8
+  data = fs.build_dataset(fs.DatasetSpec("stackoverflow_nwp", num_clients=4,
+                                         data_dir=str(tmp_path)), seed=0)
+  assert data.num_classes == 8 + 4 and data.feature_shape == (20,)
+  for k, arrays in enumerate(train.values()):
+    x, y = fsql.stackoverflow_windows(arrays["tokens"], vocab)
+    assert [(r.tolist(), int(t)) for r, t in zip(x, y)] == fedjax_pairs(arrays["tokens"], vocab)
+    got_x, got_y = data.train.client(k)  # The same examples, shuffled by split_clients.
+    assert sorted(zip(map(tuple, got_x.astype(int)), got_y)) == sorted(zip(map(tuple, x), y))
+  # Train clients' own test posts; a test user the train file lacks is not read.
+  assert data.test.counts.tolist() == [0] + [
+      len(fedjax_pairs(test[f"{k:08d}".encode()]["tokens"], vocab)) for k in (1, 2)] + [0]
+  assert fs.build_model("word_lstm", data.feature_shape, data.num_classes).num_classes == 12
+
+
+def test_stackoverflow_store_is_written_a_client_at_a_time_as_built_in_memory(tmp_path):
+  """`federated_sqlite.write_store` (two passes, one client in memory) writes the pools
+  `build_dataset` builds in memory, array for array."""
+  write_stackoverflow(str(tmp_path / "so"))
+  spec = fs.DatasetSpec("stackoverflow_nwp", num_clients=3, data_dir=str(tmp_path / "so"),
+                        test_fraction=0.0)
+  want = fs.build_dataset(spec, seed=0)
+  got = fsql.write_store("stackoverflow_nwp", str(tmp_path / "store"), str(tmp_path / "so"),
+                         num_clients=3, seed=2)
+  for split in ("train", "val", "test"):
+    for a, b in zip(getattr(want, split), getattr(got, split)):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  np.testing.assert_array_equal(want.label_hist, got.label_hist)
+  assert got.num_classes == want.num_classes and got.name == "stackoverflow_nwp"
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("the 10\nto\n", "line 2 is b'to\\\\n', not `word count`"),
+    ("the 10\nthe 9\n", "line 2 lists b'the' a second time"),
+    ("", "holds no words"),
+])
+def test_a_malformed_vocabulary_is_refused_naming_file_and_line(tmp_path, text, needle):
+  write_stackoverflow(str(tmp_path))
+  (tmp_path / fsql.VOCAB_FILE).write_text(text, encoding="utf-8")
+  with pytest.raises(ValueError, match=f"{fsql.VOCAB_FILE}: {needle}"):
+    fsql.load("stackoverflow_nwp", str(tmp_path))
+  os.remove(tmp_path / fsql.VOCAB_FILE)
+  with pytest.raises(FileNotFoundError, match="fedjax/stackoverflow/stackoverflow.word_count: run "
+                     "with --download"):
+    fsql.load("stackoverflow_nwp", str(tmp_path))
+
+
+def test_stackoverflow_download_fetches_the_vocabulary_too(tmp_path):
+  write_stackoverflow(str(tmp_path / "mirror" / "stackoverflow"))
+  said = []
+  paths = fsql.download("stackoverflow_nwp", str(tmp_path / "cache"),
+                        base_url=(tmp_path / "mirror").as_uri(), log=said.append)
+  assert [os.path.basename(p) for p in paths] == ["stackoverflow_train.sqlite",
+                                                  "stackoverflow_test.sqlite", fsql.VOCAB_FILE]
+  assert "8 words" in said[-1]
+  assert len(fsql.load("stackoverflow_nwp", str(tmp_path / "cache")).xs) == 4
+
+
+@pytest.mark.slow
+def test_stackoverflow_store_from_make_store_trains_the_word_lstm(tmp_path):
+  """The documented path: make_store streams the files into a store, experiments.run trains
+  fedjax's Stack Overflow LSTM on it through the host store."""
+  write_stackoverflow(str(tmp_path / "so"), num=12)
+  common = ["--dataset=stackoverflow_nwp", f"--data_dir={tmp_path / 'so'}", "--num_clients=12"]
+  proc = subprocess.run([sys.executable, "-m", "experiments.make_store", *common,
+                         f"--store_out={tmp_path / 'store'}"], cwd=REPO, capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  out = tmp_path / "run"
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.run", f"--store_dir={tmp_path / 'store'}",
+       "--store=host", "--num_clients=12", "--num_available=6", "--clients_per_round=3",
+       "--rounds=2", "--model=word_lstm", "--seeds=0", f"--out_dir={out}"], cwd=REPO,
+      capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  recs = [json.loads(line) for line in open(out / "seed0" / "metrics.jsonl", encoding="utf-8")]
+  assert [r["round"] for r in recs] == [0, 1] and recs[-1]["num_trained"] == 3

@@ -20,7 +20,7 @@ from fedjax_sel.data.federated import FederatedDataset, split_clients
 from fedjax_sel.data.partition import PARTITIONS, partition
 
 DATASETS = ("digits", "fashion_mnist", "synth", "leaf", "tfds", "emnist", "shakespeare",
-            "cifar100_fed")  # The registered ones built in.
+            "stackoverflow_nwp", "cifar100_fed")  # The registered ones built in.
 PUBLIC_MODES = ("stratified", "per_client")
 
 
@@ -236,8 +236,8 @@ def _leaf(settings: LeafSettings, context: registry.BuildContext) -> NamedDatase
 class SqliteSettings:
   data_dir: str = _data_dir_setting()
   download: bool = registry.setting(False, "Fetch the dataset's published files into --data_dir "
-                                    "when they are not there (emnist, shakespeare; never "
-                                    "otherwise).", flag="download")
+                                    "when they are not there (emnist, shakespeare, "
+                                    "stackoverflow_nwp; never otherwise).", flag="download")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,11 +246,16 @@ class EmnistSettings(SqliteSettings):
                                               "files (10 classes).", flag="emnist_only_digits")
 
 
+def sqlite_folder(settings: SqliteSettings) -> str:
+  """Where fedjax's files are read: `data_dir`, whose generic default means fedjax's own cache
+  (~/.cache/fedjax)."""
+  return (federated_sqlite.DEFAULT_DIR if settings.data_dir == sources.FASHION_MNIST_DIR
+          else settings.data_dir)
+
+
 def _sqlite(name: str, settings) -> NamedDataset:
-  """fedjax's federated SQLite files of `name` (`federated_sqlite.py`); the generic data dir
-  default means fedjax's own cache, ~/.cache/fedjax."""
-  folder = (federated_sqlite.DEFAULT_DIR if settings.data_dir == sources.FASHION_MNIST_DIR
-            else settings.data_dir)
+  """fedjax's federated SQLite files of `name` (`federated_sqlite.py`)."""
+  folder = sqlite_folder(settings)
   digits = getattr(settings, "emnist_only_digits", False)
 
   def load(spec, seed):
@@ -274,6 +279,14 @@ def _shakespeare(settings: SqliteSettings, context: registry.BuildContext) -> Na
   split."""
   del context
   return _sqlite("shakespeare", settings)
+
+
+@registry.register("dataset", "stackoverflow_nwp", SqliteSettings)
+def _stackoverflow(settings: SqliteSettings, context: registry.BuildContext) -> NamedDataset:
+  """Stack Overflow's users (fedjax's SQLite files and vocabulary): next-word prediction over
+  fedjax's 10,000 words, windows of 20, its published test split."""
+  del context
+  return _sqlite("stackoverflow_nwp", settings)
 
 
 @registry.register("dataset", "cifar100_fed", SqliteSettings)

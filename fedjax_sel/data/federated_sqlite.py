@@ -1,4 +1,5 @@
-"""fedjax's federated SQLite files (EMNIST, Shakespeare, CIFAR-100), read as published.
+"""fedjax's federated SQLite files (EMNIST, Shakespeare, Stack Overflow, CIFAR-100), read as
+published.
 
 Each split is one SQLite file with the table `federated_data(client_id BLOB, data BLOB,
 num_examples INTEGER)`, a row per client: `data` is the zlib-compressed msgpack map of the
@@ -13,12 +14,22 @@ the default data dir) is read as it is:
 - `shakespeare`: shakespeare_{train,test}.sqlite, feature snippets [n] (byte strings); windows
   of 80 of fedjax's 90 character ids, each labelled with the id that follows it
   (`shakespeare_windows`).
+- `stackoverflow_nwp`: stackoverflow_{train,test}.sqlite, feature tokens [n] (byte strings of
+  space-separated words, one sentence each), and fedjax's vocabulary file stackoverflow.word_count
+  (lines `word count`, most frequent first; its first 10,000 words). Ids as fedjax's tokenizer
+  gives them: 0 pads, 1 begins and 2 ends a sentence, word i of the vocabulary is 3 + i and any
+  other word the out-of-vocabulary id 10,003 (10,004 classes). Each sentence gives one example per
+  target token of fedjax's `x, y = ids[:-1], ids[1:]` cut at 20 (`stackoverflow_windows`): the ids
+  before the target, left-padded with 0 to 20, labelled with the target; the mean loss over a
+  client's examples is fedjax's per-token loss. The held-out split is not read.
 - `cifar100_fed`: federated_cifar100_{train,test}.sqlite, features image [n, 32, 32, 3] uint8,
   label [n], coarse_label [n]; x = (image / 255 - mean) / std per channel (fedjax's constants,
   no augmentation), 100 classes.
 
 Train and test hold the same client ids for EMNIST and Shakespeare (each client's published test
-split is its test pool; a test client unknown to the train file is refused). CIFAR-100's 100 test
+split is its test pool; a test client unknown to the train file is refused). Stack Overflow's test
+split holds the users who posted after its cut-off date: a train client's test pool is its own test
+posts (none when it has none); test users not in the train file are not read. CIFAR-100's 100 test
 clients are other clients than its 500 train clients: test client `k mod 100` is train client k's
 test pool, so the pooled test accuracy is the published test set's (each test example counted five
 times) and per-client test accuracy is not a client's own.
@@ -62,6 +73,9 @@ PAD, BOS, EOS = 0, 1, 2
 OOV = 3 + len(SHAKESPEARE_BYTES)
 SHAKESPEARE_VOCAB = OOV + 1
 SEQUENCE = 80
+VOCAB_FILE = "stackoverflow.word_count"
+STACKOVERFLOW_WORDS = 10000
+STACKOVERFLOW_LENGTH = 20
 CIFAR_MEAN = np.array([0.4914, 0.4822, 0.4465], np.float32)
 CIFAR_STD = np.array([0.2023, 0.1994, 0.2010], np.float32)
 
@@ -83,10 +97,12 @@ def files(name: str, only_digits: bool = False) -> tuple[str, str]:
     return f"{stem}_train.sqlite", f"{stem}_test.sqlite"
   if name == "shakespeare":
     return "shakespeare_train.sqlite", "shakespeare_test.sqlite"
+  if name == "stackoverflow_nwp":
+    return "stackoverflow_train.sqlite", "stackoverflow_test.sqlite"
   if name == "cifar100_fed":
     return "federated_cifar100_train.sqlite", "federated_cifar100_test.sqlite"
-  raise ValueError(f"unknown federated SQLite dataset {name!r}; accepted: emnist, shakespeare, "
-                   "cifar100_fed")
+  raise ValueError(f"unknown federated SQLite dataset {name!r}; accepted: "
+                   f"{', '.join(DATASETS)}")
 
 
 def url(name: str, filename: str) -> str:
@@ -96,7 +112,8 @@ def url(name: str, filename: str) -> str:
     raise ValueError("cifar100_fed has no published SQLite file: fedjax converts TFF's "
                      "cifar100.sqlite.lzma on first use; run fedjax.datasets.cifar100.load_data() "
                      f"once where fedjax is installed and copy {filename} from ~/.cache/fedjax")
-  return f"{BASE_URL}/{name}/{filename}"
+  folder = "stackoverflow" if name == "stackoverflow_nwp" else name
+  return f"{BASE_URL}/{folder}/{filename}"
 
 
 # Published SHA-256 digests (none for fedjax's EMNIST and Shakespeare files).
@@ -243,25 +260,83 @@ def _shakespeare(arrays: dict) -> tuple[np.ndarray, np.ndarray]:
   return shakespeare_windows(arrays["snippets"])
 
 
-DATASETS = {  # name -> (features, preprocessing, classes)
-    "emnist": (("pixels", "label"), _emnist, 62),
-    "shakespeare": (("snippets",), _shakespeare, SHAKESPEARE_VOCAB),
-    "cifar100_fed": (("image", "label"), _cifar, 100),
+def read_vocab(path: str, size: int = STACKOVERFLOW_WORDS) -> dict[bytes, int]:
+  """fedjax's Stack Overflow vocabulary: the first `size` words of `path` (lines `word count`,
+  most frequent first) as {word: id}, ids from 3 (0, 1 and 2 are PAD, BOS and EOS).
+
+  Raises:
+    FileNotFoundError: naming the file, where it is published and `--download`.
+    ValueError: naming the file and line that is not `word count`, or a word listed twice.
+  """
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path}: no such file. It is published at "
+                            f"{url('stackoverflow_nwp', VOCAB_FILE)}: run with --download to "
+                            "fetch it, or copy it into --data_dir")
+  vocab = {}
+  with open(path, "rb") as f:
+    for number, line in enumerate(f, 1):
+      if len(vocab) == size:
+        break
+      fields = line.split()
+      if len(fields) != 2 or not fields[1].isdigit():
+        raise ValueError(f"{path}: line {number} is {line[:60]!r}, not `word count`")
+      if fields[0] in vocab:
+        raise ValueError(f"{path}: line {number} lists {fields[0]!r} a second time")
+      vocab[fields[0]] = 3 + len(vocab)
+  if not vocab:
+    raise ValueError(f"{path}: holds no words")
+  return vocab
+
+
+def stackoverflow_windows(sentences, vocab: dict[bytes, int],
+                          length: int = STACKOVERFLOW_LENGTH) -> tuple[np.ndarray, np.ndarray]:
+  """One client's next-word examples: each sentence as fedjax's ids `[BOS] + words + [EOS]`
+  (a word outside `vocab` is the out-of-vocabulary id `3 + len(vocab)`), one example per target
+  of fedjax's `y = ids[1:length + 1]`: the ids before it, left-padded with PAD (0) to `length`,
+  labelled with it. Sentence by sentence, target by target.
+
+  Examples:
+    >>> x, y = stackoverflow_windows([b"how to sort", b"sort"], {b"sort": 3, b"to": 4}, length=3)
+    >>> x.tolist(), y.tolist()
+    ([[0, 0, 1], [0, 1, 5], [1, 5, 4], [0, 0, 1], [0, 1, 3]], [5, 4, 3, 3, 2])
+  """
+  oov = 3 + len(vocab)
+  rows = [[BOS, *(vocab.get(w, oov) for w in bytes(s).split(b" ")), EOS] for s in sentences]
+  if not rows:
+    return np.zeros((0, length), np.int32), np.zeros((0,), np.int32)
+  targets = np.array([min(len(r) - 1, length) for r in rows])
+  ids = np.zeros((len(rows), length + 1), np.int32)
+  for i, r in enumerate(rows):
+    ids[i, :targets[i] + 1] = r[:targets[i] + 1]
+  sentence = np.repeat(np.arange(len(rows)), targets)
+  position = np.arange(len(sentence)) - np.repeat(np.cumsum(targets) - targets, targets) + 1
+  # Window j of target t holds ids[t - length + j] (PAD before the sentence starts).
+  source = position[:, None] - length + np.arange(length)[None, :]
+  x = np.where(source >= 0, ids[sentence[:, None], np.maximum(source, 0)], PAD)
+  return x.astype(np.int32), ids[sentence, position]
+
+
+class _Reader(NamedTuple):
+  """What reading dataset `name` needs: its two files, features and preprocessing."""
+
+  train_file: str
+  test_file: str
+  features: tuple[str, ...]
+  prepare: object
+  num_classes: int
+
+
+DATASETS = {  # name -> (features, classes); the preprocessing is `_reader`'s.
+    "emnist": (("pixels", "label"), 62),
+    "shakespeare": (("snippets",), SHAKESPEARE_VOCAB),
+    "stackoverflow_nwp": (("tokens",), STACKOVERFLOW_WORDS + 4),
+    "cifar100_fed": (("image", "label"), 100),
 }
 
 
-def load(name: str, data_dir: str = DEFAULT_DIR, num_clients: int = 0,
-         only_digits: bool = False) -> Published:
-  """Dataset `name`'s first `num_clients` train clients (0: all) with their published test
-  splits (see the module's table).
-
-  Raises:
-    FileNotFoundError: naming the missing file, where it is published and `--download`.
-    ValueError: naming the file and the client of malformed data, or test clients the train file
-      does not hold.
-  """
-  features, prepare, classes = DATASETS[name]
-  classes = 10 if name == "emnist" and only_digits else classes
+def _reader(name: str, data_dir: str, only_digits: bool) -> _Reader:
+  """Dataset `name`'s files (checked to exist) and preprocessing."""
+  features, classes = DATASETS[name]
   train_file, test_file = (os.path.join(data_dir, f) for f in files(name, only_digits))
   for path in (train_file, test_file):
     if not os.path.isfile(path):
@@ -273,34 +348,31 @@ def load(name: str, data_dir: str = DEFAULT_DIR, num_clients: int = 0,
       raise FileNotFoundError(f"{path}: no such file. It is published at "
                               f"{url(name, os.path.basename(path))}: run with --download to fetch "
                               "it, or copy it into --data_dir")
-  ids, xs, ys = [], [], []
-  for client, arrays in read_clients(train_file, features):
-    if num_clients and len(ids) == num_clients:
-      break
-    x, y = prepare(arrays)
-    ids.append(client)
-    xs.append(x)
-    ys.append(y)
-  if num_clients > len(ids):
-    raise ValueError(f"{train_file}: holds {len(ids)} clients, fewer than num_clients="
+  prepare = {"emnist": _emnist, "shakespeare": _shakespeare, "cifar100_fed": _cifar}.get(name)
+  if name == "emnist" and only_digits:
+    classes = 10
+  if name == "stackoverflow_nwp":
+    vocab = read_vocab(os.path.join(data_dir, VOCAB_FILE))
+    classes = len(vocab) + 4
+    prepare = lambda arrays: stackoverflow_windows(arrays["tokens"], vocab)
+  return _Reader(train_file, test_file, features, prepare, classes)
+
+
+def _train_clients(reader: _Reader, num_clients: int) -> Iterator[tuple[object, tuple]]:
+  """The first `num_clients` (0: all) train clients, preprocessed, labels checked."""
+  count = 0
+  for client, arrays in read_clients(reader.train_file, reader.features):
+    if num_clients and count == num_clients:
+      return
+    x, y = reader.prepare(arrays)
+    if len(y) and y.max() >= reader.num_classes:
+      raise ValueError(f"{reader.train_file}: client {client!r} holds label {int(y.max())}, "
+                       f"outside 0..{reader.num_classes - 1}")
+    count += 1
+    yield client, (x, y)
+  if num_clients > count:
+    raise ValueError(f"{reader.train_file}: holds {count} clients, fewer than num_clients="
                      f"{num_clients}")
-  test = {client: prepare(arrays) for client, arrays in read_clients(test_file, features)}
-  if name == "cifar100_fed":  # Other clients: dealt over the train clients (module docstring).
-    pools = list(test.values())
-    pairs = [pools[k % len(pools)] for k in range(len(ids))] if pools else []
-  else:
-    known = set(_all_ids(train_file))
-    unknown = [c for c in test if c not in known]
-    if unknown:
-      raise ValueError(f"{test_file}: {len(unknown)} test clients are not in {train_file} (first: "
-                       f"{unknown[0]!r}); the two files must be one dataset's splits")
-    empty = (xs[0][:0], ys[0][:0])
-    pairs = [test.get(c, empty) for c in ids]
-  bad = [(c, int(y.max())) for c, y in zip(ids, ys) if len(y) and y.max() >= classes]
-  if bad:
-    raise ValueError(f"{train_file}: client {bad[0][0]!r} holds label {bad[0][1]}, outside "
-                     f"0..{classes - 1}")
-  return Published(xs, ys, classes, [p[0] for p in pairs], [p[1] for p in pairs])
 
 
 def _all_ids(path: str) -> list:
@@ -311,18 +383,93 @@ def _all_ids(path: str) -> list:
     db.close()
 
 
+def _test_pools(name: str, reader: _Reader, ids: list) -> Iterator[tuple[int, tuple]]:
+  """(train index, its test pool) for the train clients `ids` that have one (module docstring)."""
+  if name == "cifar100_fed":  # Other clients: test client k mod T serves train client k.
+    pools = [reader.prepare(a) for _, a in read_clients(reader.test_file, reader.features)]
+    for k in range(len(ids) if pools else 0):
+      yield k, pools[k % len(pools)]
+    return
+  index = {c: k for k, c in enumerate(ids)}
+  if name != "stackoverflow_nwp":
+    known = set(_all_ids(reader.train_file))
+    unknown = [c for c in _all_ids(reader.test_file) if c not in known]
+    if unknown:
+      raise ValueError(f"{reader.test_file}: {len(unknown)} test clients are not in "
+                       f"{reader.train_file} (first: {unknown[0]!r}); the two files must be one "
+                       "dataset's splits")
+  for client, arrays in read_clients(reader.test_file, reader.features):
+    if client in index:
+      yield index[client], reader.prepare(arrays)
+
+
+def load(name: str, data_dir: str = DEFAULT_DIR, num_clients: int = 0,
+         only_digits: bool = False) -> Published:
+  """Dataset `name`'s first `num_clients` train clients (0: all) with their published test
+  splits (see the module's table), in memory (`write_store` for populations that do not fit).
+
+  Raises:
+    FileNotFoundError: naming the missing file, where it is published and `--download`.
+    ValueError: naming the file and the client of malformed data, or test clients the train file
+      does not hold.
+  """
+  reader = _reader(name, data_dir, only_digits)
+  ids, xs, ys = [], [], []
+  for client, (x, y) in _train_clients(reader, num_clients):
+    ids.append(client)
+    xs.append(x)
+    ys.append(y)
+  empty = (xs[0][:0], ys[0][:0]) if xs else (np.zeros((0,)), np.zeros((0,), np.int32))
+  test = [empty] * len(ids)
+  for k, pool in _test_pools(name, reader, ids):
+    test[k] = pool
+  return Published(xs, ys, reader.num_classes, [p[0] for p in test], [p[1] for p in test])
+
+
+def write_store(name: str, folder: str, data_dir: str = DEFAULT_DIR, num_clients: int = 0,
+                only_digits: bool = False, seed: int = 0):
+  """Writes dataset `name` straight to a memory-mapped client store (`data/store.py`), one
+  client in memory at a time, and opens it: for Stack Overflow's 342,477 users, whose windows do
+  not fit in memory. Two passes over the files (counting, then writing); the store holds what
+  `build_dataset` with `val_fraction=0` and no public set builds in memory (each client's training
+  rows in the same seeded order), so a run on it is the same.
+  """
+  from fedjax_sel.data import store  # pylint: disable=import-outside-toplevel
+  reader = _reader(name, data_dir, only_digits)
+  ids, counts, shape = [], [], None
+  for client, (x, y) in _train_clients(reader, num_clients):
+    ids.append(client)
+    counts.append(len(y))
+    shape = x.shape[1:]
+  if not ids:
+    raise ValueError(f"{reader.train_file}: holds no clients")
+  test_counts = np.zeros(len(ids), np.int64)
+  for k, (_, y) in _test_pools(name, reader, ids):
+    test_counts[k] = len(y)
+  writer = store.StoreWriter(folder, {"train": np.array(counts), "test": test_counts},
+                             shape, reader.num_classes)
+  rng = np.random.default_rng(seed)  # As `split_clients` orders each client's training rows.
+  for k, (_, (x, y)) in enumerate(_train_clients(reader, num_clients)):
+    order = rng.permutation(len(y))
+    writer.put("train", k, x[order], y[order])
+  for k, (x, y) in _test_pools(name, reader, ids):
+    writer.put("test", k, x, y)
+  return writer.close(name)
+
+
 def download(name: str, data_dir: str, only_digits: bool = False, base_url: str = BASE_URL,
              log=print) -> list[str]:
   """Fetches dataset `name`'s published files into `data_dir` (those not there yet): each into
   a `.part` file, checked (its SHA-256 against `CHECKSUMS` where published, then its table and
-  first blob), then moved in place. Returns the paths.
+  first blob, or the vocabulary's first line), then moved in place. Returns the paths.
 
   Raises:
     ValueError: naming the file whose digest or structure does not match (the `.part` removed).
   """
   os.makedirs(data_dir, exist_ok=True)
   paths = []
-  for filename in files(name, only_digits):
+  extra = (VOCAB_FILE,) if name == "stackoverflow_nwp" else ()
+  for filename in (*files(name, only_digits), *extra):
     path = os.path.join(data_dir, filename)
     paths.append(path)
     if os.path.exists(path):
@@ -338,11 +485,12 @@ def download(name: str, data_dir: str, only_digits: bool = False, base_url: str 
     try:
       if want is not None and digest.hexdigest() != want:
         raise ValueError(f"{source}: SHA-256 {digest.hexdigest()}, published {want}")
-      clients = check_file(part)
+      what = (f"{len(read_vocab(part, 1 << 30))} words" if filename == VOCAB_FILE
+              else f"{check_file(part)} clients")
     except ValueError:
       os.remove(part)
       raise
     os.replace(part, path)
-    log(f"{path}: {clients} clients, SHA-256 {digest.hexdigest()}"
+    log(f"{path}: {what}, SHA-256 {digest.hexdigest()}"
         + ("" if want else " (no published digest to check against)"))
   return paths

@@ -166,6 +166,85 @@ def open_store(folder: str, expect_name: str | None = None) -> FederatedDataset:
   return data
 
 
+class StoreWriter:
+  """Writes a store row block by row block, never holding a split in memory: the train and test
+  pools of clients whose example counts are known up front (no validation split, no public set).
+
+  Examples:
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> writer = StoreWriter(folder, {"train": np.array([2, 1]), "test": np.array([0, 1])}, (3,), 4)
+    >>> writer.put("train", 0, np.ones((2, 3)), np.array([1, 3]))
+    >>> writer.put("train", 1, np.zeros((1, 3)), np.array([0]))
+    >>> writer.put("test", 1, np.zeros((1, 3)), np.array([2]))
+    >>> writer.close("toy").label_hist.tolist()
+    [[0, 1, 0, 1], [1, 0, 0, 0]]
+  """
+
+  def __init__(self, folder: str, counts: dict, feature_shape: tuple[int, ...], num_classes: int):
+    os.makedirs(folder, exist_ok=True)
+    self.folder, self.feature_shape, self.num_classes = folder, tuple(feature_shape), num_classes
+    self.shapes = {}
+    self.pools = {}
+    self.num_clients = len(counts["train"])
+    for split in ("train", "test"):
+      n = np.asarray(counts[split], np.int64)
+      total = int(n.sum())
+      self.pools[split] = {
+          "x": self._memmap(f"{split}_x", (total, *self.feature_shape), np.float32),
+          "y": self._memmap(f"{split}_y", (total,), np.int32),
+          "client_id": self._memmap(f"{split}_client_id", (total,), np.int32),
+          "counts": n.astype(np.int32),
+          "offsets": np.concatenate([[0], np.cumsum(n)[:-1]]).astype(np.int32)}
+    self.label_hist = np.zeros((self.num_clients, num_classes), np.int32)
+
+  def _memmap(self, name, shape, dtype):
+    self.shapes[f"{name}.npy"] = [list(shape), np.dtype(dtype).name]
+    return np.lib.format.open_memmap(os.path.join(self.folder, f"{name}.npy"), mode="w+",
+                                     dtype=dtype, shape=shape)
+
+  def write(self, split: str, start: int, x: np.ndarray, y: np.ndarray, owners: np.ndarray):
+    """Rows `start ..` of `split`: features, labels and owning client ids."""
+    p = self.pools[split]
+    end = start + len(y)
+    p["x"][start:end] = x
+    p["y"][start:end] = y
+    p["client_id"][start:end] = owners
+    if split == "train":
+      np.add.at(self.label_hist, (owners, y), 1)
+
+  def put(self, split: str, k: int, x: np.ndarray, y: np.ndarray):
+    """Client `k`'s rows of `split` (as many as its count says)."""
+    if len(y) != self.pools[split]["counts"][k]:
+      raise ValueError(f"client {k}: {len(y)} {split} rows, {self.pools[split]['counts'][k]} "
+                       "counted")
+    self.write(split, int(self.pools[split]["offsets"][k]), x, y, np.full(len(y), k, np.int32))
+
+  def close(self, name: str) -> FederatedDataset:
+    """Writes the index arrays, the empty validation and public sets, the label histogram and
+    `store.json`; opens the store (checked as `open_store` checks every store)."""
+    n, dim = self.num_clients, self.feature_shape
+    for split, p in self.pools.items():
+      for field in ("x", "y", "client_id"):
+        p[field].flush()
+      for field in ("offsets", "counts"):
+        np.save(os.path.join(self.folder, f"{split}_{field}.npy"), p[field])
+        self.shapes[f"{split}_{field}.npy"] = [[n], "int32"]
+    empty = {"val_x": np.zeros((0, *dim), np.float32), "val_y": np.zeros((0,), np.int32),
+             "val_client_id": np.zeros((0,), np.int32),
+             "val_offsets": np.zeros((n,), np.int32), "val_counts": np.zeros((n,), np.int32),
+             "public_x": np.zeros((0, *dim), np.float32), "public_y": np.zeros((0,), np.int32),
+             "label_hist": self.label_hist}
+    for field, arr in empty.items():
+      np.save(os.path.join(self.folder, f"{field}.npy"), arr)
+      self.shapes[f"{field}.npy"] = [list(arr.shape), arr.dtype.name]
+    meta = {"name": name, "num_clients": n, "num_classes": self.num_classes,
+            "feature_shape": list(dim), "arrays": self.shapes}
+    with open(os.path.join(self.folder, STORE_FILE), "w", encoding="utf-8") as f:
+      json.dump(meta, f, indent=1)
+    return open_store(self.folder)
+
+
 def synth_store(folder: str, num_clients: int, *, alpha: float = 1.0, beta: float = 1.0,
                 seed: int = 0, max_samples: int | None = None, test_fraction: float = 0.1,
                 block: int = 2000, dim: int = 60, num_classes: int = 10) -> FederatedDataset:
@@ -188,23 +267,7 @@ def synth_store(folder: str, num_clients: int, *, alpha: float = 1.0, beta: floa
     sizes = np.minimum(sizes, max_samples)
   n_test = np.minimum(np.round(test_fraction * sizes).astype(np.int64), sizes - 1)
   n_train = sizes - n_test
-  os.makedirs(folder, exist_ok=True)
-  shapes = {}
-
-  def array(name, shape, dtype):
-    shapes[f"{name}.npy"] = [list(shape), np.dtype(dtype).name]
-    return np.lib.format.open_memmap(os.path.join(folder, f"{name}.npy"), mode="w+", dtype=dtype,
-                                     shape=shape)
-
-  pools = {}
-  for split, counts in (("train", n_train), ("test", n_test)):
-    total = int(counts.sum())
-    pools[split] = {"x": array(f"{split}_x", (total, dim), np.float32),
-                    "y": array(f"{split}_y", (total,), np.int32),
-                    "client_id": array(f"{split}_client_id", (total,), np.int32),
-                    "counts": counts.astype(np.int32),
-                    "offsets": np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)}
-  label_hist = np.zeros((num_clients, num_classes), np.int32)
+  writer = StoreWriter(folder, {"train": n_train, "test": n_test}, (dim,), num_classes)
   std_x = np.power(np.arange(1, dim + 1, dtype=np.float64), -1.2) ** 0.5
   for b, lo in enumerate(range(0, num_clients, block)):
     hi = min(lo + block, num_clients)
@@ -220,31 +283,7 @@ def synth_store(folder: str, num_clients: int, *, alpha: float = 1.0, beta: floa
     first = np.concatenate([[0], np.cumsum(sizes[lo:hi])[:-1]])
     position = np.arange(len(owner)) - first[owner]
     is_train = position < n_train[lo:hi][owner]
-    np.add.at(label_hist, (owner[is_train] + lo, y[is_train]), 1)
     for split, rows in (("train", is_train), ("test", ~is_train)):
-      p = pools[split]
-      start = int(p["offsets"][lo]) if lo < num_clients else 0
-      end = start + int(rows.sum())
-      p["x"][start:end] = x[rows]
-      p["y"][start:end] = y[rows]
-      p["client_id"][start:end] = owner[rows] + lo
-  for split, p in pools.items():
-    for name in ("x", "y", "client_id"):
-      p[name].flush()
-    for name in ("offsets", "counts"):
-      np.save(os.path.join(folder, f"{split}_{name}.npy"), p[name])
-      shapes[f"{split}_{name}.npy"] = [[num_clients], "int32"]
-  empty = {"val_x": np.zeros((0, dim), np.float32), "val_y": np.zeros((0,), np.int32),
-           "val_client_id": np.zeros((0,), np.int32),
-           "val_offsets": np.zeros((num_clients,), np.int32),
-           "val_counts": np.zeros((num_clients,), np.int32),
-           "public_x": np.zeros((0, dim), np.float32), "public_y": np.zeros((0,), np.int32),
-           "label_hist": label_hist}
-  for name, arr in empty.items():
-    np.save(os.path.join(folder, f"{name}.npy"), arr)
-    shapes[f"{name}.npy"] = [list(arr.shape), arr.dtype.name]
-  meta = {"name": f"synth({alpha},{beta})x{num_clients}", "num_clients": num_clients,
-          "num_classes": num_classes, "feature_shape": [dim], "arrays": shapes}
-  with open(os.path.join(folder, STORE_FILE), "w", encoding="utf-8") as f:
-    json.dump(meta, f, indent=1)
-  return open_store(folder)
+      writer.write(split, int(writer.pools[split]["offsets"][lo]), x[rows], y[rows],
+                   owner[rows] + lo)
+  return writer.close(f"synth({alpha},{beta})x{num_clients}")

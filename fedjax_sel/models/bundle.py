@@ -25,7 +25,7 @@ from fedjax_sel.models import modules
 from fedjax_sel.models.conv import CONV_IMPLS, resolve_conv_impl
 
 Params = Any
-MODELS = ("logreg", "mlp", "leaf_cnn", "cifar_cnn", "resnet18", "char_lstm")
+MODELS = ("logreg", "mlp", "leaf_cnn", "cifar_cnn", "resnet18", "char_lstm", "word_lstm")
 CONV_MODELS = ("leaf_cnn", "cifar_cnn", "resnet18")  # The ones `conv_impl` applies to.
 
 
@@ -50,12 +50,19 @@ class Model(NamedTuple):
   """
 
   init: Callable[[jax.Array], Params]
+  """`init(key) -> params`: fresh weights (and state) from a PRNG key."""
   apply: Callable[[Params, jax.Array], jax.Array]
+  """`apply(params, x [B, ...]) -> logits [B, C]`, evaluation mode."""
   num_classes: int
+  """C, the number of classes (the logits' width)."""
   name: str
+  """The model's name in records and the compiled program's signature."""
   train_apply: Callable[[Params, jax.Array, jax.Array], tuple[jax.Array, Params]] | None = None
+  """`train_apply(params, x, mask) -> (logits, params)`: training mode with state (BatchNorm)."""
   loss: Callable[[jax.Array, jax.Array], jax.Array] | None = None
+  """`loss(logits [B, C], labels [B]) -> [B]`; None: softmax cross-entropy."""
   train_call: Callable[..., tuple[jax.Array, Params]] | None = None
+  """`train_call(params, x, mask, key) -> (logits, params)`: training mode with randomness."""
 
 
 def logits_loss(model: Model, logits: jax.Array, y: jax.Array) -> jax.Array:
@@ -212,6 +219,8 @@ _NAMED = {  # One entry per model: how it is built and which inputs it takes.
                                  stateful=lambda o: o.norm == "batch"),
                            lambda shape, text: len(shape) == 3),
     "char_lstm": NamedModel(_flax(lambda c, o: modules.CharLSTM(c), jnp.int32),
+                            lambda shape, text: text),
+    "word_lstm": NamedModel(_flax(lambda c, o: modules.WordLSTM(c), jnp.int32),
                             lambda shape, text: text),
 }
 assert tuple(_NAMED) == MODELS

@@ -9,6 +9,8 @@
   `train=True`; see `bundle.from_flax(..., stateful=True)`).
 - `CharLSTM`: `[B, T] int -> [B, V]`, 8-d embedding, two LSTM(256) layers (forget bias 1), logits
   of the character after the window.
+- `WordLSTM`: `[B, T] int -> [B, V]`, fedjax's Stack Overflow language model (Reddi et al. 2021):
+  96-d embedding, LSTM(670), tanh, projection to 96, logits of the word after the window.
 """
 
 from __future__ import annotations
@@ -167,3 +169,15 @@ class CharLSTM(nn.Module):
     for _ in range(self.layers):
       x = _LSTMLayer(self.units)(x)
     return nn.Dense(self.vocab_size)(x[:, -1])
+
+
+class WordLSTM(nn.Module):
+  vocab_size: int
+  embed_dim: int = 96
+  units: int = 670
+
+  @nn.compact
+  def __call__(self, tokens):
+    x = nn.Embed(self.vocab_size, self.embed_dim)(tokens.astype(jnp.int32))
+    h = _LSTMLayer(self.units)(x)[:, -1]
+    return nn.Dense(self.vocab_size)(nn.Dense(self.embed_dim)(jnp.tanh(h)))
