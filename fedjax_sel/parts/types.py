@@ -207,14 +207,23 @@ class Selector(NamedTuple):
   """
 
   init: Callable[[int, Any], Any]
+  """`init(num_clients, params) -> state`: the selector's state before round 0."""
   select: Callable[..., tuple[jax.Array, Any]]
+  """`select(state, key, inputs, mask) -> (chosen [N] bool, state)`: at most K of `mask`."""
   needs: tuple[str, ...] = ()
+  """Statistics `select` reads from `inputs.stats` (`STATS`), computed for it each round."""
   observe: Callable[[Any, RoundInputs, RoundOutcome], Any] = _keep_state
+  """`observe(state, inputs, outcome) -> state`: what the round taught (losses, times)."""
   reads_local_models: bool = False
+  """Whether `observe` reads `outcome.params` (the stacked local models)."""
   report: Callable[[Any], dict] = lambda state: {}
+  """`report(state) -> {name: scalar}` written under `"selector"` in the round's metrics."""
   spec: dict | None = None
+  """The settings that built it, for provenance and the compiled program's signature."""
   costs: Callable[[Any], PartCosts] = _no_costs
+  """`costs(state) -> PartCosts`: the evaluations and gradients the selector charged."""
   sampling_weights: Callable[[Any], jax.Array] | None = None
+  """`sampling_weights(state) -> [N]`: each chosen client's weight c_k in the aggregate."""
 
 
 class Filter(NamedTuple):
@@ -230,13 +239,21 @@ class Filter(NamedTuple):
   """
 
   init: Callable[[int], Any]
+  """`init(num_clients) -> state`: the filter's state before round 0."""
   apply: Callable[..., tuple[jax.Array, Any, dict]]
+  """`apply(state, key, inputs, mask, local) -> (filtered [N] bool, state, info)`."""
   period: int = 1
+  """Filter every `period` rounds (and on a change of availability); reuse the set between."""
   trains_available: bool = False
+  """Whether `apply` needs every available client's local model (`local`; FilFL)."""
   needs: tuple[str, ...] = ()
+  """Statistics `apply` reads from `inputs.stats` (`STATS`)."""
   uses_public: bool = False
+  """Whether `apply` reads the server's public set (`inputs.public_x`, `inputs.public_y`)."""
   spec: dict | None = None
+  """The settings that built it, for provenance and the compiled program's signature."""
   costs: Callable[[dict], PartCosts] = _no_costs
+  """`costs(info) -> PartCosts`: what a filtering round charged."""
 
 
 class Participation(NamedTuple):
@@ -249,12 +266,19 @@ class Participation(NamedTuple):
   """
 
   init: Callable[[int], Any]
+  """`init(num_clients) -> state`: the rule's state before round 0."""
   apply: Callable[..., tuple[jax.Array, jax.Array, Any]]
+  """`apply(state, key, inputs, chosen) -> (train [N] bool, aggregate [N] bool, state)`."""
   needs: tuple[str, ...] = ()
+  """Statistics `apply` reads from `inputs.stats` (`STATS`)."""
   observe: Callable[[Any, RoundInputs, RoundOutcome], Any] = _keep_state
+  """`observe(state, inputs, outcome) -> state`: what the round taught."""
   reads_local_models: bool = False
+  """Whether `observe` reads `outcome.params` (the stacked local models)."""
   report: Callable[[Any], dict] = lambda state: {}
+  """`report(state) -> {name: scalar}` written under `"rule"` in the round's metrics."""
   spec: dict | None = None
+  """The settings that built it, for provenance and the compiled program's signature."""
 
 
 class AggregateInputs(NamedTuple):
@@ -279,10 +303,15 @@ class Aggregator(NamedTuple):
   """
 
   init: Callable[[Any], Any]
+  """`init(params) -> state`: the aggregator's state before round 0 (FedASL's loss scale)."""
   apply: Callable[..., tuple[Any, Any]]
+  """`apply(state, global_params, client_params [K, ...], inputs) -> (new_global, state)`."""
   linear_weights: Callable[[jax.Array, jax.Array], jax.Array] | None = None
+  """`linear_weights(mask [K], num_examples [K]) -> [K]`: set when the aggregate is linear."""
   spec: dict | None = None
+  """The settings that built it, for provenance and the compiled program's signature."""
   applies_sampling_weights: bool = False
+  """Whether the aggregate weighs updates by the selector's sampling weights c_k."""
 
 
 def everyone() -> Participation:
