@@ -193,9 +193,9 @@ def test_bad_flags_fail_before_compute(bad_flag_results, index):
   assert not result["ran"], result
 
 
-# experiments/run.py composes every part: each with the defaults for the others, two rounds; each
-# selection method of the literature also with a robust aggregator, a server optimizer, FedSRC's
-# rule and the clock.
+# experiments/run.py composes every part: by default each selection method of the literature with
+# a robust aggregator, a server optimizer, FedSRC's rule and the clock, and the other parts each
+# with the defaults for the others, two rounds; the remaining parts and combinations are slow.
 SELECTION_METHODS = ("md", "afl", "clustered_size", "clustered_similarity", "exp3",
                      "fedcs", "tifl", "refl", "pyramidfl", "ocs", "delta",
                      "fedcor")
@@ -207,32 +207,37 @@ COMPOSE_CASES = (
     [[f"--selector={s}"] for s in ("random", "poc", "divfl", "entropy", "grad_norm", "oort")]
     + [[f"--selector={s}", *SELECTION_EXTRA.get(s, ()), "--rule=fedsrc", "--aggregator=median",
         "--server_opt=adam", "--system_profile=lognormal"] for s in SELECTION_METHODS]
-    + [[f"--selector={s}", "--seeds=0,1"] for s in SELECTION_METHODS]  # Seeds batch.
+    + [[f"--selector={s}", "--seeds=0,1"] for s in ("md", "fedcor")]  # Seeds batch.
     + [[f"--filter={f}"] for f in ("dgf", "rgf")]
     + [[f"--rule={r}"] for r in ("fedalign", "fedsrc")]
-    + [[f"--aggregator={a}"] for a in ("median", "trimmed_mean", "fedasl", "krum",
-                                       "multi_krum")]
-    + [[f"--server_opt={o}"] for o in ("sgd", "momentum", "adam", "yogi", "adagrad")]
+    + [[f"--aggregator={a}"] for a in ("trimmed_mean", "krum")]
+    + [[f"--server_opt={o}"] for o in ("momentum", "yogi")]
     + [["--prox_mu=0.01"], ["--availability=probability"],
        ["--availability=diurnal", "--diurnal_period=4"],
-       ["--system_profile=lognormal", "--deadline_s=2"],
-       ["--selector=oort", "--system_profile=lognormal", "--rule=fedsrc", "--aggregator=median",
-        "--server_opt=adam"]])
-# The asynchronous mode with every selector, FedAsync with a robust aggregator and a server
-# optimizer, FedBuff's seeds batched.
+       ["--system_profile=lognormal", "--deadline_s=2"]])
+# The asynchronous mode with selectors of each kind (uniform, loss-driven, bandit, time-aware,
+# learned covariance), FedAsync with a robust aggregator and a server optimizer, FedBuff's seeds
+# batched.
+ASYNC_SELECTORS = ("random", "poc", "oort", "exp3", "delta", "fedcor")
 ASYNC_CASES = (
-    [["--mode=async", f"--selector={s}", *SELECTION_EXTRA.get(s, ())]
-     for s in ("random", "poc", "divfl", "entropy", "grad_norm", "oort", *SELECTION_METHODS)]
+    [["--mode=async", f"--selector={s}", *SELECTION_EXTRA.get(s, ())] for s in ASYNC_SELECTORS]
     + [["--mode=async", "--async_rule=fedasync", "--clients_per_round=1", "--staleness=hinge",
         "--aggregator=median", "--server_opt=adam"],
        ["--mode=async", "--aggregator=krum", "--staleness=constant", "--seeds=0,1"]])
-SLOW_COMPOSE_CASES = [  # Wider combinations: pytest -m slow.
-    ["--filter=dgf", "--selector=divfl", "--rule=fedalign", "--server_opt=yogi"],
-    ["--selector=entropy", "--rule=fedsrc", "--aggregator=krum", "--availability=diurnal",
-     "--system_profile=lognormal"],
-    ["--filter=rgf", "--selector=oort", "--aggregator=trimmed_mean", "--server_opt=momentum",
-     "--system_profile=lognormal", "--deadline_s=1"],
-]
+SLOW_COMPOSE_CASES = (  # The rest of every part's combinations: pytest -m slow.
+    [["--filter=dgf", "--selector=divfl", "--rule=fedalign", "--server_opt=yogi"],
+     ["--selector=entropy", "--rule=fedsrc", "--aggregator=krum", "--availability=diurnal",
+      "--system_profile=lognormal"],
+     ["--filter=rgf", "--selector=oort", "--aggregator=trimmed_mean", "--server_opt=momentum",
+      "--system_profile=lognormal", "--deadline_s=1"],
+     ["--selector=oort", "--system_profile=lognormal", "--rule=fedsrc", "--aggregator=median",
+      "--server_opt=adam"]]
+    + [[f"--selector={s}", "--seeds=0,1"] for s in SELECTION_METHODS if s not in ("md", "fedcor")]
+    + [[f"--aggregator={a}"] for a in ("median", "fedasl", "multi_krum")]
+    + [[f"--server_opt={o}"] for o in ("sgd", "adam", "adagrad")])
+SLOW_ASYNC_CASES = [
+    ["--mode=async", f"--selector={s}", *SELECTION_EXTRA.get(s, ())]
+    for s in ("divfl", "entropy", "grad_norm", *SELECTION_METHODS) if s not in ASYNC_SELECTORS]
 
 
 def _compose(tmp_path, cases):
@@ -254,17 +259,26 @@ def _compose(tmp_path, cases):
       assert sum(r["num_trained"] for r in recs) >= 1, case
 
 
-def test_run_composes_every_part(tmp_path):
-  assert len(COMPOSE_CASES) >= 25
+def test_run_composes_each_selection_method_and_kind_of_part(tmp_path):
+  assert len(COMPOSE_CASES) + len(SLOW_COMPOSE_CASES) >= 49
   _compose(tmp_path, COMPOSE_CASES)
 
 
-def test_async_mode_composes_with_every_selector(tmp_path):
-  _compose(tmp_path, ASYNC_CASES)
-  for i, case in enumerate(ASYNC_CASES):
+def _compose_async(tmp_path, cases):
+  _compose(tmp_path, cases)
+  for i, case in enumerate(cases):
     last = records(tmp_path / f"c{i}" / "seed0" / "metrics.jsonl")[-1]
     assert {"staleness_mean", "staleness_max", "dropped", "concurrency", "sim_time_s"} <= set(
         last), case
+
+
+def test_async_mode_composes_with_each_kind_of_selector(tmp_path):
+  _compose_async(tmp_path, ASYNC_CASES)
+
+
+@pytest.mark.slow
+def test_async_mode_composes_with_every_other_selector(tmp_path):
+  _compose_async(tmp_path, SLOW_ASYNC_CASES)
 
 
 @pytest.mark.slow
