@@ -57,7 +57,7 @@ def test_masks_equal_algorithm1_with_ties(metric, seed):
                                 warmup_fraction=0.1, metric=metric)
   apply = jax.jit(rule.apply)
   for t in (0, 1, 2, 7):
-    _, _, st = apply(rule.init(n), None, inputs_for(values, metric, t, counts), jnp.asarray(chosen))
+    _, _, st = apply(rule.init(n, None), None, inputs_for(values, metric, t, counts), jnp.asarray(chosen))
     obj, eps = np.float32(st.objective), np.float32(st.eps)
     w = np.where(priority & chosen, counts, 0)
     np.testing.assert_allclose(obj, np.sum(w * values) / w.sum(), rtol=1e-5)
@@ -68,7 +68,7 @@ def test_masks_equal_algorithm1_with_ties(metric, seed):
     tied[others[1]] = np.float32(obj - eps)
     tied[others[2]] = obj
     for vals in (values, tied):
-      train, agg, st2 = apply(rule.init(n), None, inputs_for(vals, metric, t, counts),
+      train, agg, st2 = apply(rule.init(n, None), None, inputs_for(vals, metric, t, counts),
                               jnp.asarray(chosen))
       assert np.float32(st2.objective) == obj
       want_t, want_a = algorithm1(vals, obj, eps, priority, chosen, bool(st2.warmup), metric)

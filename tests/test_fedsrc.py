@@ -88,7 +88,7 @@ def test_masks_equal_numpy_transcription(mode, seed):
   hist = random_hist(rng, n, c)
   chosen = rng.random(n) < 0.7
   # Round 0: everyone sampled trains; then the clients report their training losses.
-  train0, _, state = rule.apply(rule.init(n), jax.random.PRNGKey(0),
+  train0, _, state = rule.apply(rule.init(n, None), jax.random.PRNGKey(0),
                                 round_inputs("test_loss", rng.random(n), hist, t=0),
                                 jnp.asarray(chosen))
   np.testing.assert_array_equal(np.asarray(train0), chosen)
@@ -115,7 +115,7 @@ def test_reinclusion_and_fewer_than_two_participants():
   n = 6
   hist = np.eye(n, dtype=np.int32)[:, :3] + 1
   rule = fedsrc.fedsrc_rule(fedsrc.FedSRCConfig(reinclude_prob=0.0, reinclude_after=2))
-  state = rule.observe(rule.init(n), None, outcome(np.ones(n, np.float32), np.ones(n, bool)))
+  state = rule.observe(rule.init(n, None), None, outcome(np.ones(n, np.float32), np.ones(n, bool)))
   high = np.full(n, 10.0, np.float32)  # Everybody above the threshold...
   skips = np.array([0, 1, 2, 3, 0, 0])  # ...but clients 2 and 3 abstained twice in a row already.
   train, agg, st = rule.apply(state, jax.random.PRNGKey(0), round_inputs("test_loss", high, hist,
@@ -145,7 +145,7 @@ def test_alpha_holds_the_participation_target_on_average():
   rule = fedsrc.fedsrc_rule(fedsrc.FedSRCConfig(target=target, beta=0.0, reinclude_prob=0.0))
   hist = np.ones((n, 4), np.int32)
   apply, observe = jax.jit(rule.apply), jax.jit(rule.observe)
-  state = rule.init(n)
+  state = rule.init(n, None)
   rates = []
   for t in range(300):
     test = rng.lognormal(0, 0.5, n).astype(np.float32)
@@ -262,7 +262,7 @@ def test_reported_decision_loss_sets_the_next_threshold():
   hist = np.ones((n, 3), np.int32)
   rule = fedsrc.fedsrc_rule(fedsrc.FedSRCConfig(reported_loss="decision", reinclude_prob=0.0))
   checked = rng.uniform(1, 3, n).astype(np.float32)
-  train, _, state = rule.apply(rule.init(n), jax.random.PRNGKey(0),
+  train, _, state = rule.apply(rule.init(n, None), jax.random.PRNGKey(0),
                                round_inputs("test_loss", checked, hist, t=0), jnp.ones(n, bool))
   reported = np.asarray(train) & (np.arange(n) % 2 == 0)
   state = rule.observe(state, None, outcome(np.full(n, 0.01, np.float32), reported))

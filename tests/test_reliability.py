@@ -699,7 +699,7 @@ def _selector(fn, spec=None):
 
 
 def _rule(fn):
-  return fs.Participation(init=lambda n: (), apply=lambda s, key, inputs, chosen: (*fn(chosen), s),
+  return fs.Participation(init=lambda n, params: (), apply=lambda s, key, inputs, chosen: (*fn(chosen), s),
                           spec={"name": "broken_rule"})
 
 
@@ -743,7 +743,7 @@ def test_part_breaking_its_contract_stops_the_run_naming_it(tmp_path, name, kw, 
 
 def test_filter_keeping_unavailable_clients_stops_the_run():
   data = ragged_dataset([20, 12, 9, 15, 30, 11])
-  keep_all = fs.Filter(init=lambda n: (), apply=lambda s, key, inputs, mask, local: (
+  keep_all = fs.Filter(init=lambda n, params: (), apply=lambda s, key, inputs, mask, local: (
       jnp.ones_like(mask), s, {}), spec={"name": "keeps_everyone"})
   sim = make_sim(data, filter=keep_all)
   with pytest.raises(round_lib.ContractError, match="round 0: the filter 'keeps_everyone' kept "

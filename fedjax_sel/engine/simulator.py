@@ -442,10 +442,10 @@ class Simulator:
     filt = self.filter
     state = EngineState(
         round=jnp.zeros((), jnp.int32), params=params, clients=ClientState.create(n),
-        filter_state=filt.init(n) if filt is not None else (),
+        filter_state=filt.init(n, params) if filt is not None else (),
         selector_state=self.selector.init(n, params),
-        participation_state=self.participation.init(n),
-        aggregator_state=self.aggregator.init(params), filtered=jnp.zeros((n,), bool),
+        participation_state=self.participation.init(n, params),
+        aggregator_state=self.aggregator.init(n, params), filtered=jnp.zeros((n,), bool),
         prev_available=jnp.zeros((n,), bool), costs=Costs.zeros(),
         server_state=(() if self.server_optimizer is None else
                       self.server_optimizer.transform.init(trainable(self.model, params))),

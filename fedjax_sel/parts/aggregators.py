@@ -87,7 +87,7 @@ def fedavg(weighting: str = "examples") -> Aggregator:
     return weighted_mean(client_params, weights(inputs.mask, inputs.num_examples),
                          global_params), state
 
-  return Aggregator(init=lambda params: (), apply=apply,
+  return Aggregator(init=lambda n, params: (), apply=apply,
                     linear_weights=lambda mask, n: normalized(weights(mask, n)),
                     spec={"name": "fedavg", "weighting": weighting},
                     applies_sampling_weights=True)
@@ -143,7 +143,7 @@ def coordinate_median() -> Aggregator:
     >>> new.tolist()
     [3.0]
   """
-  return Aggregator(init=lambda params: (), apply=_keep_if_empty(_masked_median_leaf),
+  return Aggregator(init=lambda n, params: (), apply=_keep_if_empty(_masked_median_leaf),
                     spec={"name": "median"})
 
 
@@ -176,7 +176,7 @@ def trimmed_mean(beta: float = 0.3, rounding: str = "floor") -> Aggregator:
     keep = (rank >= t) & (rank < n - t)
     return jnp.sum(jnp.where(keep, s, 0.0), axis=0) / jnp.maximum(n - 2 * t, 1)
 
-  return Aggregator(init=lambda params: (), apply=_keep_if_empty(leaf),
+  return Aggregator(init=lambda n, params: (), apply=_keep_if_empty(leaf),
                     spec={"name": "trimmed_mean", "beta": float(beta), "rounding": rounding})
 
 
@@ -253,7 +253,7 @@ def krum(f: float | int = 0.3, multi: int | None = None, normalize: bool = False
     weights = (rank < m) & inputs.mask
     return weighted_mean(client_params, weights.astype(jnp.float32), global_params), state
 
-  return Aggregator(init=lambda params: (), apply=apply,
+  return Aggregator(init=lambda n, params: (), apply=apply,
                     spec={"name": "krum" if multi is None else "multi_krum", "f": f,
                           "multi": multi, "normalize": normalize})
 
@@ -289,7 +289,7 @@ def fedasl(alpha: float = 1.0, beta: float = 0.2) -> Aggregator:
     w = fedasl_weights(inputs.train_loss, inputs.mask, alpha, beta)
     return weighted_mean(client_params, w, global_params), state
 
-  return Aggregator(init=lambda params: (), apply=apply,
+  return Aggregator(init=lambda n, params: (), apply=apply,
                     spec={"name": "fedasl", "alpha": float(alpha), "beta": float(beta)})
 
 

@@ -238,8 +238,8 @@ class Filter(NamedTuple):
   `costs(info) -> PartCosts`: what a filtering round charged (from its `info`).
   """
 
-  init: Callable[[int], Any]
-  """`init(num_clients) -> state`: the filter's state before round 0."""
+  init: Callable[[int, Any], Any]
+  """`init(num_clients, params) -> state`: the filter's state before round 0."""
   apply: Callable[..., tuple[jax.Array, Any, dict]]
   """`apply(state, key, inputs, mask, local) -> (filtered [N] bool, state, info)`."""
   period: int = 1
@@ -265,8 +265,8 @@ class Participation(NamedTuple):
   (e.g. the round's threshold), read after `observe`.
   """
 
-  init: Callable[[int], Any]
-  """`init(num_clients) -> state`: the rule's state before round 0."""
+  init: Callable[[int, Any], Any]
+  """`init(num_clients, params) -> state`: the rule's state before round 0."""
   apply: Callable[..., tuple[jax.Array, jax.Array, Any]]
   """`apply(state, key, inputs, chosen) -> (train [N] bool, aggregate [N] bool, state)`."""
   needs: tuple[str, ...] = ()
@@ -302,8 +302,8 @@ class Aggregator(NamedTuple):
   aggregate is `w_t + sum_k c_k (w^k - w_t)` (streamed likewise); otherwise they are ignored.
   """
 
-  init: Callable[[Any], Any]
-  """`init(params) -> state`: the aggregator's state before round 0 (FedASL's loss scale)."""
+  init: Callable[[int, Any], Any]
+  """`init(num_clients, params) -> state`: the aggregator's state before round 0."""
   apply: Callable[..., tuple[Any, Any]]
   """`apply(state, global_params, client_params [K, ...], inputs) -> (new_global, state)`."""
   linear_weights: Callable[[jax.Array, jax.Array], jax.Array] | None = None

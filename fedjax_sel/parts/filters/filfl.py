@@ -304,7 +304,7 @@ def filfl_filter(public_loss: Callable[[Params, jax.Array, jax.Array], jax.Array
     info["public_samples"] = evals * m
     return filtered, state, info
 
-  return Filter(init=lambda n: (), apply=apply, period=config.period, trains_available=True,
+  return Filter(init=lambda n, params: (), apply=apply, period=config.period, trains_available=True,
                 uses_public=True,
                 costs=lambda info: PartCosts(server_public_samples=info["public_samples"]),
                 spec={"name": config.mode, **config._asdict(),

@@ -27,7 +27,7 @@ Examples:
   >>> stats = {"loss": jnp.array([1.0, 1.1, 1.5, 0.5])}
   >>> inputs = RoundInputs(0, None, jnp.ones(4, bool), stats, ClientState.create(4), jnp.ones(4),
   ...                      None)
-  >>> train, agg, _ = rule.apply(rule.init(4), jax.random.PRNGKey(0), inputs, jnp.ones(4, bool))
+  >>> train, agg, _ = rule.apply(rule.init(4, None), jax.random.PRNGKey(0), inputs, jnp.ones(4, bool))
   >>> train.tolist(), agg.tolist()   # Client 3 trains (0.5 <= 1.2) but is refused (0.5 < 0.8).
   ([True, True, False, True], [True, True, False, False])
 """
@@ -177,7 +177,8 @@ def fedalign_rule(priority, rounds: int, eps0: float = 0.2, schedule: str | Sche
   priority = np.asarray(priority, bool)
   stat = metric if split == "train" else f"val_{metric}"
 
-  def init(num_clients):
+  def init(num_clients, params):
+    del params  # The rule's state does not depend on the model.
     del num_clients
     z = jnp.zeros((), jnp.float32)
     return FedALIGNState(eps=z, warmup=jnp.asarray(True), objective=z, others_trained=z,
@@ -221,7 +222,7 @@ def priority_only(priority) -> Participation:
   """The "None" baseline: only the priority clients train and are aggregated (FedAvg on P)."""
   check_priority(priority)
   priority = np.asarray(priority, bool)
-  return Participation(init=lambda n: PriorityState(jnp.asarray(priority)),
+  return Participation(init=lambda n, params: PriorityState(jnp.asarray(priority)),
                        apply=lambda state, key, inputs, chosen: (chosen & state.priority,
                                                                  chosen & state.priority, state),
                        spec={"name": "priority_only",

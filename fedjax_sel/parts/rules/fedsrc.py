@@ -31,7 +31,7 @@ Examples:
   >>> rule = fedsrc_rule()
   >>> inputs = RoundInputs(0, None, jnp.ones(3, bool), {"test_loss": jnp.array([0.1, 5.0, 0.2])},
   ...                      ClientState.create(3), jnp.ones(3), jnp.eye(3, dtype=jnp.int32))
-  >>> train, agg, state = rule.apply(rule.init(3), jax.random.PRNGKey(0), inputs, jnp.ones(3, bool))
+  >>> train, agg, state = rule.apply(rule.init(3, None), jax.random.PRNGKey(0), inputs, jnp.ones(3, bool))
   >>> train.tolist()   # Round 0: everyone sampled trains.
   [True, True, True]
 """
@@ -209,7 +209,8 @@ def fedsrc_rule(cfg: FedSRCConfig = FedSRCConfig()) -> Participation:
   # only in them share one compiled round; the functions below capture the rest of the config.
   rule_cfg = cfg._replace(beta=0.0, target=0.0)
 
-  def init(num_clients):
+  def init(num_clients, params):
+    del params  # The rule's state does not depend on the model.
     f = lambda v: jnp.asarray(v, jnp.float32)
     return FedSRCState(ready=jnp.asarray(False), median=f(0.0), spread=f(0.0),
                        alpha=f(cfg.alpha0), phi=f(0.0), selected=f(0.0), passed=f(0.0),
