@@ -57,7 +57,8 @@ def test_masks_equal_algorithm1_with_ties(metric, seed):
                                 warmup_fraction=0.1, metric=metric)
   apply = jax.jit(rule.apply)
   for t in (0, 1, 2, 7):
-    _, _, st = apply(rule.init(n, None), None, inputs_for(values, metric, t, counts), jnp.asarray(chosen))
+    _, _, st = apply(rule.init(n, None), None, inputs_for(values, metric, t, counts),
+                     jnp.asarray(chosen))
     obj, eps = np.float32(st.objective), np.float32(st.eps)
     w = np.where(priority & chosen, counts, 0)
     np.testing.assert_allclose(obj, np.sum(w * values) / w.sum(), rtol=1e-5)

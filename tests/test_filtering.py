@@ -236,8 +236,9 @@ def test_filfl_round_without_filtering_trains_the_selected_clients():
   it."""
   data = _data_with_public()
   n = data.num_clients
-  keep_all = fs.Filter(init=lambda num, params: (), apply=lambda s, key, inputs, mask, local: (mask, s, {}),
-                       period=2, trains_available=True, spec={"name": "keep_all"})
+  keep_all = fs.Filter(init=lambda num, params: (),
+                       apply=lambda s, key, inputs, mask, local: (mask, s, {}), period=2,
+                       trains_available=True, spec={"name": "keep_all"})
   model = fs.build_model("logreg", data.feature_shape, data.num_classes)
   chosen = jnp.zeros(n, bool).at[jnp.array([0, 3, 5])].set(True)
   fixed = fs.Selector(init=lambda num, p: (), select=lambda s, key, inputs, mask: (

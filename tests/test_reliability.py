@@ -699,7 +699,8 @@ def _selector(fn, spec=None):
 
 
 def _rule(fn):
-  return fs.Participation(init=lambda n, params: (), apply=lambda s, key, inputs, chosen: (*fn(chosen), s),
+  return fs.Participation(init=lambda n, params: (),
+                          apply=lambda s, key, inputs, chosen: (*fn(chosen), s),
                           spec={"name": "broken_rule"})
 
 

@@ -27,7 +27,8 @@ Examples:
   >>> stats = {"loss": jnp.array([1.0, 1.1, 1.5, 0.5])}
   >>> inputs = RoundInputs(0, None, jnp.ones(4, bool), stats, ClientState.create(4), jnp.ones(4),
   ...                      None)
-  >>> train, agg, _ = rule.apply(rule.init(4, None), jax.random.PRNGKey(0), inputs, jnp.ones(4, bool))
+  >>> train, agg, _ = rule.apply(rule.init(4, None), jax.random.PRNGKey(0), inputs,
+  ...                             jnp.ones(4, bool))
   >>> train.tolist(), agg.tolist()   # Client 3 trains (0.5 <= 1.2) but is refused (0.5 < 0.8).
   ([True, True, False, True], [True, True, False, False])
 """

@@ -31,7 +31,8 @@ Examples:
   >>> rule = fedsrc_rule()
   >>> inputs = RoundInputs(0, None, jnp.ones(3, bool), {"test_loss": jnp.array([0.1, 5.0, 0.2])},
   ...                      ClientState.create(3), jnp.ones(3), jnp.eye(3, dtype=jnp.int32))
-  >>> train, agg, state = rule.apply(rule.init(3, None), jax.random.PRNGKey(0), inputs, jnp.ones(3, bool))
+  >>> train, agg, state = rule.apply(rule.init(3, None), jax.random.PRNGKey(0), inputs,
+  ...                                 jnp.ones(3, bool))
   >>> train.tolist()   # Round 0: everyone sampled trains.
   [True, True, True]
 """
