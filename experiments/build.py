@@ -136,6 +136,10 @@ def part_defaults(cfg: cfglib.JobConfig, given: frozenset) -> cfglib.JobConfig:
                                                                     ("test_fraction",)):
     raise app.UsageError(f"--test_fraction: --dataset={cfg.parts.dataset.name} has its published "
                          "per-client test split, which the runs use; leave --test_fraction out")
+  stray = set_off_default(cfg, given, ("wandb_project", "wandb_mode"))
+  if stray and not cfg.output.wandb:
+    raise app.UsageError(f"{', '.join(stray)}: settings of --wandb, which is off; add --wandb "
+                         "(or leave them out)")
   return _required(asynchronous(cfg, given), given, runs)
 
 

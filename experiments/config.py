@@ -177,6 +177,14 @@ class OutputConfig:
   tensorboard: bool = option(False, "Also write each run's per-round scalars as TensorBoard events "
                              "under its folder (tensorboard --logdir=<out_dir>); needs the "
                              "tensorboard extra, pip install -e '.[tensorboard]'.")
+  wandb: bool = option(False, "Also log each run's per-round scalars to Weights & Biases, one "
+                       "W&B run per run (its config the run's settings, its files under the "
+                       "run's folder); needs the wandb extra, pip install -e '.[wandb]'.",
+                       result=False)
+  wandb_project: str = option("fedjax_sel", "--wandb's project.", result=False)
+  wandb_mode: str = option("offline", "--wandb: offline (nothing leaves the machine; `wandb sync` "
+                           "uploads later) or online (streams; needs `wandb login`).",
+                           choices=("offline", "online"), result=False)
   batch_runs: bool = option(True, "Advance a method's runs (its seeds, and --sweep values) "
                             "together as one batched compiled program (device store); "
                             "--nobatch_runs runs them one after another, still sharing one "

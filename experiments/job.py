@@ -180,22 +180,41 @@ def _write_manifest(out: str) -> None:
 
 
 @contextlib.contextmanager
-def trackers(cfg: cfglib.JobConfig, folders: list[str]):
-  """With --tensorboard, one `tracking.TensorBoardWriter` per run folder (process 0 only): yields
-  their `write` callbacks (or None), closes them after."""
-  if not cfg.output.tensorboard or not writer():
+def trackers(cfg: cfglib.JobConfig, runs: list[Run], folders: list[str]):
+  """With --tensorboard and / or --wandb, the writers of each run folder (process 0 only): yields
+  one callback per run that hands a record to each of its writers (or None), closes them after."""
+  out = cfg.output
+  if not (out.tensorboard or out.wandb) or not writer():
     yield None
     return
-  from fedjax_sel.host.tracking import TensorBoardWriter  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.host import tracking  # pylint: disable=import-outside-toplevel
+  writers = [[] for _ in folders]
   try:
-    writers = [TensorBoardWriter(folder) for folder in folders]
-  except ImportError as e:
-    raise app.UsageError(f"--tensorboard: {e}") from e
-  try:
-    yield [w.write for w in writers]
+    for run, folder, own in zip(runs, folders, writers):
+      if out.tensorboard:
+        own.append(_tracker("--tensorboard", lambda f=folder: tracking.TensorBoardWriter(f)))
+      if out.wandb:
+        own.append(_tracker("--wandb", lambda r=run, f=folder: tracking.WandbWriter(
+            f, r.label.strip(), {**(r.settings or {}), "seed": r.sim.seed}, out.wandb_project,
+            out.wandb_mode)))
+    yield [_fan_out(own) for own in writers]
   finally:
-    for w in writers:
+    for w in (w for own in writers for w in own):
       w.close()
+
+
+def _fan_out(writers: list) -> Callable[[dict], None]:
+  def write(record: dict) -> None:
+    for w in writers:
+      w.write(record)
+  return write
+
+
+def _tracker(flag: str, make: Callable):
+  try:
+    return make()
+  except ImportError as e:
+    raise app.UsageError(f"{flag}: {e}") from e
 
 
 def failure(error: Exception) -> str:
@@ -254,7 +273,7 @@ def _run_batch(cfg: cfglib.JobConfig, runs: list[Run], folders: list[str]
                                                 f"({len(runs)} runs) ")
   batch = fs.RunBatch([r.sim for r in runs]) if len(runs) > 1 else OneRun(runs[0].sim)
   try:
-    with _exit_on_failure(label), trackers(cfg, folders) as on_records:
+    with _exit_on_failure(label), trackers(cfg, runs, folders) as on_records:
       return (fs.run_batch(batch, cfg.engine.rounds, folders, label=label,
                            settings=[r.settings for r in runs], extras=[r.extra for r in runs],
                            on_records=on_records, **common), [None] * len(runs))

@@ -416,6 +416,65 @@ def test_tensorboard_scalars_equal_the_metrics_files(tmp_path):
         recs[2]["cumulative_cost"]["train_samples"])
 
 
+def read_wandb_run(folder) -> tuple[str, dict, dict]:
+  """An offline W&B run's (name, config, {key: {step: value}}), read from its record log as W&B
+  writes it (a 7-byte header, then 32 KiB blocks of records each with a crc32, length and
+  full / first / middle / last type) and parsed with W&B's own protobuf messages."""
+  import glob  # pylint: disable=import-outside-toplevel
+  import struct  # pylint: disable=import-outside-toplevel
+
+  from wandb.proto import wandb_internal_pb2  # pylint: disable=import-outside-toplevel
+  (path,) = glob.glob(os.path.join(folder, "wandb", "offline-run-*", "run-*.wandb"))
+  buf = open(path, "rb").read()
+  assert buf[:4] == b":W&B", path
+  pos, pending, name, config, history = 7, b"", None, {}, {}
+  while pos + 7 <= len(buf):
+    left = 32768 - pos % 32768
+    _, length, kind = struct.unpack("<IHB", buf[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+    if kind == 0:  # Padding at a block's end.
+      pos += left
+      continue
+    data, pos = buf[pos + 7:pos + 7 + length], pos + 7 + length
+    pending = data if kind in (1, 2) else pending + data
+    if kind in (2, 3):
+      continue
+    record = wandb_internal_pb2.Record()
+    record.ParseFromString(pending)
+    if record.WhichOneof("record_type") == "run":
+      name = record.run.display_name
+      config = {u.key: json.loads(u.value_json) for u in record.run.config.update}
+    elif record.WhichOneof("record_type") == "history":
+      for item in record.history.item:
+        key = item.key or "/".join(item.nested_key)
+        history.setdefault(key, {})[record.history.step.num] = json.loads(item.value_json)
+  return name, config, history
+
+
+def test_wandb_logs_each_run_as_its_metrics_files(tmp_path):
+  """--wandb (offline): one W&B run per run of the job, named as its progress line, its config
+  the run's settings, its history the records' scalars round by round."""
+  pytest.importorskip("wandb", reason="the wandb extra (the README's test command installs it)")
+  args = ["--rounds=3", "--num_clients=10", "--num_available=5", "--clients_per_round=2",
+          "--seeds=0,1", "--wandb", f"--out_dir={tmp_path}/job"]
+  (result,) = run_cases("run", [args], str(tmp_path), str(tmp_path))
+  assert result["kind"] == "none", result
+  for seed in (0, 1):
+    name, config, history = read_wandb_run(tmp_path / "job" / f"seed{seed}")
+    recs = records(tmp_path / "job" / f"seed{seed}" / "metrics.jsonl")
+    assert name == f"FedAvg s{seed}" and config["seed"] == seed and config["num_clients"] == 10
+    for key in ("test_accuracy", "local_train_loss", "num_trained"):
+      assert history[key] == {r["round"]: pytest.approx(r[key]) for r in recs}, key
+    assert history["cumulative_cost/train_samples"][2] == pytest.approx(
+        recs[2]["cumulative_cost"]["train_samples"])
+
+
+def test_wandb_settings_without_wandb_are_refused(tmp_path):
+  (result,) = run_cases("run", [["--rounds=1", "--wandb_project=mine", f"--out_dir={tmp_path}/j"]],
+                        str(tmp_path), str(tmp_path))
+  assert result["kind"] == "UsageError" and "--wandb_project: settings of --wandb" in result[
+      "message"] and not result["ran"], result
+
+
 def test_the_tensorboard_extra_installs_the_viewer_the_docs_run():
   """`pip install -e '.[tensorboard]'` (the test command installs it) brings `tensorboard`, which
   docs/workflow.md tells users to run, beside the writer."""
