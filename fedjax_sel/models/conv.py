@@ -75,14 +75,16 @@ def extract_patches(x: jax.Array, kernel_size: tuple[int, int], strides: tuple[i
 
 
 class PatchConv(nn.Module):
-  """Drop-in for `nn.Conv` (NHWC, params `kernel [kh, kw, Cin, F]`, `bias [F]`)."""
+  """Drop-in for `nn.Conv` (NHWC, params `kernel [kh, kw, Cin, F]`, `bias [F]`); `impl` is the
+  lowering (`CONV_IMPLS`), by default "auto" as in the library's own models, so a user's module
+  gets the fast path the library's CNNs get."""
 
   features: int
   kernel_size: tuple[int, int]
   strides: tuple[int, int] = (1, 1)
   padding: str = "SAME"
   use_bias: bool = True
-  impl: str = "patches"
+  impl: str = "auto"
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:

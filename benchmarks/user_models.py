@@ -1,0 +1,163 @@
+r"""A user's own CNN beside the library's: does a model written as the model guide says train as
+fast as the library's own?
+
+  python -m benchmarks.user_models            # the table in docs/performance.md (a few minutes)
+  python -m benchmarks.user_models --quick    # smoke run
+
+One FedAvg round (K clients of S synthetic 32 x 32 x 3 images each, batch B, one local epoch: the
+setup of pfl-research's CIFAR-10 benchmark, with its cohort scaled by --clients) for four models,
+each in the same process and on the same data:
+- `cifar_cnn (library)`: `build_model("cifar_cnn", ...)`.
+- `cifar_cnn (user)`: the same architecture written by a user in flax with `models.PatchConv` and
+  `models.max_pool_2x2` at their defaults: the guide's recipe.
+- `simple_cnn (user)`: pfl-research's `simple_cnn` (conv 3x3 32, conv 3x3 64, pool, dropout 0.25,
+  dense 128, dropout 0.5) written the same way, dropout on.
+- `simple_cnn (nn.Conv)`: the same written with flax's `nn.Conv` and `nn.max_pool`, what a flax
+  user writes without the guide.
+
+Each model compiles and runs a round first; then the timed rounds are interleaved (one round of
+each model, again and again). Samples/s are medians over --reps rounds; the FLOP rate divides
+each model's training FLOPs per example (XLA's count for one example's forward and backward pass
+through the `nn.Conv` form) by the time per example, so models of different sizes compare by how
+well they use the machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import app, flags
+
+import fedjax_sel as fs
+from benchmarks.common import markdown_table, peak_gflops, write_results
+from fedjax_sel import models
+from fedjax_sel.data.federated import split_clients
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("clients", 10, "K, clients a round (pfl's benchmark: 50).")
+flags.DEFINE_integer("samples", 50, "S, images a client.")
+flags.DEFINE_integer("batch_size", 10, "B.")
+flags.DEFINE_integer("reps", 7, "Timed rounds of each model (median).")
+
+
+class UserCifarCNN(nn.Module):
+  """The library's CIFAR CNN as a user writes it from the guide (conv impl at its default)."""
+
+  num_classes: int
+  conv: type = models.PatchConv
+  pool: object = staticmethod(models.max_pool_2x2)
+
+  @nn.compact
+  def __call__(self, x):
+    x = self.pool(nn.relu(self.conv(32, (5, 5))(x)))
+    x = self.pool(nn.relu(self.conv(64, (5, 5))(x)))
+    x = x.reshape((x.shape[0], -1))
+    x = nn.relu(nn.Dense(512)(x))
+    x = nn.relu(nn.Dense(128)(x))
+    return nn.Dense(self.num_classes)(x)
+
+
+def _flax_pool(x):
+  return nn.max_pool(x, (2, 2), strides=(2, 2), padding="SAME")
+
+
+class SimpleCNN(nn.Module):
+  """pfl-research's `simple_cnn`, as a flax user writes it."""
+
+  num_classes: int
+  conv: type = models.PatchConv
+  pool: object = staticmethod(models.max_pool_2x2)
+
+  @nn.compact
+  def __call__(self, x, train=False):
+    x = nn.relu(self.conv(32, (3, 3), padding="VALID")(x))
+    x = nn.relu(self.conv(64, (3, 3), padding="VALID")(x))
+    x = nn.Dropout(0.25, deterministic=not train)(self.pool(x))
+    x = nn.relu(nn.Dense(128)(x.reshape((x.shape[0], -1))))
+    x = nn.Dropout(0.5, deterministic=not train)(x)
+    return nn.Dense(self.num_classes)(x)
+
+
+SHAPE, CLASSES = (32, 32, 3), 10
+
+
+def variants() -> dict:
+  """name -> (model, the same architecture with nn.Conv for XLA's FLOP count)."""
+  wrap = lambda module, name, stochastic=False: models.from_flax(
+      module, SHAPE, CLASSES, name, stochastic=stochastic)
+  plain_cifar = wrap(UserCifarCNN(CLASSES, nn.Conv, _flax_pool), "cifar_cnn_nn")
+  plain_simple = wrap(SimpleCNN(CLASSES, nn.Conv, _flax_pool), "simple_cnn_nn", True)
+  return {
+      "cifar_cnn (library)": (fs.build_model("cifar_cnn", SHAPE, CLASSES), plain_cifar),
+      "cifar_cnn (user)": (wrap(UserCifarCNN(CLASSES), "user_cifar_cnn"), plain_cifar),
+      "simple_cnn (user)": (wrap(SimpleCNN(CLASSES), "simple_cnn", True), plain_simple),
+      "simple_cnn (nn.Conv)": (plain_simple, plain_simple),
+  }
+
+
+def train_flops(model: fs.Model) -> float:
+  """XLA's FLOP count of one example's forward and backward pass."""
+  params = model.init(jax.random.PRNGKey(0))
+  x, y = jnp.zeros((1, *SHAPE)), jnp.zeros((1,), jnp.int32)
+  loss = lambda p: jnp.mean(models.train_losses(model, p, x, y, jnp.ones(1),
+                                                jax.random.PRNGKey(1))[0])
+  cost = jax.jit(jax.grad(loss)).lower(params).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, list) else cost
+  return float(cost["flops"])
+
+
+def dataset(clients: int, samples: int) -> fs.FederatedDataset:
+  rng = np.random.default_rng(0)
+  xs = [rng.standard_normal((samples, *SHAPE)).astype(np.float32) for _ in range(clients)]
+  ys = [rng.integers(0, CLASSES, samples).astype(np.int32) for _ in range(clients)]
+  return split_clients(xs, ys, num_classes=CLASSES, test_fraction=0.0, name="synthetic32")
+
+
+def main(argv):
+  del argv
+  k = 2 if FLAGS.quick else FLAGS.clients
+  samples = 10 if FLAGS.quick else FLAGS.samples
+  reps = 1 if FLAGS.quick else FLAGS.reps
+  data = dataset(k, samples)
+  peak = peak_gflops()
+  sims, states = {}, {}
+  for name, (model, _) in variants().items():
+    sims[name] = fs.Simulator(model, data, lambda lr: optax.sgd(lr),
+                              fs.LocalHParams(batch_size=FLAGS.batch_size),
+                              fs.uniform_availability(k, k), fs.random_selector(k), fs.fedavg(), k,
+                              seed=0)
+    states[name], metrics = sims[name].step(sims[name].init())  # Compiles.
+    jax.block_until_ready(metrics)
+  times = {name: [] for name in sims}
+  for _ in range(reps):  # Interleaved: a busy spell of the machine falls on every model alike.
+    for name, sim in sims.items():
+      start = time.perf_counter()
+      states[name], metrics = sim.step(states[name])
+      jax.block_until_ready(metrics)
+      times[name].append(time.perf_counter() - start)
+  rows = []
+  for name, (_, plain) in variants().items():
+    per_s = k * samples / statistics.median(times[name])
+    flops = train_flops(plain)
+    rows.append({"model": name, "K": k, "samples_per_s": per_s, "mflop_per_example": flops / 1e6,
+                 "gflop_s": flops * per_s / 1e9, "of_peak": flops * per_s / 1e9 / peak})
+    print(rows[-1], flush=True)
+  for r in rows:  # rows[0] is the library's CNN.
+    r["vs_library_cifar_cnn_rate"] = r["gflop_s"] / rows[0]["gflop_s"]
+  table = (f"conv impl: {models.resolve_conv_impl('auto')}; GEMM peak {peak:.0f} GFLOP/s; "
+           f"S = {samples}, B = {FLAGS.batch_size}, one local epoch\n\n")
+  table += markdown_table(rows, [("model", "model"), ("K", "K"), ("samples_per_s", "samples/s"),
+                                 ("mflop_per_example", "MFLOP / example"),
+                                 ("gflop_s", "GFLOP/s"), ("of_peak", "of GEMM peak"),
+                                 ("vs_library_cifar_cnn_rate", "FLOP rate vs library CNN")])
+  write_results("user_models", rows, table, {"peak_gflops": peak})
+
+
+if __name__ == "__main__":
+  app.run(main)
