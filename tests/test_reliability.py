@@ -974,9 +974,30 @@ def test_dominant_partition_gives_every_client_its_dominant_class():
   from fedjax_sel.data import partition  # pylint: disable=import-outside-toplevel
   y = sources.load_digits().y
   for n in (20, 50, 99):
+    size = len(y) // n
     for k, part in enumerate(partition.dominant(y, n, 10, 0.8, seed=0)):
       hist = np.bincount(y[part], minlength=10)
-      assert len(part) == len(y) // n and hist[k % 10] >= 0.8 * len(part) - 1, (n, k)
+      assert len(part) == size and hist[k % 10] == round(0.8 * size), (n, k)
+
+
+def test_dominant_partition_fills_the_last_clients_like_the_first():
+  """With the pool used up (as FedSRC's Fashion-MNIST setting does), the last clients still get
+  their full size, their own class exactly at the fraction, and every other class; and where
+  only a client's own class is left, a swap fills it (three classes, many seeds)."""
+  from fedjax_sel.data import partition  # pylint: disable=import-outside-toplevel
+  y = np.repeat(np.arange(10), 6000)  # Fashion-MNIST's 60,000 in 100 clients of 600.
+  hist = np.stack([np.bincount(y[p], minlength=10)
+                   for p in partition.dominant(y, 100, 10, 0.8, seed=0)])
+  assert (hist.sum(1) == 600).all() and (hist[np.arange(100), np.arange(100) % 10] == 480).all()
+  assert ((hist > 0).sum(1) == 10).all()  # 120 others over 9 classes: every class, to the last.
+  small = np.repeat(np.arange(3), 4)
+  for seed in range(40):
+    parts = partition.dominant(small, 3, 3, 0.5, seed=seed)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(12)), seed
+    for k, part in enumerate(parts):
+      assert np.bincount(small[part], minlength=3)[k] == 2 and len(part) == 4, (seed, k)
+  with pytest.raises(ValueError, match="all of client 0's own class 0"):
+    partition.dominant(np.array([0] * 8 + [1] * 4), 2, 2, 0.5, seed=0)
 
 
 def test_drawn_priority_clients_hold_distinct_classes():

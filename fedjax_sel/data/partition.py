@@ -99,29 +99,53 @@ def k_classes(y: np.ndarray, num_clients: int, num_classes: int, k: int,
 def dominant(y: np.ndarray, num_clients: int, num_classes: int, fraction: float,
              seed: int) -> list[np.ndarray]:
   """Equal-size clients; client k draws `fraction` of its examples from class `k mod C` and the
-  rest uniformly from the other classes (FedSRC's non-IID setting, fraction 0.8)."""
+  rest from the other classes (FedSRC's non-IID setting, fraction 0.8).
+
+  Every client gets exactly `len(y) // N` examples, `round(fraction * size)` of its own class and
+  none other of it. The rest are drawn one example a client at a time (the clients in a seeded
+  order each pass), from another class chosen with probability proportional to what is left of it,
+  so the classes run out together and the last clients get the same mix as the first; a client
+  that finds only its own class left swaps with a client that can take that class.
+
+  Raises:
+    ValueError: naming the classes that cannot give every client its dominant examples, or when
+      the remaining examples cannot fill the clients (too few outside some class).
+  """
   _check_clients(len(y), num_clients)
   if not 0.0 <= fraction <= 1.0:
     raise ValueError(f"dominant_fraction must be in [0, 1], got {fraction}")
   rng = np.random.default_rng(seed)
   size = len(y) // num_clients
   n_dom = int(round(fraction * size))
+  own = np.arange(num_clients) % num_classes
   pools = [list(rng.permutation(np.flatnonzero(y == c))) for c in range(num_classes)]
-  need = np.bincount([k % num_classes for k in range(num_clients)], minlength=num_classes) * n_dom
+  need = np.bincount(own, minlength=num_classes) * n_dom
   short = [c for c in range(num_classes) if need[c] > len(pools[c])]
   if short:
     raise ValueError(f"dominant_fraction={fraction}: classes {short} have too few examples for "
                      f"{n_dom} dominant examples per client; lower the fraction or num_clients")
-  # Reserve every client's dominant examples first, then fill the rest from what is left.
-  mine = [[pools[k % num_classes].pop() for _ in range(n_dom)] for k in range(num_clients)]
-  for k in range(num_clients):
-    c = k % num_classes
-    for _ in range(size - n_dom):
-      others = [o for o in range(num_classes) if o != c and pools[o]]
-      if not others:
-        break
-      mine[k].append(pools[int(rng.choice(others))].pop())
-  return [np.sort(np.array(m, dtype=np.int64)) for m in mine]
+  # Reserve every client's dominant examples first, then deal the rest.
+  mine = [[pools[own[k]].pop() for _ in range(n_dom)] for k in range(num_clients)]
+  rest = [[] for _ in range(num_clients)]  # Each client's examples of other classes.
+  for _ in range(size - n_dom):
+    for k in rng.permutation(num_clients):
+      left = np.array([len(p) for p in pools], np.float64)
+      left[own[k]] = 0.0
+      if left.sum() > 0:
+        rest[k].append(pools[int(rng.choice(num_classes, p=left / left.sum()))].pop())
+        continue
+      # Only class own[k] is left: a client of another class gives k one of its examples of a
+      # third class and takes one of own[k]'s instead.
+      takers = [m for m in rng.permutation(num_clients) if own[m] != own[k]
+                and any(y[i] != own[k] for i in rest[m])]
+      if not takers:
+        raise ValueError(f"dominant_fraction={fraction}: {len(pools[own[k]])} examples left, all "
+                         f"of client {k}'s own class {own[k]}; lower num_clients or the fraction")
+      m = takers[0]
+      give = next(j for j, i in enumerate(rest[m]) if y[i] != own[k])
+      rest[k].append(rest[m][give])
+      rest[m][give] = pools[own[k]].pop()
+  return [np.sort(np.array(m + r, dtype=np.int64)) for m, r in zip(mine, rest)]
 
 
 def shards(y: np.ndarray, num_clients: int, shards_per_client: int,
