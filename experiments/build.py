@@ -432,6 +432,10 @@ def corrupt(cfg: cfglib.JobConfig, data, seed: int):
   kinds = check_corruption(cfg)
   share = cfg.data.corrupt_fraction
   bad_data, bad = corrupt_clients(data, share, kinds, seed=seed + 100)
+  if bad.all():
+    raise app.UsageError(f"--corrupt_fraction={share} corrupts all {data.num_clients} clients: the "
+                         "clean_* metrics score the uncorrupted clients and none would be left; "
+                         "give a share that leaves at least one client clean")
   return bad_data, bad, corruption_kinds(data.num_clients, share, kinds, seed=seed + 100)
 
 

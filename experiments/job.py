@@ -404,6 +404,7 @@ def launch(main) -> None:
 def cli(main):
   """`main` for `app.run`: a UsageError prints its message and where to find help (absl would
   print the help of every flag first), exit status 1; a file that cannot be written (a full disk)
+  or a path that is not what it must be (a missing parent folder, a folder where a file goes)
   prints one line naming it, exit status 1."""
   def wrapped(argv):
     from fedjax_sel.host.compilation import use_persistent_cache  # pylint: disable=import-outside-toplevel
@@ -421,10 +422,11 @@ def cli(main):
                        "rounds): run the same command, or --config=<out_dir>/config.json, with "
                        "--resume\n")
       sys.exit(130)
-    except OSError as e:
-      if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+    except OSError as e:  # A full disk, or a path that is not what it must be: name the file.
+      full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
+      if not (full or e.filename):
         raise
-      where = f"cannot write {e.filename}: " if e.filename else ""
+      where = f"{'cannot write ' if full else ''}{e.filename}: " if e.filename else ""
       sys.exit(f"error: {where}{e.strerror or e}")
     except AssertionError as e:  # XLA's check of a loaded program (a foreign cache entry).
       if cache is None:

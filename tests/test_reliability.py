@@ -191,6 +191,7 @@ LAUNCHER_CASES = [
     ("fedalign", ["--num_priority=0"], "priority"),
     ("fedsrc", ["--participation_target=nan"], "--participation_target"),
     ("fedsrc", ["--trim_beta=inf"], "--trim_beta"),
+    ("fedsrc", ["--corrupt_fraction=1.0"], "--corrupt_fraction=1.0 corrupts all"),
     ("uacs", ["--explore_prob=2"], "--explore_prob"),
     ("uacs", ["--gap0=nan"], "--gap0"),
 ]
@@ -1107,3 +1108,16 @@ def test_a_failed_check_of_a_cached_program_names_the_cache_folder(tmp_path, mon
   message = str(exit_info.value.code)
   assert str(tmp_path / "cache") in message and "FEDJAX_SEL_CACHE_DIR=off" in message
   assert "fingerprint mismatch" in message
+
+
+@pytest.mark.parametrize("where", ["a_file/sub", "a_file"])
+def test_an_out_dir_that_cannot_be_a_folder_is_named_in_one_line(tmp_path, where):
+  """A path that is not what it must be (a file where the job's folder or a parent of it goes)
+  ends the launcher in one line naming it, before compute, no traceback."""
+  (tmp_path / "a_file").write_text("not a folder", encoding="utf-8")
+  proc = subprocess.run([sys.executable, "-m", "experiments.run", "--rounds=1",
+                         f"--out_dir={tmp_path / where}"], cwd=REPO, capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 1, proc.stdout + proc.stderr
+  assert "Traceback" not in proc.stderr and str(tmp_path) in proc.stderr, proc.stderr
+  assert proc.stderr.strip().startswith("error: "), proc.stderr
