@@ -45,20 +45,11 @@ class MLP(nn.Module):
     return nn.Dense(self.num_classes)(x)
 
 
-class LeafCNN(nn.Module):
-  num_classes: int = 62
-  conv_impl: str = "auto"
+class _TwoConvCNN(nn.Module):
+  """conv5x5 32, pool, conv5x5 64, pool, then ReLU dense layers of `hidden` and the logits."""
 
-  @nn.compact
-  def __call__(self, x):
-    x = max_pool_2x2(nn.relu(PatchConv(32, (5, 5), impl=self.conv_impl)(x)))
-    x = max_pool_2x2(nn.relu(PatchConv(64, (5, 5), impl=self.conv_impl)(x)))
-    x = nn.relu(nn.Dense(2048)(x.reshape(x.shape[0], -1)))
-    return nn.Dense(self.num_classes)(x)
-
-
-class CifarCNN(nn.Module):
-  num_classes: int = 10
+  num_classes: int
+  hidden: tuple[int, ...]
   conv_impl: str = "auto"
 
   @nn.compact
@@ -66,9 +57,19 @@ class CifarCNN(nn.Module):
     x = max_pool_2x2(nn.relu(PatchConv(32, (5, 5), impl=self.conv_impl)(x)))
     x = max_pool_2x2(nn.relu(PatchConv(64, (5, 5), impl=self.conv_impl)(x)))
     x = x.reshape(x.shape[0], -1)
-    x = nn.relu(nn.Dense(512)(x))
-    x = nn.relu(nn.Dense(128)(x))
+    for h in self.hidden:
+      x = nn.relu(nn.Dense(h)(x))
     return nn.Dense(self.num_classes)(x)
+
+
+class LeafCNN(_TwoConvCNN):
+  num_classes: int = 62
+  hidden: tuple[int, ...] = (2048,)
+
+
+class CifarCNN(_TwoConvCNN):
+  num_classes: int = 10
+  hidden: tuple[int, ...] = (512, 128)
 
 
 NORMS = ("group", "batch")
