@@ -27,6 +27,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     pytest.param("population_scaling --sweep=k", {"selector", "store", "K", "round_ms"}, "machine",
                  marks=pytest.mark.slow),
     pytest.param("time_to_result", {"table"}, "tables", marks=pytest.mark.slow),
+    pytest.param("grid", {"contender", "wall_s", "compile_s", "rounds_s", "vs_best_peer"},
+                 "arithmetic_limit_s", marks=pytest.mark.slow),
     pytest.param("user_models", {"model", "samples_per_s", "gflop_s", "vs_library_cifar_cnn_rate"},
                  "peak_gflops", marks=pytest.mark.slow),
     pytest.param("peers", {"model", "K", "ours"}, "time_split", marks=pytest.mark.slow),
