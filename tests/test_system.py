@@ -78,6 +78,8 @@ def test_profiles_are_drawn_read_and_checked(tmp_path):
   for text, needle in (("client,speed,bandwidth\n0,1,1\n", r"no row for clients \[1\]"),
                        ("client,speed,bandwidth\n0,1,1\n0,1,1\n", "line 3: client 0"),
                        ("client,speed,bandwidth\n0,1,1\n1,-1,1\n", "client 1's speed"),
+                       ("client,speed,bandwidth\n0,nan,1\n1,1,1\n",
+                        "line 2: client 0's speed nan and bandwidth 1.0 must be finite"),
                        ("client,speed\n0,1\n", "header"),
                        ("client,speed,bandwidth\n0,x,1\n", "line 2")):
     path.write_text(text, encoding="utf-8")

@@ -108,6 +108,7 @@ def read_profiles(path: str, num_clients: int) -> SystemProfile:
   if not rows or tuple(c.strip() for c in rows[0]) != PROFILE_FIELDS:
     raise ValueError(f"{path}: the first line must be the header {','.join(PROFILE_FIELDS)}")
   speed, bandwidth = np.full(num_clients, np.nan), np.full(num_clients, np.nan)
+  seen = np.zeros(num_clients, bool)
   for i, row in enumerate(rows[1:], start=2):
     if not row:
       continue
@@ -115,12 +116,15 @@ def read_profiles(path: str, num_clients: int) -> SystemProfile:
       client, s, b = int(row[0]), float(row[1]), float(row[2])
     except (ValueError, IndexError):
       raise ValueError(f"{path}: line {i}: expected client,speed,bandwidth, got {row}") from None
-    if not 0 <= client < num_clients or not np.isnan(speed[client]):
+    if not 0 <= client < num_clients or seen[client]:
       raise ValueError(f"{path}: line {i}: client {client} is unknown (0..{num_clients - 1}) or "
                        "listed twice")
-    speed[client], bandwidth[client] = s, b
-  if np.isnan(speed).any():
-    raise ValueError(f"{path}: no row for clients {np.flatnonzero(np.isnan(speed))[:10].tolist()}")
+    if not (np.isfinite(s) and s > 0 and np.isfinite(b) and b > 0):
+      raise ValueError(f"{path}: line {i}: client {client}'s speed {s} and bandwidth {b} must be "
+                       "finite and > 0")
+    speed[client], bandwidth[client], seen[client] = s, b, True
+  if not seen.all():
+    raise ValueError(f"{path}: no row for clients {np.flatnonzero(~seen)[:10].tolist()}")
   profile = SystemProfile(speed.astype(np.float32), bandwidth.astype(np.float32))
   check_profile(profile, num_clients, path)
   return profile
