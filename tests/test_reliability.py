@@ -408,6 +408,16 @@ def test_nonfinite_guard_stops_naming_the_round(tmp_path):
     assert [json.loads(line)["round"] for line in f] == [0]  # The failing round is kept.
 
 
+def test_nonfinite_guard_blames_the_server_step_when_the_clients_stayed_finite(tmp_path):
+  """A server optimizer that overflows while every client trains to a finite loss: the message
+  names the server's step (its learning rate, optimizer or aggregator), not the clients' rate."""
+  sim = make_sim(server_optimizer=fs.server_sgd(lr=3e38))
+  with pytest.raises(runner.NonFiniteError, match="server's step diverged: lower the server "
+                     "learning rate") as info:
+    fs.run(sim, 3, str(tmp_path), progress=None)
+  assert "--lr)" not in str(info.value)
+
+
 def test_nonfinite_exclude_mode_keeps_diverged_updates_out():
   """One client's features are so large (finite, so the data checks pass) that its local training
   overflows: its update is excluded and counted, and the global model is the mean of the others'

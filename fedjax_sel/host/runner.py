@@ -219,12 +219,19 @@ def _check_finite(record: dict, t: int) -> None:
             if isinstance(record.get(k), float) and not math.isfinite(record[k])]
   if not record.get("model_finite", True):
     causes.insert(0, "the aggregated global model has non-finite weights")
-  if causes:
-    raise NonFiniteError(f"round {t}: " + "; ".join(causes) + " (the clients' data passed "
-                         "their checks when the run started: finite features, integer labels "
-                         "within the model's classes; so training diverged: lower the learning "
-                         "rate, or exclude non-finite client updates with nonfinite='exclude', "
-                         "--nonfinite=exclude)")
+  if not causes:
+    return
+  local = record.get("local_train_loss")
+  if isinstance(local, float) and math.isfinite(local):
+    advice = ("the clients trained to finite losses, so the server's step diverged: lower the "
+              "server learning rate (server_lr, --server_lr) or use another server optimizer or "
+              "aggregator")
+  else:
+    advice = ("so local training diverged: lower the client learning rate (--lr), or exclude "
+              "non-finite client updates with nonfinite='exclude', --nonfinite=exclude")
+  raise NonFiniteError(f"round {t}: " + "; ".join(causes) + " (the clients' data passed their "
+                       "checks when the run started: finite features, integer labels within "
+                       f"the model's classes; {advice})")
 
 
 class OneRun:
