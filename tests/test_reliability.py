@@ -753,6 +753,20 @@ def test_part_breaking_its_contract_stops_the_run_naming_it(tmp_path, name, kw, 
   assert not metrics.exists() or not metrics.read_text(encoding="utf-8")
 
 
+def test_an_error_inside_a_users_part_names_the_part():
+  """A shape error raised by JAX while a user's selector is traced carries a note naming the
+  selector and its function (and a structurally equal part still shares one program)."""
+  def select(state, key, inputs, mask):
+    scores = inputs.num_examples @ jnp.ones((3,))  # [N] @ [3]: a shape error.
+    return mask & (scores > 0), state
+  bad = fs.Selector(init=lambda n, params: (), select=select, spec={"name": "my_scores"})
+  sim = make_sim(selector=bad)
+  with pytest.raises(TypeError) as info:
+    sim.step(sim.init())
+  assert "raised by the selector 'my_scores' in its select" in info.value.__notes__
+  assert make_sim(seed=1).keyed.key == make_sim(seed=2).keyed.key
+
+
 def test_filter_keeping_unavailable_clients_stops_the_run():
   data = ragged_dataset([20, 12, 9, 15, 30, 11])
   keep_all = fs.Filter(init=lambda n, params: (), apply=lambda s, key, inputs, mask, local: (

@@ -244,6 +244,27 @@ def _step_cost(key: Keyed) -> StepCost:
   return step_cost(model, optimizer, local, params, feature_shape, bytes_from_flops=tiny)
 
 
+def _noted(kind: str, part):
+  """`part` whose functions add a note naming the part and the function to any exception they
+  raise (a shape error while the round is traced, a missing statistic), so that the traceback of
+  a user's broken part says which part broke. The wrappers trace as the functions do, and parts
+  equal in structure stay equal (one compiled program)."""
+  if part is None:
+    return None
+  name = (part.spec or {}).get("name", type(part).__name__)
+
+  def wrap(field, fn):
+    def call(*args, **kwargs):
+      try:
+        return fn(*args, **kwargs)
+      except Exception as e:
+        e.add_note(f"raised by the {kind} {name!r} in its {field}")
+        raise
+    return call
+  return part._replace(**{f: wrap(f, getattr(part, f)) for f in part._fields
+                          if f != "spec" and callable(getattr(part, f))})
+
+
 class Simulator:
   """A federated simulation with pluggable availability, filter, selector, rule and aggregator.
 
@@ -330,6 +351,8 @@ class Simulator:
                        f"{[getattr(data, s).x.shape[0] for s in ('train', 'val', 'test')]}, "
                        f"largest client {data.train.max_count})")
     participation = participation or everyone()
+    selector, aggregator = _noted("selector", selector), _noted("aggregator", aggregator)
+    filter, participation = _noted("filter", filter), _noted("participation rule", participation)
     needs = set(selector.needs) | set(participation.needs)
     if filter is not None:
       needs |= set(filter.needs)
