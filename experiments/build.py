@@ -416,6 +416,8 @@ def load_data(cfg: cfglib.JobConfig, seed: int, hint: str = "",
     hint = "" if hint[-40:] in str(e) else hint  # The loader's message may say it already.
     raise app.UsageError(f"{where}: {e}. {hint}".strip()) from e
   except ValueError as e:
+    if str(e).startswith("public_text="):  # The flag's own problem, not the dataset's.
+      raise app.UsageError(f"--{e}") from e
     raise app.UsageError(f"{where}: {e}") from e
   empty = int((data.train.counts == 0).sum())
   if empty:

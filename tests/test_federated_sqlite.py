@@ -327,3 +327,21 @@ def test_stackoverflow_store_from_make_store_trains_the_word_lstm(tmp_path):
   assert proc.returncode == 0, proc.stdout + proc.stderr
   recs = [json.loads(line) for line in open(out / "seed0" / "metrics.jsonl", encoding="utf-8")]
   assert [r["round"] for r in recs] == [0, 1] and recs[-1]["num_trained"] == 3
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda d: str(d / "missing.txt"), r"cannot be read as UTF-8 text \(No such file"),
+    (lambda d: str(d), r"cannot be read as UTF-8 text \(Is a directory"),
+    (lambda d: (d / "short.txt").write_text("To be", encoding="utf-8") and str(d / "short.txt"),
+     "5 characters, too short for one window"),
+])
+def test_a_public_text_that_cannot_serve_is_refused_naming_it(tmp_path, make, needle):
+  clients = {b"0001:A": {"snippets": np.array([b"To be, or not to be" * 9], object)}}
+  write_sqlite(str(tmp_path / "shakespeare_train.sqlite"), clients)
+  write_sqlite(str(tmp_path / "shakespeare_test.sqlite"), clients)
+  path = make(tmp_path)
+  with pytest.raises(ValueError, match=f"public_text={path}: {needle}"):
+    fs.build_dataset(fs.DatasetSpec("shakespeare", num_clients=1, data_dir=str(tmp_path),
+                                    public_text=path), seed=0)
+  with pytest.raises(ValueError, match="do not hold character windows"):
+    fs.build_dataset(fs.DatasetSpec("digits", num_clients=5, public_text=path), seed=0)

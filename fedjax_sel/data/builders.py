@@ -316,6 +316,36 @@ def _centralized(named: NamedDataset, spec: DatasetSpec, seed: int) -> sources.C
   return data
 
 
+def _public_text(path: str, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+  """The server's public set cut from the text at `path` into the clients' character windows.
+
+  Raises:
+    ValueError: starting `public_text=PATH:`, for a file that cannot be read, clients that do not
+      hold character windows, or a text too short for one window.
+  """
+  vocabularies = (federated_sqlite.SHAKESPEARE_VOCAB, sources.VOCAB_SIZE)
+  if num_classes not in vocabularies:
+    raise ValueError(f"public_text={path}: the clients do not hold character windows "
+                     f"({num_classes} classes); a public text is for the Shakespeare datasets "
+                     "(--dataset=shakespeare, or --dataset=leaf with LEAF's Shakespeare JSON)")
+  try:
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+  except (OSError, UnicodeDecodeError) as e:
+    raise ValueError(f"public_text={path}: cannot be read as UTF-8 text "
+                     f"({getattr(e, 'strerror', None) or e})") from e
+  try:
+    if num_classes == federated_sqlite.SHAKESPEARE_VOCAB:
+      windows = federated_sqlite.shakespeare_windows([text.encode()])
+    else:
+      windows = sources.char_windows(text)
+  except ValueError as e:
+    raise ValueError(f"public_text={path}: {e}") from e
+  if not len(windows[1]):
+    raise ValueError(f"public_text={path}: {len(text)} characters, too short for one window")
+  return windows
+
+
 def build_dataset(spec: DatasetSpec, seed: int) -> FederatedDataset:
   """Builds the federated dataset described by `spec` (seeded)."""
   check_spec(spec)
@@ -343,10 +373,7 @@ def build_dataset(spec: DatasetSpec, seed: int) -> FederatedDataset:
     if spec.public_fraction > 0 and spec.public_mode == "per_client":
       xs, ys, public = _pool_fraction(xs, ys, spec.public_fraction, seed + 1)
   if spec.public_text is not None:  # In the vocabulary of the clients' windows.
-    with open(spec.public_text, encoding="utf-8") as f:
-      text = f.read()
-    public = (federated_sqlite.shakespeare_windows([text.encode()])
-              if num_classes == federated_sqlite.SHAKESPEARE_VOCAB else sources.char_windows(text))
+    public = _public_text(spec.public_text, num_classes)
   if public is not None and spec.public_size is not None and spec.public_size < len(public[1]):
     keep = np.sort(np.random.default_rng(seed + 3).permutation(len(public[1]))[:spec.public_size])
     public = (public[0][keep], public[1][keep])
