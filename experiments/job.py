@@ -25,6 +25,7 @@ from absl import app
 
 import fedjax_sel as fs
 from experiments import config as cfglib
+from fedjax_sel.data.integrity import DataError
 from fedjax_sel.host import folder_lock
 from fedjax_sel.host.checkpoint import DEFAULTS, CheckpointError, WriteError, write_atomic
 from fedjax_sel.host.checkpoint import previous as checkpoint_previous
@@ -389,6 +390,9 @@ def _exit_on_failure(label: str):
     yield
   except (CheckpointError, FileExistsError, WriteError) as e:
     sys.exit(f"error: {label.strip()}: {failure(e)}")
+  except DataError as e:  # A host store's rows are checked as a round first reads them.
+    sys.exit(f"error: {label.strip()}: {e}; the rounds before it are kept. Fix the data (or "
+             "write the store again with experiments.make_store) and rerun with --resume")
 
 
 def launch(main) -> None:

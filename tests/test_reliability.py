@@ -1145,3 +1145,21 @@ def test_an_out_dir_that_cannot_be_a_folder_is_named_in_one_line(tmp_path, where
   assert proc.returncode == 1, proc.stdout + proc.stderr
   assert "Traceback" not in proc.stderr and str(tmp_path) in proc.stderr, proc.stderr
   assert proc.stderr.strip().startswith("error: "), proc.stderr
+
+
+def test_a_nan_row_of_a_host_store_stops_the_job_in_one_line(tmp_path):
+  """A host store's features are checked as a round first reads them: a NaN row ends the job with
+  one line naming the split, client and row (the rounds before it kept), not a traceback."""
+  from fedjax_sel.data import store  # pylint: disable=import-outside-toplevel
+  data = ragged_dataset([5, 6, 7])
+  x = np.array(data.train.x)
+  x[data.train.offsets[2]] = np.nan
+  store.write_store(str(tmp_path / "store"), data._replace(train=data.train._replace(x=x)))
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.run", f"--store_dir={tmp_path / 'store'}",
+       "--store=host", "--num_clients=3", "--num_available=3", "--clients_per_round=3",
+       "--rounds=2", "--model=logreg", f"--out_dir={tmp_path / 'run'}"], cwd=REPO,
+      capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+  assert "client 2: row" in proc.stderr and "non-finite feature (nan)" in proc.stderr, proc.stderr
+  assert "--resume" in proc.stderr
