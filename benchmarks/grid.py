@@ -5,9 +5,10 @@ whole-process wall time from its start to the 16 final test accuracies.
   python -m benchmarks.grid            # the table in docs/performance.md (a few minutes)
   python -m benchmarks.grid --quick    # smoke run (2 x 2 runs, 3 rounds)
 
-Contenders, all on the same data (`DatasetSpec("digits", num_clients=100)` with seed 0: the
-launcher's default Dirichlet(0.5) split, 80/20 train / test per client), B = 16, one local epoch,
-plain SGD, examples-weighted FedAvg, the round's clients drawn uniformly:
+Contenders, all on the digits (`DatasetSpec("digits", num_clients=100)`: the launcher's default
+Dirichlet(0.5) split, 80/20 train / test per client; seed 0's split for every run, except the
+launcher, which splits per seed as it always does), B = 16, one local epoch, plain SGD,
+examples-weighted FedAvg, the round's clients drawn uniformly:
 - `run CLI`: `python -m experiments.run --sweep=lr:... --seeds=...` (its 16 runs batched in one
   compiled program), split by `benchmarks.timed_launch` into import, data, set-up, compile and
   rounds;
@@ -167,7 +168,7 @@ def run_cli(grid: Grid, cache: str, out: str) -> dict:
   argv = [sys.executable, "-m", "benchmarks.timed_launch", timing, "experiments.run",
           f"--out_dir={out}/job", "--overwrite", "--model=mlp", f"--num_clients={N}",
           f"--num_available={N}", f"--clients_per_round={K}", f"--rounds={grid.rounds}",
-          f"--eval_every={grid.rounds}", f"--batch_size={BATCH}",
+          f"--eval_every={grid.rounds}", f"--batch_size={BATCH}", "--local_epochs=1",
           "--sweep=lr:" + ",".join(map(str, grid.lrs)),
           "--seeds=" + ",".join(map(str, grid.seeds))]
   wall, _ = _process(argv, dict(os.environ, FEDJAX_SEL_CACHE_DIR=cache))
