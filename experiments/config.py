@@ -181,7 +181,8 @@ class OutputConfig:
                        "W&B run per run (its config the run's settings, its files under the "
                        "run's folder); needs the wandb extra, pip install -e '.[wandb]'.",
                        result=False)
-  wandb_project: str = option("fedjax_sel", "--wandb's project.", result=False)
+  wandb_project: str = option("fedjax_sel", "The W&B project --wandb logs the runs to.",
+                              result=False)
   wandb_mode: str = option("offline", "--wandb: offline (nothing leaves the machine; `wandb sync` "
                            "uploads later) or online (streams; needs `wandb login`).",
                            choices=("offline", "online"), result=False)
