@@ -192,6 +192,7 @@ def test_a_3400_client_emnist_file_runs_through_the_host_store(tmp_path):
   assert len(recs[-1]["participations"]) == 3400
 
 
+@pytest.mark.slow  # The preset's path is run on LEAF's files by default (test_filfl_presets).
 def test_filfl_shakespeare_preset_reads_fedjax_shakespeare(tmp_path):
   """The FilFL preset on fedjax's Shakespeare: its public text cut in the clients' vocabulary,
   DGF filtering a round."""

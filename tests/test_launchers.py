@@ -204,7 +204,9 @@ SELECTION_EXTRA = {"ocs": ("--ocs_budget=1",)}
 COMPOSE_BASE = ["--rounds=2", "--num_clients=12", "--num_available=6", "--clients_per_round=3",
                 "--model=logreg", "--seeds=0", "--eval_every=2"]
 COMPOSE_CASES = (
-    [[f"--selector={s}"] for s in ("random", "poc", "divfl", "entropy", "grad_norm", "oort")]
+    # Random is every other test's default, power of choice runs in the async mode below, entropy
+    # and gradient norm in UACS-FL's launcher tests.
+    [[f"--selector={s}"] for s in ("divfl", "oort")]
     + [[f"--selector={s}", *SELECTION_EXTRA.get(s, ()), "--rule=fedsrc", "--aggregator=median",
         "--server_opt=adam", "--system_profile=lognormal"] for s in SELECTION_METHODS]
     + [[f"--selector={s}", "--seeds=0,1"] for s in ("md", "fedcor")]  # Seeds batch.
@@ -233,6 +235,7 @@ SLOW_COMPOSE_CASES = (  # The rest of every part's combinations: pytest -m slow.
      ["--selector=oort", "--system_profile=lognormal", "--rule=fedsrc", "--aggregator=median",
       "--server_opt=adam"]]
     + [[f"--selector={s}", "--seeds=0,1"] for s in SELECTION_METHODS if s not in ("md", "fedcor")]
+    + [[f"--selector={s}"] for s in ("random", "poc", "entropy", "grad_norm")]
     + [[f"--aggregator={a}"] for a in ("median", "fedasl", "multi_krum")]
     + [[f"--server_opt={o}"] for o in ("sgd", "adam", "adagrad")])
 SLOW_ASYNC_CASES = [
