@@ -36,6 +36,7 @@ def first_record(out):
   return recs[0]
 
 
+@pytest.mark.slow  # A CNN compile; the TFDS loader itself is tested on mock data by default.
 def test_cifar10_preset_on_tfds_mock_data(tmp_path):
   """TFDS cifar10 (mock images), Dirichlet(0.5), 1% stratified public set, ResNet18 with
   BatchNorm (narrowed to 8 channels for CPU), the preset's E, B, lr schedule and weight decay."""
