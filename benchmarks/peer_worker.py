@@ -33,7 +33,8 @@ import numpy as np
 
 # (input shape NHWC, classes, what the models are)
 SHAPES = {"logreg": ((28, 28, 1), 10), "mlp": ((28, 28, 1), 10), "leaf_cnn": ((28, 28, 1), 62),
-          "cifar_cnn": ((32, 32, 3), 10), "resnet18": ((32, 32, 3), 10)}
+          "cifar_cnn": ((32, 32, 3), 10), "resnet18": ((32, 32, 3), 10),
+          "simple_cnn": ((32, 32, 3), 10)}  # pfl-research's benchmark CNN, dropout off.
 FRAMEWORKS = ("ours", "torch_loop", "pfl")
 LR = 0.05
 
@@ -56,6 +57,10 @@ def torch_net(model: str, width: int):
   if model == "mlp":
     return nn.Sequential(nn.Flatten(), nn.Linear(h * w * c, 200), nn.ReLU(), nn.Linear(200, 200),
                          nn.ReLU(), nn.Linear(200, classes))
+  if model == "simple_cnn":
+    return nn.Sequential(nn.Conv2d(c, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(),
+                         nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64 * ((h - 4) // 2) ** 2, 128),
+                         nn.ReLU(), nn.Linear(128, classes))
   if model in ("leaf_cnn", "cifar_cnn"):
     head = ([nn.Linear(64 * (h // 4) * (w // 4), 2048), nn.ReLU(), nn.Linear(2048, classes)]
             if model == "leaf_cnn" else
@@ -175,6 +180,21 @@ def pfl_round(args):
   return run
 
 
+def our_model(name: str, width: int, conv_impl: str = "auto"):
+  """Our model `name`: the library's, or pfl-research's `simple_cnn` as a user writes it in flax
+  (`benchmarks/user_cnns.py`, the model guide's recipe; evaluation mode, so no dropout)."""
+  # pylint: disable=import-outside-toplevel
+  import functools
+
+  import fedjax_sel as fs
+  shape, classes = SHAPES[name]
+  if name != "simple_cnn":
+    return fs.build_model(name, shape, classes, width=width, conv_impl=conv_impl)
+  from benchmarks.user_cnns import SimpleCNN
+  conv = functools.partial(fs.models.PatchConv, impl=conv_impl)
+  return fs.models.from_flax(SimpleCNN(classes, conv), shape, classes, "simple_cnn")
+
+
 def ours_round(args):
   """A runner for one round of fedjax_sel's vectorized FedAvg (`jax.block_until_ready`-ed)."""
   # pylint: disable=import-outside-toplevel
@@ -189,13 +209,13 @@ def ours_round(args):
   shape, classes = SHAPES[args.model]
   k = args.clients
   pool = make_pool(k, args.samples, shape, classes, args.seed)
-  model = fs.build_model(args.model, shape, classes, width=args.width)
+  model = our_model(args.model, args.width)
   params = model.init(jax.random.PRNGKey(args.seed))
   sgd = lambda lr: optax.sgd(lr)
   cost = step_cost(model, sgd, fs.LocalHParams(args.batch_size), params, shape)
   # XLA counts no FLOPs in oneDNN's custom calls: count the step's FLOPs on the patches lowering
   # (the same products), lowered only.
-  patches = fs.build_model(args.model, shape, classes, width=args.width, conv_impl="patches")
+  patches = our_model(args.model, args.width, conv_impl="patches")
   step_flops = step_cost(patches, sgd, fs.LocalHParams(args.batch_size), params, shape,
                          bytes_from_flops=float("inf")).flops
   hp = fs.LocalHParams(batch_size=args.batch_size, num_epochs=1,

@@ -36,6 +36,7 @@ from absl import app, flags
 
 import fedjax_sel as fs
 from benchmarks.common import markdown_table, peak_gflops, write_results
+from benchmarks.user_cnns import SimpleCNN, UserCifarCNN, flax_pool
 from fedjax_sel import models
 from fedjax_sel.data.federated import split_clients
 
@@ -46,44 +47,6 @@ flags.DEFINE_integer("batch_size", 10, "B.")
 flags.DEFINE_integer("reps", 7, "Timed rounds of each model (median).")
 
 
-class UserCifarCNN(nn.Module):
-  """The library's CIFAR CNN as a user writes it from the guide (conv impl at its default)."""
-
-  num_classes: int
-  conv: type = models.PatchConv
-  pool: object = staticmethod(models.max_pool_2x2)
-
-  @nn.compact
-  def __call__(self, x):
-    x = self.pool(nn.relu(self.conv(32, (5, 5))(x)))
-    x = self.pool(nn.relu(self.conv(64, (5, 5))(x)))
-    x = x.reshape((x.shape[0], -1))
-    x = nn.relu(nn.Dense(512)(x))
-    x = nn.relu(nn.Dense(128)(x))
-    return nn.Dense(self.num_classes)(x)
-
-
-def _flax_pool(x):
-  return nn.max_pool(x, (2, 2), strides=(2, 2), padding="SAME")
-
-
-class SimpleCNN(nn.Module):
-  """pfl-research's `simple_cnn`, as a flax user writes it."""
-
-  num_classes: int
-  conv: type = models.PatchConv
-  pool: object = staticmethod(models.max_pool_2x2)
-
-  @nn.compact
-  def __call__(self, x, train=False):
-    x = nn.relu(self.conv(32, (3, 3), padding="VALID")(x))
-    x = nn.relu(self.conv(64, (3, 3), padding="VALID")(x))
-    x = nn.Dropout(0.25, deterministic=not train)(self.pool(x))
-    x = nn.relu(nn.Dense(128)(x.reshape((x.shape[0], -1))))
-    x = nn.Dropout(0.5, deterministic=not train)(x)
-    return nn.Dense(self.num_classes)(x)
-
-
 SHAPE, CLASSES = (32, 32, 3), 10
 
 
@@ -91,8 +54,8 @@ def variants() -> dict:
   """name -> (model, the same architecture with nn.Conv for XLA's FLOP count)."""
   wrap = lambda module, name, stochastic=False: models.from_flax(
       module, SHAPE, CLASSES, name, stochastic=stochastic)
-  plain_cifar = wrap(UserCifarCNN(CLASSES, nn.Conv, _flax_pool), "cifar_cnn_nn")
-  plain_simple = wrap(SimpleCNN(CLASSES, nn.Conv, _flax_pool), "simple_cnn_nn", True)
+  plain_cifar = wrap(UserCifarCNN(CLASSES, nn.Conv, flax_pool), "cifar_cnn_nn")
+  plain_simple = wrap(SimpleCNN(CLASSES, nn.Conv, flax_pool), "simple_cnn_nn", True)
   return {
       "cifar_cnn (library)": (fs.build_model("cifar_cnn", SHAPE, CLASSES), plain_cifar),
       "cifar_cnn (user)": (wrap(UserCifarCNN(CLASSES), "user_cifar_cnn"), plain_cifar),

@@ -49,17 +49,16 @@ def test_benchmark_quick_mode(tmp_path, script, keys, extra):
   assert len(rows) >= 2 and table.splitlines()[-1].startswith("| ")
 
 
-@pytest.mark.parametrize("name", ["logreg", "mlp", "leaf_cnn", "cifar_cnn", "resnet18"])
+@pytest.mark.parametrize("name", ["logreg", "mlp", "leaf_cnn", "cifar_cnn", "resnet18",
+                                  "simple_cnn"])
 def test_peer_models_are_ours_in_pytorch(name):
   """The peers train the same network: the PyTorch twin has our parameter count, layer by layer
   in total (runs where torch is installed, e.g. with the `peers` extra)."""
   pytest.importorskip("torch")
   import jax  # pylint: disable=import-outside-toplevel
 
-  import fedjax_sel as fs  # pylint: disable=import-outside-toplevel
   from benchmarks import peer_worker  # pylint: disable=import-outside-toplevel
-  shape, classes = peer_worker.SHAPES[name]
-  ours = fs.build_model(name, shape, classes, width=16).init(jax.random.PRNGKey(0))
+  ours = peer_worker.our_model(name, 16).init(jax.random.PRNGKey(0))
   theirs = peer_worker.torch_net(name, 16)
   assert sum(p.numel() for p in theirs.parameters()) == sum(
       x.size for x in jax.tree.leaves(ours))
