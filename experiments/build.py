@@ -453,8 +453,10 @@ def model_for(cfg: cfglib.JobConfig, data: fs.FederatedDataset) -> fs.Model:
       or data.name == "stackoverflow_nwp")
   if chosen.name in fs.MODELS and not model_accepts(chosen.name, data.feature_shape, text):
     kind = "token windows" if text else f"features of shape {data.feature_shape}"
-    raise app.UsageError(f"--model={chosen.name} does not fit --dataset="
-                         f"{cfg.parts.dataset.name} ({kind}); accepted: " + ", ".join(
+    source = (f"--store_dir={cfg.data.store_dir} (dataset {data.name})" if cfg.data.store_dir
+              else f"--dataset={cfg.parts.dataset.name}")
+    raise app.UsageError(f"--model={chosen.name} does not fit {source} ({kind}); accepted: "
+                         + ", ".join(
                              n for n in fs.MODELS if model_accepts(n, data.feature_shape, text)))
   impl = getattr(chosen.settings, "conv_impl", None)
   if impl is not None:

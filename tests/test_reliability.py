@@ -151,6 +151,8 @@ LAUNCHER_CASES = [
     ("run", ["--store_dir={tmp}/store_truncated"], "train_x.npy"),
     ("run", ["--store_dir={tmp}/empty_tfds"], "store.json"),
     ("run", ["--store_dir={tmp}/store_ok", "--num_clients=7"], "holds 3 clients"),
+    ("run", ["--store_dir={tmp}/store_ok", "--num_clients=3", "--num_available=3",
+             "--model=char_lstm"], "--model=char_lstm does not fit --store_dir="),
     ("run", ["--store=disk"], "--store"),
     ("run", ["--server_opt=adam", "--server_tau=0"], "--server_opt=adam"),
     ("run", ["--server_lr=nan"], "--server_lr"),
