@@ -59,6 +59,8 @@ from typing import NamedTuple
 import msgpack
 import numpy as np
 
+from fedjax_sel.data import store
+
 TABLE = "federated_data"
 COLUMNS = ("client_id", "data", "num_examples")
 EXT_ARRAY, EXT_SCALAR, EXT_BYTES_ARRAY = 1, 3, 4
@@ -434,7 +436,6 @@ def write_store(name: str, folder: str, data_dir: str = DEFAULT_DIR, num_clients
   `build_dataset` with `val_fraction=0` and no public set builds in memory (each client's training
   rows in the same seeded order), so a run on it is the same.
   """
-  from fedjax_sel.data import store  # pylint: disable=import-outside-toplevel
   reader = _reader(name, data_dir, only_digits)
   ids, counts, shape = [], [], None
   for client, (x, y) in _train_clients(reader, num_clients):
