@@ -31,7 +31,7 @@ import fedjax_sel as fs
 from experiments import build, config, flag_binding, job
 from experiments.config import option
 from fedjax_sel.data import federated_sqlite, store
-from fedjax_sel.data.builders import SynthSettings, sqlite_folder
+from fedjax_sel.data.builders import SynthSettings, published_store
 
 # The flags this tool reads: the data flags, the seed and --overwrite.
 USED = ("partition", "num_clients", "dirichlet_alpha", "classes_per_client", "dominant_fraction",
@@ -63,13 +63,8 @@ def _published(cfg: config.JobConfig, out: str, seed: int) -> fs.FederatedDatase
     if value:
       raise app.UsageError(f"--{flag}={value}: --dataset={chosen.name} is written with its "
                            f"published test split and no other; pass --{flag}=0")
-  folder = sqlite_folder(chosen.settings)
-  digits = getattr(chosen.settings, "emnist_only_digits", False)
   try:
-    if chosen.settings.download:
-      federated_sqlite.download(chosen.name, folder, digits)
-    return federated_sqlite.write_store(chosen.name, out, folder, cfg.data.num_clients, digits,
-                                        seed=seed + 2)
+    return published_store(chosen.name, chosen.settings, out, cfg.data.num_clients, seed)
   except (FileNotFoundError, ValueError) as e:
     raise app.UsageError(f"--dataset={chosen.name}: {e}") from e
 

@@ -22,6 +22,7 @@ from fedjax_sel.data.partition import PARTITIONS, partition
 DATASETS = ("digits", "fashion_mnist", "synth", "leaf", "tfds", "emnist", "shakespeare",
             "stackoverflow_nwp", "cifar100_fed")  # The registered ones built in.
 PUBLIC_MODES = ("stratified", "per_client")
+SPLIT_SEED = 2  # `build_dataset` splits each client's examples with its seed + SPLIT_SEED.
 
 
 class DatasetSpec(NamedTuple):
@@ -246,24 +247,34 @@ class EmnistSettings(SqliteSettings):
                                               "files (10 classes).", flag="emnist_only_digits")
 
 
-def sqlite_folder(settings: SqliteSettings) -> str:
-  """Where fedjax's files are read: `data_dir`, whose generic default means fedjax's own cache
-  (~/.cache/fedjax)."""
-  return (federated_sqlite.DEFAULT_DIR if settings.data_dir == sources.FASHION_MNIST_DIR
-          else settings.data_dir)
+def _published_files(name: str, settings: SqliteSettings) -> tuple[str, bool]:
+  """(folder, only_digits) of fedjax's files of `name`, fetched first with `download`; the
+  generic data dir default means fedjax's own cache (~/.cache/fedjax)."""
+  folder = (federated_sqlite.DEFAULT_DIR if settings.data_dir == sources.FASHION_MNIST_DIR
+            else settings.data_dir)
+  digits = getattr(settings, "emnist_only_digits", False)
+  if settings.download:
+    federated_sqlite.download(name, folder, digits)
+  return folder, digits
 
 
 def _sqlite(name: str, settings) -> NamedDataset:
   """fedjax's federated SQLite files of `name` (`federated_sqlite.py`)."""
-  folder = sqlite_folder(settings)
-  digits = getattr(settings, "emnist_only_digits", False)
-
   def load(spec, seed):
     del seed
-    if settings.download:
-      federated_sqlite.download(name, folder, digits)
+    folder, digits = _published_files(name, settings)
     return federated_sqlite.load(name, folder, spec.num_clients, digits)
   return NamedDataset(load, federated=True)
+
+
+def published_store(name: str, settings: SqliteSettings, folder: str, num_clients: int,
+                    seed: int) -> FederatedDataset:
+  """fedjax's files of dataset `name` streamed into a store at `folder`, one client in memory at a
+  time (`federated_sqlite.write_store`): what `build_dataset` builds for `seed` without a
+  validation split or public set, for populations that do not fit in memory."""
+  data_dir, digits = _published_files(name, settings)
+  return federated_sqlite.write_store(name, folder, data_dir, num_clients, digits,
+                                      seed=seed + SPLIT_SEED)
 
 
 @registry.register("dataset", "emnist", EmnistSettings)
@@ -380,4 +391,4 @@ def build_dataset(spec: DatasetSpec, seed: int) -> FederatedDataset:
   name = spec.name if named.federated else f"{spec.name}/{spec.partition}"
   return split_clients(xs, ys, num_classes=num_classes, val_fraction=spec.val_fraction,
                        test_fraction=0.0 if tests is not None else spec.test_fraction,
-                       seed=seed + 2, public=public, name=name, tests=tests)
+                       seed=seed + SPLIT_SEED, public=public, name=name, tests=tests)
