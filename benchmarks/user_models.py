@@ -90,7 +90,8 @@ def main(argv):
   data = dataset(k, samples)
   peak = peak_gflops()
   sims, states = {}, {}
-  for name, (model, _) in variants().items():
+  models_by_name = variants()
+  for name, (model, _) in models_by_name.items():
     sims[name] = fs.Simulator(model, data, lambda lr: optax.sgd(lr),
                               fs.LocalHParams(batch_size=FLAGS.batch_size),
                               fs.uniform_availability(k, k), fs.random_selector(k), fs.fedavg(), k,
@@ -105,7 +106,7 @@ def main(argv):
       jax.block_until_ready(metrics)
       times[name].append(time.perf_counter() - start)
   rows = []
-  for name, (_, plain) in variants().items():
+  for name, (_, plain) in models_by_name.items():
     per_s = k * samples / statistics.median(times[name])
     flops = train_flops(plain)
     rows.append({"model": name, "K": k, "samples_per_s": per_s, "mflop_per_example": flops / 1e6,
