@@ -54,6 +54,10 @@ from fedjax_sel.parts.types import FORWARD_COST, Participation, RoundInputs, Rou
 MODES = ("paper", "reference")
 DECISION_STATS = ("test_loss", "val_loss", "batch_loss", "loss")
 REPORTED_LOSSES = ("train", "decision")
+DECISION_HELP = ("The loss a client checks against its threshold: on its own held-out data drawn "
+                 "like its training data (val_loss: the validation split, corrupted like the "
+                 "training data of a bad client), its test split (kept clean for global scoring, "
+                 "so blind to corruption), one mini-batch, or all its training data.")
 
 
 def heterogeneity_index(label_hist, kappa: float = 0.7):
@@ -74,8 +78,9 @@ def heterogeneity_index(label_hist, kappa: float = 0.7):
   return kappa * hi + (1.0 - kappa) * (1.0 - ne)
 
 
-class FedSRCConfig(NamedTuple):
-  """FedSRC's settings (docs/papers/fedsrc.md).
+@dataclasses.dataclass(frozen=True)
+class FedSRCConfig:
+  """FedSRC's settings (docs/papers/fedsrc.md); each field is also a launcher flag.
 
   Attributes:
     mode: "paper" or "reference".
@@ -101,19 +106,45 @@ class FedSRCConfig(NamedTuple):
     cut: reference mode's floor of the cutoff (+inf lets every client pass: plain FedAvg).
   """
 
-  mode: str = "paper"
-  beta: float = 0.5
-  kappa: float = 0.7
-  target: float = 0.7
-  alpha0: float = 1.0
-  alpha_gain: float = 1.0
-  alpha_max: float = 5.0
-  decision_stat: str = "test_loss"
-  reinclude_prob: float = 0.1
-  reinclude_after: int = 0
-  reported_loss: str = "train"
-  ref_beta: float = 1.0
-  cut: float = 0.0
+  mode: str = registry.setting("paper", "paper: phi = median + alpha*sigma with alpha adapted to "
+                               "the participation target; reference: the reference code's rule "
+                               "(median + ref_beta*std, floor --ref_cut).", flag="fedsrc_mode",
+                               choices=MODES)
+  beta: float = registry.setting(0.5, "beta: how much a client's heterogeneity index lowers its "
+                                 "threshold, Phi_k = phi*(1 - beta*RHI_k), in [0, 0.9].",
+                                 flag="fedsrc_beta")
+  kappa: float = registry.setting(0.7, "kappa: RHI's weight of the class-count index against the "
+                                  "label entropy, in [0, 1].", flag="kappa")
+  target: float = registry.setting(0.7, "Share of the sampled clients that should train; alpha "
+                                   "adapts to hold it on average, in (0, 1].",
+                                   flag="participation_target")
+  alpha0: float = registry.setting(1.0, "Initial alpha (spread multiplier of the server "
+                                   "threshold).", flag="alpha0")
+  alpha_gain: float = registry.setting(1.0, "Alpha's step per unit of participation shortfall.",
+                                       flag="alpha_gain")
+  alpha_max: float = registry.setting(5.0, "FedSRC: upper bound of alpha, the spread multiplier "
+                                      "of the server threshold, >= 0.", flag="alpha_max")
+  decision_stat: str = registry.setting("test_loss", DECISION_HELP,
+                                        flag="decision_stat", choices=DECISION_STATS)
+  reinclude_prob: float = registry.setting(0.1, "q: probability that an abstaining client trains "
+                                           "anyway, in [0, 1].", flag="reinclude_prob")
+  reinclude_after: int = registry.setting(0, "An abstaining client trains anyway after this many "
+                                          "consecutive abstentions (0 = never).",
+                                          flag="reinclude_after")
+  reported_loss: str = registry.setting("train", "What participants report for the next "
+                                        "threshold: their mean loss over local training (the "
+                                        "paper) or the loss they checked at the global model "
+                                        "(same scale as the decision).", flag="reported_loss",
+                                        choices=REPORTED_LOSSES)
+  ref_beta: float = registry.setting(1.0, "Reference mode: multiplier of the losses' sample std.",
+                                     flag="ref_beta")
+  cut: float = registry.setting(0.0, "FedSRC reference mode: floor of the cutoff, in loss units.",
+                                flag="ref_cut")
+
+
+  def check(self, context: registry.BuildContext) -> None:
+    del context
+    check_config(self)
 
 
 def check_config(cfg: FedSRCConfig) -> None:
@@ -208,7 +239,7 @@ def fedsrc_rule(cfg: FedSRCConfig = FedSRCConfig()) -> Participation:
   check_config(cfg)
   # beta and the participation target are run values kept in the state, so runs that differ
   # only in them share one compiled round; the functions below capture the rest of the config.
-  rule_cfg = cfg._replace(beta=0.0, target=0.0)
+  rule_cfg = dataclasses.replace(cfg, beta=0.0, target=0.0)
 
   def init(num_clients, params):
     del params  # The rule's state does not depend on the model.
@@ -220,7 +251,7 @@ def fedsrc_rule(cfg: FedSRCConfig = FedSRCConfig()) -> Participation:
                        target=f(cfg.target))
 
   def apply(state, key, inputs: RoundInputs, chosen):
-    run_cfg = rule_cfg._replace(beta=state.beta)
+    run_cfg = dataclasses.replace(rule_cfg, beta=state.beta)
     value = inputs.stats[run_cfg.decision_stat]
     rhi = heterogeneity_index(inputs.label_hist, run_cfg.kappa)
     thresholds = client_thresholds(run_cfg, state.median, state.spread, state.alpha, rhi)
@@ -266,7 +297,7 @@ def fedsrc_rule(cfg: FedSRCConfig = FedSRCConfig()) -> Participation:
                                            "selected", "passed", "rate")}
 
   return Participation(init=init, apply=apply, needs=(cfg.decision_stat,), observe=observe,
-                       report=report, spec={"name": "fedsrc", **cfg._asdict()})
+                       report=report, spec={"name": "fedsrc", **dataclasses.asdict(cfg)})
 
 
 # --- Accounting (host side, from the per-round records) ---------------------------------------
@@ -341,60 +372,16 @@ def exclusions(records: list[dict], kinds: np.ndarray) -> dict[str, np.ndarray]:
 # --- Registered names (fedjax_sel.registry) ------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-class FedSRCSettings:
-  """FedSRC's settings as the launchers set them (`FedSRCConfig`'s fields, the paper's decision on
-  the validation split by default)."""
+class FedSRCSettings(FedSRCConfig):
+  """FedSRC's settings as the launchers set them: `FedSRCConfig` with the decision on the
+  validation split by default (the split corrupted like a bad client's training data)."""
 
-  mode: str = registry.setting("paper", "paper: phi = median + alpha*sigma with alpha adapted to "
-                               "the participation target; reference: the reference code's rule "
-                               "(median + ref_beta*std, floor --ref_cut).", flag="fedsrc_mode",
-                               choices=MODES)
-  beta: float = registry.setting(0.5, "beta: how much a client's heterogeneity index lowers its "
-                                 "threshold, Phi_k = phi*(1 - beta*RHI_k), in [0, 0.9].",
-                                 flag="fedsrc_beta")
-  kappa: float = registry.setting(0.7, "kappa: RHI's weight of the class-count index against the "
-                                  "label entropy, in [0, 1].", flag="kappa")
-  target: float = registry.setting(0.7, "Share of the sampled clients that should train; alpha "
-                                   "adapts to hold it on average, in (0, 1].",
-                                   flag="participation_target")
-  alpha0: float = registry.setting(1.0, "Initial alpha (spread multiplier of the server "
-                                   "threshold).", flag="alpha0")
-  alpha_gain: float = registry.setting(1.0, "Alpha's step per unit of participation shortfall.",
-                                       flag="alpha_gain")
-  alpha_max: float = registry.setting(5.0, "FedSRC: upper bound of alpha, the spread multiplier "
-                                      "of the server threshold, >= 0.", flag="alpha_max")
-  decision_stat: str = registry.setting("val_loss", "The loss a client checks against its "
-                                        "threshold: on its own held-out data drawn like its "
-                                        "training data (val_loss: the validation split, corrupted "
-                                        "like the training data of a bad client; default), its "
-                                        "test split (kept clean for global scoring, so blind to "
-                                        "corruption), one mini-batch, or all its training data.",
-                                        flag="decision_stat", choices=DECISION_STATS)
-  reinclude_prob: float = registry.setting(0.1, "q: probability that an abstaining client trains "
-                                           "anyway, in [0, 1].", flag="reinclude_prob")
-  reinclude_after: int = registry.setting(0, "An abstaining client trains anyway after this many "
-                                          "consecutive abstentions (0 = never).",
-                                          flag="reinclude_after")
-  reported_loss: str = registry.setting("train", "What participants report for the next "
-                                        "threshold: their mean loss over local training (the "
-                                        "paper) or the loss they checked at the global model "
-                                        "(same scale as the decision).", flag="reported_loss",
-                                        choices=REPORTED_LOSSES)
-  ref_beta: float = registry.setting(1.0, "Reference mode: multiplier of the losses' sample std.",
-                                     flag="ref_beta")
-  cut: float = registry.setting(0.0, "FedSRC reference mode: floor of the cutoff, in loss units.",
-                                flag="ref_cut")
-
-  def config(self) -> FedSRCConfig:
-    return FedSRCConfig(**dataclasses.asdict(self))
-
-  def check(self, context: registry.BuildContext) -> None:
-    del context
-    check_config(self.config())
+  decision_stat: str = registry.setting("val_loss", DECISION_HELP, flag="decision_stat",
+                                        choices=DECISION_STATS)
 
 
 @registry.register("rule", "fedsrc", FedSRCSettings)
 def _fedsrc(settings: FedSRCSettings, context: registry.BuildContext) -> Participation:
   """FedSRC: clients abstain when their loss at the global model exceeds their threshold."""
   del context
-  return fedsrc_rule(settings.config())
+  return fedsrc_rule(settings)

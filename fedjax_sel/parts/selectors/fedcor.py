@@ -168,28 +168,51 @@ class FedCorState(NamedTuple):
   fitted: jax.Array
 
 
-class FedCorConfig(NamedTuple):
-  """FedCor's settings (the authors' FMNIST experiment)."""
+@dataclasses.dataclass(frozen=True)
+class FedCorConfig:
+  """FedCor's settings (the authors' FMNIST experiment); each field is also a launcher flag.
 
-  warmup: int = 15
-  interval: int = 10
-  history: int = 100
-  gamma: float = 0.95
-  beta: float = 0.95
-  dimension: int = 15
-  update_mean: bool = True
+  Attributes:
+    warmup: random warm-up rounds before the GP selects (rounds 0..warmup), >= 0.
+    interval: every interval-th later round is random and refits the GP, >= 1.
+    history: rounds of loss changes the GP is fitted on, >= 1.
+    gamma: discount of older loss changes in the fit, in (0, 1].
+    beta: a selected client's discount factor until the next fit, in (0, 1].
+    dimension: D, the dimension of the clients' learned embedding, >= 1.
+    update_mean: fit the GP's mean to the loss changes (the authors' default) or keep it at 0.
+  """
+
+  warmup: int = registry.setting(15, "FedCor: random warm-up rounds before the GP selects "
+                                 "(rounds 0..warmup), >= 0.")
+  interval: int = registry.setting(10, "FedCor: every interval-th later round is random and "
+                                   "refits the GP, >= 1.")
+  history: int = registry.setting(100, "FedCor: rounds of loss changes the GP is fitted on, >= 1.")
+  gamma: float = registry.setting(0.95, "FedCor: discount of older loss changes in the fit, in "
+                                  "(0, 1].")
+  beta: float = registry.setting(0.95, "FedCor: a selected client's discount factor until the "
+                                 "next fit, in (0, 1].")
+  dimension: int = registry.setting(15, "FedCor: dimension of the clients' learned embedding, "
+                                    ">= 1.")
+  update_mean: bool = registry.setting(True, "FedCor: fit the GP's mean to the loss changes (the "
+                                       "authors' default) or keep it at 0.")
+
+  def check(self, context: registry.BuildContext | None = None) -> None:
+    """Raises `registry.SettingError` naming the field out of its range."""
+    del context
+    for name, value, lo in (("warmup", self.warmup, 0), ("interval", self.interval, 1),
+                            ("history", self.history, 1), ("dimension", self.dimension, 1)):
+      if value < lo:
+        raise registry.SettingError(name, f"must be >= {lo}, got {value}")
+    for name, value in (("gamma", self.gamma), ("beta", self.beta)):
+      if not 0.0 < value <= 1.0:
+        raise registry.SettingError(name, f"must be in (0, 1], got {value}")
 
 
 def fedcor_selector(k: int, seed: int = 0, config: FedCorConfig = FedCorConfig()) -> Selector:
   """FedCor for K clients; the embedding starts from `seed` (`randn(D, N) / sqrt(D)`)."""
   if k < 1:
     raise ValueError(f"clients per round must be >= 1, got {k}")
-  if config.warmup < 0 or config.interval < 1 or config.history < 1 or config.dimension < 1:
-    raise ValueError(f"fedcor needs warmup >= 0 and interval, history, dimension >= 1, got "
-                     f"{config}")
-  if not (0.0 < config.gamma <= 1.0 and 0.0 < config.beta <= 1.0):
-    raise ValueError(f"fedcor gamma and beta must be in (0, 1], got {config.gamma}, "
-                     f"{config.beta}")
+  config.check()
   cfg = config
   rows = cfg.history + 1
 
@@ -249,36 +272,10 @@ def fedcor_selector(k: int, seed: int = 0, config: FedCorConfig = FedCorConfig()
                   report=lambda state: {"fitted": state.fitted,
                                         "history": jnp.sum(jnp.any(state.observed, axis=1))},
                   costs=lambda state: PartCosts(evaluated=state.evaluated),
-                  spec={"name": "fedcor", "k": k, "seed": seed, **cfg._asdict()})
+                  spec={"name": "fedcor", "k": k, "seed": seed, **dataclasses.asdict(cfg)})
 
 
-@dataclasses.dataclass(frozen=True)
-class FedCorSettings:
-  """FedCor (Tang et al. 2022), the authors' FMNIST experiment's settings."""
-
-  warmup: int = registry.setting(15, "FedCor: random warm-up rounds before the GP selects "
-                                 "(rounds 0..warmup), >= 0.")
-  interval: int = registry.setting(10, "FedCor: every interval-th later round is random and "
-                                   "refits the GP, >= 1.")
-  history: int = registry.setting(100, "FedCor: rounds of loss changes the GP is fitted on, >= 1.")
-  gamma: float = registry.setting(0.95, "FedCor: discount of older loss changes in the fit, in "
-                                  "(0, 1].")
-  beta: float = registry.setting(0.95, "FedCor: a selected client's discount factor until the "
-                                 "next fit, in (0, 1].")
-
-  def check(self, context: registry.BuildContext) -> None:
-    del context
-    for name, value, lo in (("warmup", self.warmup, 0), ("interval", self.interval, 1),
-                            ("history", self.history, 1)):
-      if value < lo:
-        raise registry.SettingError(name, f"must be >= {lo}, got {value}")
-    for name, value in (("gamma", self.gamma), ("beta", self.beta)):
-      if not 0.0 < value <= 1.0:
-        raise registry.SettingError(name, f"must be in (0, 1], got {value}")
-
-
-@registry.register("selector", "fedcor", FedCorSettings)
-def _fedcor(settings: FedCorSettings, context: registry.BuildContext) -> Selector:
+@registry.register("selector", "fedcor", FedCorConfig)
+def _fedcor(settings: FedCorConfig, context: registry.BuildContext) -> Selector:
   """FedCor: a Gaussian process of loss changes, greedy posterior-variance selection."""
-  return fedcor_selector(context.k, context.seed, FedCorConfig(
-      settings.warmup, settings.interval, settings.history, settings.gamma, settings.beta))
+  return fedcor_selector(context.k, context.seed, settings)
