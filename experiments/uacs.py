@@ -26,10 +26,13 @@ from absl import app
 from experiments import build, config, flag_binding, job, uacs_report
 from experiments.config import option
 from fedjax_sel import registry
-from fedjax_sel.data.boundary import SCENARIOS, boundary_dataset, check_config
+from fedjax_sel.data.boundary import SCENARIOS, BoundaryConfig, boundary_dataset, check_config
 from fedjax_sel.host import checkpoint
 from fedjax_sel.host.runner import CHECKPOINT_FILE
 from fedjax_sel.parts.selectors import uacs
+
+
+_BOUNDARY = BoundaryConfig()  # The boundary data's defaults, which the options below start from.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,18 +47,24 @@ class UACSOptions:
                                       result=False)
   library_data: bool = option(False, "Use --dataset/--partition (digits, synth, fashion_mnist, "
                               "...) instead of the 2-D boundary data.")
-  num_boundary: int = option(6, "Boundary clients (holding points near the decision boundary).")
-  samples_per_client: int = option(50, "Points of each far client (one class, away from the "
-                                   "boundary), >= 1.")
-  boundary_samples: int = option(50, "Points of each boundary client (near the true boundary, "
-                                 "both labels), >= 1.")
-  gap0: float = option(0.05, "Minimum distance of far class-0 points to the true boundary.")
-  gap1: float = option(0.5, "Minimum distance of far class-1 points to the true boundary (equal "
-                       "gaps: the far clients alone place the boundary right).")
-  box_size: float = option(0.25, "Side of a boundary client's box (scenarios 1, 3).")
-  band: float = option(0.1, "Half-width across the boundary of scenario 2's boundary points.")
-  region_size: float = option(0.2, "Side of a far client's square (scenario 3).")
-  test_samples: int = option(4000, "Test points drawn uniformly over the square, >= 1.")
+  num_boundary: int = option(_BOUNDARY.num_boundary, "Boundary clients (holding points near the "
+                             "decision boundary).")
+  samples_per_client: int = option(_BOUNDARY.samples_per_client, "Points of each far client (one "
+                                   "class, away from the boundary), >= 1.")
+  boundary_samples: int = option(_BOUNDARY.boundary_samples, "Points of each boundary client "
+                                 "(near the true boundary, both labels), >= 1.")
+  gap0: float = option(_BOUNDARY.gap0, "Minimum distance of far class-0 points to the true "
+                       "boundary.")
+  gap1: float = option(_BOUNDARY.gap1, "Minimum distance of far class-1 points to the true "
+                       "boundary (equal gaps: the far clients alone place the boundary right).")
+  box_size: float = option(_BOUNDARY.box_size, "Side of a boundary client's box (scenarios 1, "
+                           "3).")
+  band: float = option(_BOUNDARY.band, "Half-width across the boundary of scenario 2's boundary "
+                       "points.")
+  region_size: float = option(_BOUNDARY.region_size, "Side of a far client's square (scenario "
+                              "3).")
+  test_samples: int = option(_BOUNDARY.test_samples, "Test points drawn uniformly over the "
+                             "square, >= 1.")
 
 
 DEFAULTS = config.updated(

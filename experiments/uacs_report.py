@@ -9,14 +9,15 @@ from fedjax_sel.data.boundary import BoundaryConfig
 from fedjax_sel.host.plotting import mean_std, metric_matrix, seed_spread
 
 
+# The launcher options that set the boundary data's fields of the same names.
+BOUNDARY_OPTIONS = ("num_boundary", "samples_per_client", "boundary_samples", "gap0", "gap1",
+                    "box_size", "band", "region_size", "test_samples")
+
+
 def boundary_config(cfg: config.JobConfig, scenario: int) -> BoundaryConfig:
   """The boundary data of `scenario` as the options set them."""
-  o = cfg.options
-  return BoundaryConfig(scenario=scenario, num_clients=cfg.data.num_clients,
-                        num_boundary=o.num_boundary, samples_per_client=o.samples_per_client,
-                        boundary_samples=o.boundary_samples, gap0=o.gap0, gap1=o.gap1,
-                        box_size=o.box_size, band=o.band, region_size=o.region_size,
-                        test_samples=o.test_samples)
+  options = {name: getattr(cfg.options, name) for name in BOUNDARY_OPTIONS}
+  return BoundaryConfig(scenario=scenario, num_clients=cfg.data.num_clients, **options)
 
 
 def group_name(scenario) -> str:
