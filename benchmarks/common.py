@@ -6,6 +6,8 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -14,6 +16,14 @@ from absl import flags
 
 flags.DEFINE_bool("quick", False, "Smoke run: a tiny grid in seconds (no table for publishing).")
 flags.DEFINE_string("out", "benchmarks/results", "Folder of the JSON / markdown results.")
+
+
+def python_with(module: str, python: str | None, default: str) -> str | None:
+  """The interpreter for a peer: `python` if given, else `default` (a peer's own virtual
+  environment) when it exists, else this one; None when that interpreter cannot import `module`."""
+  python = python or (default if os.path.exists(default) else sys.executable)
+  ok = subprocess.run([python, "-c", f"import {module}"], capture_output=True, check=False)
+  return python if ok.returncode == 0 else None
 
 
 def machine() -> dict:

@@ -14,9 +14,17 @@ examples-weighted FedAvg, the round's clients drawn uniformly:
   rounds;
 - `library`: the sweep guide's script (16 `Simulator`s, one `RunBatch`, `run_batch`), split the
   same way;
-- `PyTorch loop` (where torch is installed: `pip install -e '.[peers]'`): the 16 runs one after
-  another, each round a loop over its clients (what Flower / FedML users write), at 1 and 2
-  threads.
+- `PyTorch loop`: the 16 runs one after another, each round a loop over its clients (what Flower /
+  FedML users write), at 1 and 2 threads;
+- `pfl-research` (0.6): its `FederatedAveraging` with a `PyTorchModel` on its `SimulatedBackend`,
+  one `run` of 50 central iterations per grid point, its random user sampler (with replacement)
+  and its plain mean of the cohort's updates, at 1 and 2 threads;
+- `fedjax` (google/fedjax 0.0.17 on jax 0.5): `fed_avg.federated_averaging` of a haiku MLP, its
+  `UniformGetClientSampler`, one run after another.
+The peers run in their own environments (`--peer_python`, default `.venv-peers`, with torch and
+pfl-research; `--fedjax_python`, default `.venv-fedjax`:
+`python -m venv .venv-fedjax && .venv-fedjax/bin/pip install fedjax "jax<0.6" "jaxlib<0.6"`);
+a peer whose environment is missing is left out of the table.
 Ours run with a cold persistent compilation cache (a fresh folder) and then warm (the same job in
 a new process); repetitions are interleaved over the contenders. The arithmetic limit beside them
 is the grid's training FLOPs (6 x parameters per training example) at this machine's GEMM rate.
@@ -36,10 +44,14 @@ from typing import NamedTuple
 import numpy as np
 from absl import app, flags
 
-from benchmarks.common import markdown_table, peak_gflops, write_results
+from benchmarks.common import markdown_table, peak_gflops, python_with, write_results
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("reps", 2, "Interleaved repetitions of every contender (median).")
+flags.DEFINE_string("peer_python", None, "Python of an environment with torch and pfl-research "
+                    "(default: .venv-peers/bin/python when it exists, else this interpreter).")
+flags.DEFINE_string("fedjax_python", None, "Python of an environment with google/fedjax (default: "
+                    ".venv-fedjax/bin/python when it exists, else this interpreter).")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K, N, BATCH, HIDDEN = 10, 100, 16, (200, 200)
@@ -135,6 +147,123 @@ print(json.dumps(t))
 """
 
 
+PFL = r"""
+import json, sys, time
+start = time.perf_counter()
+import numpy as np
+import torch
+from pfl.aggregate.simulate import SimulatedBackend
+from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
+from pfl.data.federated_dataset import FederatedDataset
+from pfl.data.sampling import get_user_sampler
+from pfl.hyperparam import NNTrainHyperParams
+from pfl.metrics import Weighted
+from pfl.model.pytorch import PyTorchModel
+threads, path, ROUNDS, K, BATCH, LRS, SEEDS, HIDDEN = %(args)s
+torch.set_num_threads(threads)
+t = {"import_s": time.perf_counter() - start}
+mark = time.perf_counter()
+blob = np.load(path)
+n = int(blob["n"])
+users = {k: [torch.from_numpy(blob[f"x{k}"]), torch.from_numpy(blob[f"y{k}"].astype(np.int64))]
+         for k in range(n)}
+tx, ty = torch.from_numpy(blob["tx"]), torch.from_numpy(blob["ty"].astype(np.int64))
+t["data_s"] = time.perf_counter() - mark
+mark = time.perf_counter()
+
+
+class Net(torch.nn.Module):
+  def __init__(self):
+    super().__init__()
+    dims = (tx.shape[1], *HIDDEN)
+    self.net = torch.nn.Sequential(*[m for a, b in zip(dims, dims[1:])
+                                     for m in (torch.nn.Linear(a, b), torch.nn.ReLU())],
+                                   torch.nn.Linear(dims[-1], 10))
+
+  def forward(self, x):
+    return self.net(x)
+
+  def loss(self, x, y, eval=False):
+    return torch.nn.functional.cross_entropy(self(x), y)
+
+  def metrics(self, x, y, eval=False):
+    with torch.no_grad():
+      return {"loss": Weighted(float(self.loss(x, y)) * len(y), len(y))}
+
+
+accs = []
+for lr in LRS:
+  for seed in SEEDS:
+    torch.manual_seed(seed)
+    np.random.seed(seed)  # pfl's random user sampler draws from numpy's global state.
+    data = FederatedDataset.from_slices(users, get_user_sampler("random", list(range(n))))
+    net = Net()
+    model = PyTorchModel(net, local_optimizer_create=torch.optim.SGD,
+                         central_optimizer=torch.optim.SGD(net.parameters(), lr=1.0))
+    params = NNAlgorithmParams(central_num_iterations=ROUNDS, evaluation_frequency=10**9,
+                               train_cohort_size=K, val_cohort_size=0)
+    FederatedAveraging().run(
+        algorithm_params=params, backend=SimulatedBackend(training_data=data, val_data=data),
+        model=model, model_train_params=NNTrainHyperParams(
+            local_num_epochs=1, local_learning_rate=lr, local_batch_size=BATCH),
+        send_metrics_to_platform=False)
+    with torch.no_grad():
+      accs.append(float((net(tx).argmax(1) == ty).float().mean()))
+t["rounds_s"] = time.perf_counter() - mark
+t["final_acc"] = accs
+t["total_s"] = time.perf_counter() - start
+print(json.dumps(t))
+"""
+
+FEDJAX = r"""
+import json, sys, time
+start = time.perf_counter()
+import numpy as np
+import fedjax
+import haiku as hk
+import jax
+path, ROUNDS, K, BATCH, LRS, SEEDS, HIDDEN = %(args)s
+t = {"import_s": time.perf_counter() - start}
+mark = time.perf_counter()
+blob = np.load(path)
+n = int(blob["n"])
+fd = fedjax.InMemoryFederatedData({str(k).encode(): {"x": blob[f"x{k}"], "y": blob[f"y{k}"]}
+                                   for k in range(n)})
+test = fedjax.ClientDataset({"x": blob["tx"], "y": blob["ty"]})
+t["data_s"] = time.perf_counter() - mark
+mark = time.perf_counter()
+
+
+def forward(batch):
+  layers = [m for h in HIDDEN for m in (hk.Linear(h), jax.nn.relu)]
+  return hk.Sequential([*layers, hk.Linear(10)])(batch["x"])
+
+
+model = fedjax.create_model_from_haiku(
+    transformed_forward_pass=hk.transform(forward),
+    sample_batch={"x": blob["tx"][:1], "y": blob["ty"][:1]},
+    train_loss=lambda b, p: fedjax.metrics.unreduced_cross_entropy_loss(b["y"], p),
+    eval_metrics={"accuracy": fedjax.metrics.Accuracy()})
+grad_fn = fedjax.model_grad(model)
+accs = []
+for lr in LRS:
+  for seed in SEEDS:
+    algorithm = fedjax.algorithms.fed_avg.federated_averaging(
+        grad_fn, fedjax.optimizers.sgd(lr), fedjax.optimizers.sgd(1.0),
+        fedjax.ShuffleRepeatBatchHParams(batch_size=BATCH, num_epochs=1))
+    state = algorithm.init(model.init(jax.random.PRNGKey(seed)))
+    sampler = fedjax.client_samplers.UniformGetClientSampler(fd, K, seed)
+    for _ in range(ROUNDS):
+      state, _ = algorithm.apply(state, sampler.sample())
+    batches = test.padded_batch(fedjax.PaddedBatchHParams(batch_size=512))
+    accs.append(float(fedjax.evaluate_model(model, state.params, batches)["accuracy"]))
+t["rounds_s"] = time.perf_counter() - mark
+t["final_acc"] = accs
+t["total_s"] = time.perf_counter() - start
+print(json.dumps(t))
+"""
+
+
 def grid_flops(data, grid: Grid) -> float:
   """Training FLOPs of the grid: 6 x parameters per example trained (forward and backward)."""
   dims = (int(np.prod(data.feature_shape)), *HIDDEN, data.num_classes)
@@ -176,8 +305,8 @@ def run_cli(grid: Grid, cache: str, out: str) -> dict:
     return {**json.load(f), "wall_s": wall}
 
 
-def run_script(source: str, env: dict) -> dict:
-  wall, proc = _process([sys.executable, "-c", source], env)
+def run_script(source: str, env: dict, python: str = sys.executable) -> dict:
+  wall, proc = _process([python, "-c", source], env)
   return {**json.loads(proc.stdout.strip().splitlines()[-1]), "wall_s": wall}
 
 
@@ -189,21 +318,28 @@ def main(argv):
   peak = peak_gflops()
   flops = grid_flops(data, grid)
   values = repr((grid.lrs, grid.seeds, grid.rounds, K, N, BATCH))
-  has_torch = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True
-                             ).returncode == 0
+  torch_python = python_with("torch", FLAGS.peer_python, ".venv-peers/bin/python")
+  pfl_python = python_with("pfl", FLAGS.peer_python, ".venv-peers/bin/python")
+  fedjax_python = python_with("fedjax", FLAGS.fedjax_python, ".venv-fedjax/bin/python")
   reps = 1 if FLAGS.quick else FLAGS.reps
   times: dict[str, list[dict]] = {}
   with tempfile.TemporaryDirectory() as tmp:
-    export(data, os.path.join(tmp, "grid.npz"))
+    npz = os.path.join(tmp, "grid.npz")
+    export(data, npz)
+    peer_args = repr((npz, grid.rounds, K, BATCH, grid.lrs, grid.seeds, HIDDEN))
+    peers = {"PyTorch loop": (torch_python, TORCH), "pfl-research": (pfl_python, PFL),
+             "fedjax": (fedjax_python, FEDJAX)}
+    contenders = ["run CLI", "library"] + [name for name, (python, _) in peers.items() if python]
     for rep in range(reps):
-      contenders = ["run CLI", "library"] + (["PyTorch loop"] if has_torch else [])
       for name in contenders[rep % len(contenders):] + contenders[:rep % len(contenders)]:
-        if name == "PyTorch loop":
-          for threads in (1, 2):
-            args = repr((threads, os.path.join(tmp, "grid.npz"), grid.rounds, K, BATCH, grid.lrs,
-                         grid.seeds, HIDDEN))
-            times.setdefault(f"PyTorch loop, {threads} thr", []).append(
-                run_script(TORCH % {"args": args}, dict(os.environ)))
+        if name in peers:
+          python, source = peers[name]
+          for threads in ((None,) if name == "fedjax" else (1, 2)):
+            args = peer_args if threads is None else f"({threads}, *{peer_args})"
+            label = name if threads is None else f"{name}, {threads} thr"
+            times.setdefault(label, []).append(
+                run_script(source % {"args": args}, dict(os.environ), python))
+          print(f"rep {rep}: {name} done", flush=True)
           continue
         cache = os.path.join(tmp, f"cache_{name}_{rep}".replace(" ", "_"))
         for temperature in ("cold", "warm"):  # A fresh cache folder, then the same one again.
@@ -222,7 +358,7 @@ def main(argv):
                  "data_s": med("data_s"), "setup_s": med("setup_s"),
                  "compile_s": med("compile_s"), "rounds_s": med("rounds_s"),
                  "mean_final_acc": float(np.mean(acc)) if acc else None})
-  best_peer = min((r["wall_s"] for r in rows if r["contender"].startswith("PyTorch")),
+  best_peer = min((r["wall_s"] for r in rows if not r["contender"].startswith(("run", "library"))),
                   default=None)
   for r in rows:
     r["vs_best_peer"] = best_peer / r["wall_s"] if best_peer else None

@@ -35,7 +35,7 @@ import sys
 
 from absl import app, flags
 
-from benchmarks.common import markdown_table, peak_gflops, write_results
+from benchmarks.common import markdown_table, peak_gflops, python_with, write_results
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["leaf_cnn", "cifar_cnn", "resnet18"], "Models to run.")
@@ -80,10 +80,7 @@ class Worker:
 
 def peer_python() -> str | None:
   """The interpreter for the peers, or None when none there can import torch."""
-  python = FLAGS.peer_python or (".venv-peers/bin/python"
-                                 if os.path.exists(".venv-peers/bin/python") else sys.executable)
-  ok = subprocess.run([python, "-c", "import torch"], capture_output=True, check=False)
-  return python if ok.returncode == 0 else None
+  return python_with("torch", FLAGS.peer_python, ".venv-peers/bin/python")
 
 
 def has_pfl(python: str) -> bool:
