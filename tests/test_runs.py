@@ -122,7 +122,10 @@ def test_a_second_seed_compiles_no_new_round():
   assert records[0]["lr"] == pytest.approx(0.2)
 
 
-def test_persistent_cache_is_hit_from_a_second_process(tmp_path):
+def test_a_second_process_loads_the_round_untraced_and_runs_it_the_same(tmp_path):
+  """The first process compiles the round and stores it (`engine/executables.py`); the second
+  loads it, neither tracing nor compiling it, and its round equals, bit for bit, one run with the
+  caches off."""
   script = textwrap.dedent("""
       import sys, optax
       sys.path.insert(0, %r)
@@ -134,16 +137,22 @@ def test_persistent_cache_is_hit_from_a_second_process(tmp_path):
         sim = fs.Simulator(fs.build_model("mlp", data.feature_shape, 10), data,
                            lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=16),
                            fs.uniform_availability(12, 6), fs.random_selector(3), fs.fedavg(), 3, 0)
-        sim.step(sim.init())
-      print("hits", log.cache_hits, "round compiles", log.count("step"))
+        state, metrics = sim.step(sim.init())
+      print("loaded", log.loaded, "round compiles", log.count("step"))
+      print("loss", repr(float(metrics["local_train_loss"])), "params", repr(float(sum(
+          abs(leaf).sum() for leaf in __import__("jax").tree.leaves(state.params)))))
   """) % REPO
-  env = dict(os.environ, FEDJAX_SEL_CACHE_DIR=str(tmp_path / "cache"))
-  outs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                         check=True, timeout=600).stdout for _ in range(2)]
+  run = lambda cache: subprocess.run(
+      [sys.executable, "-c", script], env=dict(os.environ, FEDJAX_SEL_CACHE_DIR=cache),
+      capture_output=True, text=True, check=True, timeout=600).stdout
+  outs = [run(str(tmp_path / "cache")) for _ in range(2)]
   assert f"cache {tmp_path / 'cache'}" in outs[0]
-  hits = [int(out.split("hits ")[1].split()[0]) for out in outs]
-  assert hits[0] == 0 and hits[1] >= 1, outs
-  assert os.listdir(tmp_path / "cache")
+  counts = [out.split("loaded ")[1].split("\n")[0] for out in outs]
+  assert counts[0].startswith("0 ") and not counts[0].endswith(" 0"), outs  # Compiled, stored.
+  assert not counts[1].startswith("0 ") and counts[1].endswith(" 0"), outs  # Loaded, untraced.
+  assert os.listdir(tmp_path / "cache" / "executables")
+  results = [out.split("loss ")[1] for out in outs + [run("off")]]
+  assert results[0] == results[1] == results[2], results
 
 
 def test_a_diverging_run_stops_alone(tmp_path):

@@ -17,6 +17,7 @@ Examples:
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -24,16 +25,79 @@ import jax
 
 from fedjax_sel import keys as keylib
 from fedjax_sel.client.evaluation import client_metrics
+from fedjax_sel.engine import executables
 from fedjax_sel.engine import round as round_lib
 from fedjax_sel.engine.asynchronous import step_function
 
 
+_UNSEEN = object()
+
+
+class Program:
+  """`jax.jit(fn)` with argument 0 static (a `Keyed` config) and the given static arguments; with
+  the executable store (`executables.py`), a config met by an earlier process is loaded instead of
+  traced, and what this process compiles is stored for the next."""
+
+  def __init__(self, fn: Callable, out_shardings: Any, static_argnums: tuple[int, ...]):
+    kwargs = {} if out_shardings is None else {"out_shardings": out_shardings}
+    self.jitted = jax.jit(fn, static_argnums=(0, *static_argnums), **kwargs)
+    self.name = f"{fn.__module__}.{fn.__qualname__}"
+    self.static = tuple(i - 1 for i in static_argnums)  # Among the arguments after the config.
+    self.compiled: dict = {}  # (config, static, tree, types) -> executable, or None: jit it.
+    self.recent: dict = {}  # (config, static, tree, weak types) -> the last executable used.
+
+  def __call__(self, cfg, *args):
+    folder = executables.folder()
+    if folder is None:
+      return self.jitted(cfg, *args)
+    static = tuple(args[i] for i in self.static)
+    dynamic = tuple(a for i, a in enumerate(args) if i not in self.static)
+    leaves, tree = jax.tree.flatten(dynamic)
+    # The executable checks shapes and dtypes itself (a TypeError before it runs); weak types,
+    # which it lets pass, are part of the lookup, since jit would trace them apart.
+    recent = (cfg, static, tree, tuple(getattr(leaf, "weak_type", None) for leaf in leaves))
+    executable = self.recent.get(recent, _UNSEEN)
+    if executable is not _UNSEEN:
+      if executable is None:
+        return self.jitted(cfg, *args)
+      try:
+        return executable(*dynamic)
+      except TypeError:  # Other shapes or dtypes than last time: look them up below.
+        pass
+    memo = (cfg, static, tree, executables.avals(leaves))
+    outputs = None
+    if memo not in self.compiled:
+      self.compiled[memo], outputs = self._prepare(folder, memo, args, dynamic)
+    self.recent[recent] = executable = self.compiled[memo]
+    if outputs is not None:
+      return outputs
+    return self.jitted(cfg, *args) if executable is None else executable(*dynamic)
+
+  def _prepare(self, folder: str, memo: tuple, args: tuple, dynamic: tuple):
+    """`(executable, outputs)`: the stored executable and its outputs on these arguments (it is
+    run once to check it), else one compiled now and stored, and None; `(None, None)` for a
+    config that is not stored (jit then traces it)."""
+    cfg, static, tree, types = memo
+    key = executables.store_key(self.name, cfg.key, static, types, str(tree))
+    if key is None:
+      return None, None
+    path = os.path.join(folder, key + ".exe")
+    if os.path.exists(executables.jit_marker(path)):  # Not serializable: JAX's cache instead.
+      return None, None
+    loaded = executables.load(path) if os.path.exists(path) else None
+    if loaded is not None:
+      outputs = executables.first_call(loaded, dynamic, path)
+      if outputs is not None:
+        return loaded, outputs
+    return executables.compile_and_save(self.jitted.lower(cfg, *args), path), None
+
+
 @functools.cache
-def program(fn: Callable, out_shardings: Any = None, static_argnums: tuple[int, ...] = ()):
-  """`jax.jit(fn)` with argument 0 static (a `Keyed` config), cached per function, output
-  sharding and static arguments, so that all callers share one jit cache."""
-  kwargs = {} if out_shardings is None else {"out_shardings": out_shardings}
-  return jax.jit(fn, static_argnums=(0, *static_argnums), **kwargs)
+def program(fn: Callable, out_shardings: Any = None, static_argnums: tuple[int, ...] = ()
+            ) -> Program:
+  """The `Program` of `fn`, cached per function, output sharding and static arguments, so that
+  all callers share one jit cache and one set of loaded executables."""
+  return Program(fn, out_shardings, static_argnums)
 
 
 def step(cfg, state, arrays, run, stats=None):

@@ -40,7 +40,7 @@ from fedjax_sel.client.local_training import (CPU_TINY_STEP_FLOPS, LocalHParams,
 from fedjax_sel.client.system import Clock, SystemProfile, check_profile
 from fedjax_sel.data import integrity
 from fedjax_sel.data.federated import FederatedDataset
-from fedjax_sel.engine import programs
+from fedjax_sel.engine import executables, programs
 from fedjax_sel.engine.asynchronous import InFlight
 from fedjax_sel.engine.placement import Capacity, DevicePlacement, HostPlacement, fits_on_device
 from fedjax_sel.engine.round import (CONTRACTS, ContractError, Costs, DataArrays, EngineState,
@@ -229,19 +229,23 @@ def _check_split_stats(data, needs) -> None:
 def client_step_cost(model: Model, optimizer: OptimizerFactory, local: LocalHParams,
                      feature_shape: tuple[int, ...]) -> StepCost:
   """`step_cost` of one client's local step, memoized by the signature of its inputs: the steps
-  it compiles for XLA's cost analysis compile once per process."""
-  key = (signature(model), signature(optimizer), local._replace(chunk_size=None, prox_mu=0.0,
-                                                                memory_budget_bytes=None),
-         tuple(feature_shape))
+  it compiles for XLA's cost analysis compile once per process, and the executable store keeps
+  the cost for the next process."""
+  key = (signature(model), signature(optimizer), signature(local._replace(
+      chunk_size=None, prox_mu=0.0, memory_budget_bytes=None)), signature(tuple(feature_shape)))
   return _step_cost(Keyed(key, (model, optimizer, local, feature_shape)))
 
 
 @functools.lru_cache(maxsize=64)
 def _step_cost(key: Keyed) -> StepCost:
   model, optimizer, local, feature_shape = key.value
-  params = jax.eval_shape(model.init, jax.random.PRNGKey(0))
   tiny = CPU_TINY_STEP_FLOPS if jax.devices()[0].platform == "cpu" else 0.0
-  return step_cost(model, optimizer, local, params, feature_shape, bytes_from_flops=tiny)
+
+  def compute():
+    params = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+    return step_cost(model, optimizer, local, params, feature_shape, bytes_from_flops=tiny)
+
+  return StepCost(*executables.remembered("client_step_cost", (key.key, tiny), compute))
 
 
 def _noted(kind: str, part):

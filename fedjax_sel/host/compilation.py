@@ -8,7 +8,9 @@ process chose a cache folder of its own, so library users get it too; the launch
 and tests call it first thing. Every program is
 kept (`MIN_COMPILE_SECS` = 0: JAX's default of 1 s would leave out a small model's evaluation and
 initializer, which a second process then compiles again), and JAX never caches programs with
-host callbacks, so the round has none.
+host callbacks, so the round has none. The engine's own programs go further: its executable store,
+the cache folder's `executables/` (`engine/executables.py`), keeps them compiled, and a later
+process loads them without tracing either.
 
 `CompileLog` counts the XLA compilations (and persistent cache hits) per function name from JAX's
 monitoring events, for benchmarks and for tests that a second run reuses a compiled round.
@@ -29,6 +31,8 @@ import threading
 
 import jax
 from jax import monitoring
+
+from fedjax_sel.engine.executables import LOADED_EVENT
 
 ENV_DIR = "FEDJAX_SEL_CACHE_DIR"
 MIN_COMPILE_SECS = 0.0
@@ -77,6 +81,7 @@ class _Counter:
     self.compiles = collections.Counter()
     self.seconds = collections.Counter()
     self.hits = 0
+    self.loaded = 0
     monitoring.register_event_duration_secs_listener(self._on_duration)
     monitoring.register_event_listener(self._on_event)
 
@@ -92,6 +97,9 @@ class _Counter:
     if event == _HIT_EVENT:
       with self.lock:
         self.hits += 1
+    elif event == LOADED_EVENT:
+      with self.lock:
+        self.loaded += 1
 
 
 _COUNTER: _Counter | None = None
@@ -102,7 +110,8 @@ class CompileLog:
 
   Attributes (after exit): `by_name` (Counter of compilations per jitted function name),
   `seconds` (compile seconds per name), `compiles` (total), `cache_hits` (persistent cache
-  loads; a hit still counts as a compilation of its name).
+  loads; a hit still counts as a compilation of its name), `loaded` (programs loaded from the
+  executable store, `engine/executables.py`: neither traced nor compiled).
   """
 
   def __enter__(self) -> CompileLog:
@@ -110,7 +119,8 @@ class CompileLog:
     if _COUNTER is None:
       _COUNTER = _Counter()
     self._start = self._now()
-    self.by_name, self.seconds, self.cache_hits = collections.Counter(), collections.Counter(), 0
+    self.by_name, self.seconds = collections.Counter(), collections.Counter()
+    self.cache_hits = self.loaded = 0
     return self
 
   def __exit__(self, *exc):
@@ -120,14 +130,15 @@ class CompileLog:
   def _now():
     with _COUNTER.lock:
       return (collections.Counter(_COUNTER.compiles), collections.Counter(_COUNTER.seconds),
-              _COUNTER.hits)
+              _COUNTER.hits, _COUNTER.loaded)
 
   def snapshot(self) -> CompileLog:
     """Updates the tallies to now (inside the `with` block too)."""
-    compiles, seconds, hits = self._now()
+    compiles, seconds, hits, loaded = self._now()
     self.by_name = compiles - self._start[0]
     self.seconds = seconds - self._start[1]
     self.cache_hits = hits - self._start[2]
+    self.loaded = loaded - self._start[3]
     return self
 
   @property

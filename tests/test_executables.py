@@ -1,0 +1,82 @@
+"""The executable store's keys, files and folder (`fedjax_sel/engine/executables.py`); a second
+process loading the round untraced is `test_runs.py`'s."""
+
+import importlib
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_sel.engine import executables
+from fedjax_sel.engine.signature import signature
+from fedjax_sel.parts.selectors.baselines import random_selector
+
+
+class _ByIdentity:
+  """A value whose equality is identity: its signature cannot be the same in two processes."""
+
+
+def test_a_signature_with_a_value_by_identity_is_not_stored():
+  assert executables.canonical(signature(random_selector(3).select)) is not None
+  assert executables.canonical(signature((1, _ByIdentity()))) is None  # ("value", ...) by id.
+  assert executables.canonical(signature((1, bytearray(b"x")))) is None  # ("object", id).
+
+
+def test_sets_are_written_in_one_order():
+  a = executables.canonical(signature(frozenset(f"name{i}" for i in range(20))))
+  b = executables.canonical(signature(frozenset(f"name{i}" for i in reversed(range(20)))))
+  assert a == b
+
+
+def test_the_key_changes_with_the_config_the_argument_types_and_the_sources(tmp_path):
+  types = executables.avals([jnp.ones(3)])
+  key = executables.store_key("f", ("a", 1), (), types, "tree")
+  assert key == executables.store_key("f", ("a", 1), (), types, "tree")
+  assert key != executables.store_key("f", ("a", 2), (), types, "tree")
+  assert key != executables.store_key("f", ("a", 1), (), executables.avals([jnp.ones(4)]), "tree")
+  assert key != executables.store_key("f", ("a", 1), (), executables.avals([jnp.ones(3, int)]),
+                                      "tree")
+  module = tmp_path / "user_selector_module.py"
+  module.write_text("K = 1\n")
+  sys.path.insert(0, str(tmp_path))
+  try:
+    importlib.import_module("user_selector_module")
+    before = executables.store_key("f", ("a", 1), (), types, "tree")
+    module.write_text("K = 22\n")  # An edit of a user's module: another key.
+    os.utime(module, ns=(1, 1))
+    assert executables.store_key("f", ("a", 1), (), types, "tree") != before
+  finally:
+    sys.path.remove(str(tmp_path))
+    sys.modules.pop("user_selector_module", None)
+
+
+def test_a_stored_program_round_trips_and_a_damaged_file_is_compiled_again(tmp_path):
+  path = str(tmp_path / "program.exe")
+  lowered = jax.jit(lambda x: jnp.where(x > 0.5, x * 2.0, x).sum()).lower(jnp.ones(5))
+  compiled = executables.compile_and_save(lowered, path)
+  x = jnp.linspace(0.0, 1.0, 5)
+  loaded = executables.load(path)
+  assert float(executables.first_call(loaded, (x,), path)) == float(compiled(x))
+  with open(path, "r+b") as f:  # Truncated, as a crash while writing would leave it.
+    f.truncate(100)
+  assert executables.load(path) is None
+
+
+def test_a_program_xla_cannot_serialize_is_marked_for_jit(tmp_path, monkeypatch):
+  def refuse(compiled):
+    raise NotImplementedError("not serializable")
+
+  monkeypatch.setattr(executables.serialize_executable, "serialize", refuse)
+  path = str(tmp_path / "program.exe")
+  compiled = executables.compile_and_save(jax.jit(jnp.sin).lower(jnp.ones(3)), path)
+  assert float(compiled(jnp.zeros(3))[0]) == 0.0  # Still compiled, for this process.
+  assert os.listdir(tmp_path) == ["program.jit"]
+
+
+def test_the_folder_keeps_the_most_recently_used_files_within_its_size(tmp_path):
+  for i, name in enumerate(("old", "mid", "new")):
+    (tmp_path / name).write_bytes(b"x" * 100)
+    os.utime(tmp_path / name, (1000 + i, 1000 + i))
+  executables.evict(str(tmp_path), 250)
+  assert sorted(os.listdir(tmp_path)) == ["mid", "new"]
