@@ -41,19 +41,42 @@ def test_the_key_changes_with_the_config_the_argument_types_and_the_sources(tmp_
   module.write_text("K = 1\n")
   sys.path.insert(0, str(tmp_path))
   try:
-    importlib.import_module("user_selector_module")
-    before = executables.store_key("f", ("a", 1), (), types, "tree")
+    user = importlib.import_module("user_selector_module")
+    config = signature((user, 3))  # The module read by name: its source is part of the key.
+    before = executables.store_key("f", config, (), types, "tree")
     module.write_text("K = 22\n")  # An edit of a user's module: another key.
     os.utime(module, ns=(1, 1))
-    assert executables.store_key("f", ("a", 1), (), types, "tree") != before
+    assert executables.store_key("f", config, (), types, "tree") != before
   finally:
     sys.path.remove(str(tmp_path))
     sys.modules.pop("user_selector_module", None)
 
 
+def test_a_class_without_a_source_file_is_not_stored():
+  model = type("NotebookModel", (), {"__module__": "__main__", "__hash__": lambda self: 1,
+                                     "__eq__": lambda self, other: True})()
+  main_file = getattr(sys.modules["__main__"], "__file__", None)
+  try:
+    sys.modules["__main__"].__file__ = None  # As in a notebook.
+    assert executables.store_key("f", signature((model,)), (), (), "") is None
+  finally:
+    sys.modules["__main__"].__file__ = main_file
+
+
+def _fresh(fn):
+  """`fn` with a constant of its own, so JAX's persistent cache cannot supply it (a program the
+  cache supplies is not stored); lowered by `_lower`."""
+  c = float(int.from_bytes(os.urandom(3), "little"))
+  return lambda x: fn(x) + c
+
+
+def _lower(fn):
+  return jax.jit(fn).lower(jnp.ones(5))
+
+
 def test_a_stored_program_round_trips_and_a_damaged_file_is_compiled_again(tmp_path):
   path = str(tmp_path / "program.exe")
-  lowered = jax.jit(lambda x: jnp.where(x > 0.5, x * 2.0, x).sum()).lower(jnp.ones(5))
+  lowered = _lower(_fresh(lambda x: jnp.where(x > 0.5, x * 2.0, x).sum()))
   compiled = executables.compile_and_save(lowered, path)
   x = jnp.linspace(0.0, 1.0, 5)
   loaded = executables.load(path)
@@ -63,14 +86,24 @@ def test_a_stored_program_round_trips_and_a_damaged_file_is_compiled_again(tmp_p
   assert executables.load(path) is None
 
 
+def test_a_program_from_jax_s_cache_is_not_stored(tmp_path):
+  fn = _fresh(jnp.cos)
+  _lower(fn).compile()  # Compiled and written to JAX's persistent cache (the tests run with it).
+  jax.clear_caches()  # The next compile of it is then a hit of the persistent cache.
+  path = str(tmp_path / "program.exe")
+  compiled = executables.compile_and_save(_lower(fn), path)
+  assert compiled(jnp.zeros(5)).shape == (5,)
+  assert not os.path.exists(path)
+
+
 def test_a_program_xla_cannot_serialize_is_marked_for_jit(tmp_path, monkeypatch):
   def refuse(compiled):
     raise NotImplementedError("not serializable")
 
   monkeypatch.setattr(executables.serialize_executable, "serialize", refuse)
   path = str(tmp_path / "program.exe")
-  compiled = executables.compile_and_save(jax.jit(jnp.sin).lower(jnp.ones(3)), path)
-  assert float(compiled(jnp.zeros(3))[0]) == 0.0  # Still compiled, for this process.
+  compiled = executables.compile_and_save(_lower(_fresh(jnp.sin)), path)
+  assert compiled(jnp.zeros(5)).shape == (5,)  # Still compiled, for this process.
   assert os.listdir(tmp_path) == ["program.jit"]
 
 

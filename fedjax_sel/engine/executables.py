@@ -3,15 +3,17 @@
 JAX's persistent compilation cache (`host/compilation.py`) saves the compiling, but to find its
 entry a process still traces and lowers each program, 0.4-0.9 s for a batched round. This store
 keys a compiled program by what determines it, without tracing: the program's function and its
-static config (the structural `signature`, `signature.py`), the arguments' tree, shapes and
-dtypes, and the environment (Python, jax, jaxlib, flax, optax and numpy versions, the device and
-its CPU features, XLA flags, and a digest of the source of every module loaded from outside the
-installed packages: this package, the launchers, the user's own modules and script). A process
-that meets the same key loads the executable (`jax.experimental.serialize_executable`) and calls
-it; any other change gives another key, so an edit to the code is never run with an old program.
+static config (the structural `signature`, `signature.py`: the bytecode of every function it
+captures), the arguments' tree, shapes and dtypes, and the environment: Python, jax, jaxlib, flax,
+optax and numpy versions, the device and its CPU features, XLA flags, a digest of this package's
+sources, and a digest of the source files of the modules the signature reads by name or whose
+classes it holds (a user's module, a flax model's class in a script). A process that meets the
+same key loads the executable (`jax.experimental.serialize_executable`) and calls it; any other
+change gives another key, so an edit to the code is never run with an old program.
 
-A config is stored only when its signature is the same in every process: one that describes a
-value by identity (an object without structural equality) is compiled as before. The store is on
+A config is stored only when its signature is the same in every process and its code is known:
+one that describes a value by identity (an object without structural equality), or holds a class
+defined where there is no source file (a notebook), is compiled as before. The store is on
 with the persistent cache, in its `executables/` folder, on a single-device, single-process run;
 `FEDJAX_SEL_CACHE_DIR=off` turns both off. A file that cannot be read back is compiled again.
 
@@ -39,7 +41,6 @@ from typing import Any
 import jax
 from jax import monitoring
 from jax.experimental import serialize_executable
-from jax.experimental.compilation_cache import compilation_cache as persistent_cache
 
 from fedjax_sel.models import onednn
 
@@ -49,6 +50,16 @@ MAX_BYTES = 1 << 30  # The store's size: past it, the files least recently used 
 _VERSIONS = ("jax", "jaxlib", "flax", "optax", "numpy")
 _CONFIG = ("jax_enable_x64", "jax_default_matmul_precision", "jax_default_prng_impl",
            "jax_threefry_partitionable")
+_CACHE_HITS = [0]  # JAX's persistent cache hits in this process (its monitoring events).
+
+
+def _count_hit(event: str, **kwargs) -> None:
+  del kwargs
+  if event == "/jax/compilation_cache/cache_hits":
+    _CACHE_HITS[0] += 1
+
+
+monitoring.register_event_listener(_count_hit)
 
 
 def folder() -> str | None:
@@ -98,20 +109,58 @@ def _file_digest(path: str, mtime_ns: int, size: int) -> str:
     return hashlib.sha256(f.read()).hexdigest()
 
 
-def source_digest() -> str:
-  """A digest of the source of every loaded module that is not part of an installed package or
-  of Python itself (this package in an editable install, the launchers, the user's modules)."""
+def _source(path: str) -> str:
+  stat = os.stat(path)
+  return _file_digest(path, stat.st_mtime_ns, stat.st_size)
+
+
+def package_digest() -> str:
+  """A digest of this package's source files (the engine code every program runs)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  digest = hashlib.sha256()
+  for folder, dirs, files in os.walk(root):
+    dirs.sort()
+    for name in sorted(files):
+      if name.endswith((".py", ".cc")):
+        path = os.path.join(folder, name)
+        digest.update(f"{os.path.relpath(path, root)}:{_source(path)};".encode())
+  return digest.hexdigest()
+
+
+def referenced_modules(key: Any, found: set | None = None) -> set:
+  """The modules a structural signature names (a module or function read as a global) or whose
+  classes it holds by value (a flax module's class): the code it depends on beyond its own
+  bytecode."""
+  found = set() if found is None else found
+  if isinstance(key, tuple) and len(key) == 3 and key[0] == "named":
+    found.add(key[1] or key[2])  # A builtin function's module, or a module's own name.
+  elif isinstance(key, tuple) and len(key) == 3 and key[0] == "value":
+    found.add(type(key[2]).__module__)
+  elif isinstance(key, (tuple, list, frozenset)):
+    for value in key:
+      referenced_modules(value, found)
+  return found
+
+
+def source_digest(modules: set) -> str | None:
+  """A digest of the source files of `modules` that are neither installed packages (their
+  versions are in `_machine`) nor Python's; None when one has no source file to read (a class
+  defined in a notebook), so its code is unknown."""
   roots = _installed_roots()
   digest = hashlib.sha256()
-  for name, module in sorted(sys.modules.items(), key=lambda item: item[0]):
+  for name in sorted(modules):
+    module = sys.modules.get(name)
+    if module is None or name in sys.builtin_module_names or name.startswith("fedjax_sel."):
+      continue
     path = getattr(module, "__file__", None)
-    if not path or not path.endswith(".py"):
-      continue
+    if path is None:
+      return None
     real = os.path.realpath(path)
-    if real.startswith(roots) or not os.path.exists(real):
+    if real.startswith(roots):
       continue
-    stat = os.stat(real)
-    digest.update(f"{name}:{_file_digest(real, stat.st_mtime_ns, stat.st_size)};".encode())
+    if not os.path.exists(real):
+      return None
+    digest.update(f"{name}:{_source(real)};".encode())
   return digest.hexdigest()
 
 
@@ -136,9 +185,9 @@ def _machine() -> str:
 
 
 def environment() -> str:
-  """`_machine()` with the JAX settings that change lowering and the loaded sources."""
+  """`_machine()` with the JAX settings that change lowering and this package's sources."""
   settings = [f"{name}={getattr(jax.config, name, None)}" for name in _CONFIG]
-  return "|".join([_machine(), *settings, source_digest()])
+  return "|".join([_machine(), *settings, package_digest()])
 
 
 def avals(leaves) -> tuple:
@@ -157,10 +206,11 @@ def store_key(name: str, config_key: Any, static: tuple, leaf_types: tuple, tree
   """The file name of a program: its function `name`, its config's signature, its other static
   arguments, its arguments' types and tree (None when the config is not storable)."""
   text = canonical((config_key, static))
-  if text is None:
+  sources = source_digest(referenced_modules(config_key))
+  if text is None or sources is None:
     return None
   digest = hashlib.sha256()
-  for part in (name, text, _avals_text(leaf_types), tree, environment()):
+  for part in (name, text, _avals_text(leaf_types), tree, environment(), sources):
     digest.update(part.encode())
     digest.update(b"\0")
   return digest.hexdigest()
@@ -182,18 +232,15 @@ def load(path: str):
 
 
 def compile_and_save(lowered, path: str):
-  """Compiles `lowered` and stores it at `path`; a program XLA cannot serialize is marked
-  (`jit_marker`) so the next process jits it through JAX's cache, and one that cannot be written
-  runs from memory. JAX's persistent cache is left out of this compile: on CPU an executable it
-  loads serializes without its kernels (`NOT_FOUND: Function ... not found` when the copy runs)."""
-  previous = jax.config.jax_enable_compilation_cache
-  jax.config.update("jax_enable_compilation_cache", False)
-  persistent_cache.reset_cache()  # JAX decides once whether its cache is in use: decide again.
-  try:
-    compiled = lowered.compile()
-  finally:
-    jax.config.update("jax_enable_compilation_cache", previous)
-    persistent_cache.reset_cache()
+  """Compiles `lowered` and stores it at `path` when XLA compiled it now. One that JAX's persistent
+  cache supplied is not stored (on CPU an executable it loads serializes without its kernels:
+  `NOT_FOUND: Function ... not found` when the copy runs), so a miss here costs no more than
+  before the store: tracing and the cache's load. A program XLA cannot serialize is marked
+  (`jit_marker`) so the next process jits it; one that cannot be written runs from memory."""
+  hits = _CACHE_HITS[0]
+  compiled = lowered.compile()
+  if _CACHE_HITS[0] != hits:
+    return compiled
   # The oneDNN handlers registered in this process may be called: the loader registers them too.
   uses_onednn = (onednn.unavailable_reason.cache_info().currsize > 0
                  and onednn.unavailable_reason() is None)
