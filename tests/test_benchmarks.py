@@ -32,6 +32,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     pytest.param("user_models", {"model", "samples_per_s", "gflop_s", "vs_library_cifar_cnn_rate"},
                  "peak_gflops", marks=pytest.mark.slow),
     pytest.param("peers", {"model", "K", "ours"}, "time_split", marks=pytest.mark.slow),
+    pytest.param("runs_axis_cpu", {"runs", "clients", "formulation", "us", "vs_engine"},
+                 "peak_gflops", marks=pytest.mark.slow),
 ])
 def test_benchmark_quick_mode(tmp_path, script, keys, extra):
   script, *args = script.split()
@@ -62,3 +64,24 @@ def test_peer_models_are_ours_in_pytorch(name):
   theirs = peer_worker.torch_net(name, 16)
   assert sum(p.numel() for p in theirs.parameters()) == sum(
       x.size for x in jax.tree.leaves(ours))
+
+
+def test_the_runs_axis_formulations_compute_one_step_each():
+  """Every formulation of `runs_axis_cpu` but the shared-weights ceiling gives each client the
+  step a plain loop over the clients gives it."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  from benchmarks import runs_axis_cpu as bench  # pylint: disable=import-outside-toplevel
+  key = jax.random.PRNGKey(1)
+  params = bench.init(key, 6)
+  x = jax.random.normal(key, (6, bench.BATCH, bench.DIMS[0]))
+  y = jax.random.randint(key, (6, bench.BATCH), 0, bench.DIMS[-1])
+  loop = [bench.sgd_step(jax.tree.map(lambda v, i=i: v[i], params), x[i], y[i]) for i in range(6)]
+  for name, fn in bench.formulations(3, 2).items():
+    if "shared" in name:
+      continue
+    got = jax.jit(fn)(params, x, y)
+    for i in range(6):
+      for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(loop[i])):
+        np.testing.assert_allclose(a[i], b, rtol=1e-5, atol=1e-6, err_msg=name)
