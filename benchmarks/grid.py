@@ -97,29 +97,56 @@ t["other_s"] = t["total_s"] - sum(v for k, v in t.items() if k.endswith("_s") an
 print(json.dumps(t))
 """
 
-TORCH = r"""
+# The peers' scripts: a preamble that times the imports and reads the exported arrays, a body that
+# trains the grid (appending each run's final test accuracy to `accs`), and one ending.
+_START = r"""
 import json, sys, time
 start = time.perf_counter()
 import numpy as np
-import torch
-threads, path, ROUNDS, K, BATCH, LRS, SEEDS, HIDDEN = %(args)s
-torch.set_num_threads(threads)
+"""
+_READ = r"""
 t = {"import_s": time.perf_counter() - start}
 mark = time.perf_counter()
 blob = np.load(path)
-xs = [torch.from_numpy(blob[f"x{k}"]) for k in range(int(blob["n"]))]
-ys = [torch.from_numpy(blob[f"y{k}"].astype(np.int64)) for k in range(int(blob["n"]))]
+n = int(blob["n"])
+"""
+_TORCH_READ = _READ + r"""
+torch.set_num_threads(threads)
+xs = [torch.from_numpy(blob[f"x{k}"]) for k in range(n)]
+ys = [torch.from_numpy(blob[f"y{k}"].astype(np.int64)) for k in range(n)]
 tx, ty = torch.from_numpy(blob["tx"]), torch.from_numpy(blob["ty"].astype(np.int64))
 t["data_s"] = time.perf_counter() - mark
 mark = time.perf_counter()
-nn, loss_fn, accs = torch.nn, torch.nn.CrossEntropyLoss(), []
+
+
+def mlp():
+  dims = (tx.shape[1], *HIDDEN)
+  return torch.nn.Sequential(*[m for a, b in zip(dims, dims[1:])
+                               for m in (torch.nn.Linear(a, b), torch.nn.ReLU())],
+                             torch.nn.Linear(dims[-1], 10))
+
+
+def test_accuracy(net):
+  with torch.no_grad():
+    return float((net(tx).argmax(1) == ty).float().mean())
+"""
+_END = r"""
+t["rounds_s"] = time.perf_counter() - mark
+t["final_acc"] = accs
+t["total_s"] = time.perf_counter() - start
+print(json.dumps(t))
+"""
+
+TORCH = _START + r"""
+import torch
+threads, path, ROUNDS, K, BATCH, LRS, SEEDS, HIDDEN = %(args)s
+""" + _TORCH_READ + r"""
+loss_fn, accs = torch.nn.CrossEntropyLoss(), []
 for lr in LRS:
   for seed in SEEDS:
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    dims = (xs[0].shape[1], *HIDDEN)
-    net = nn.Sequential(*[m for a, b in zip(dims, dims[1:]) for m in (nn.Linear(a, b), nn.ReLU())],
-                        nn.Linear(dims[-1], 10))
+    net = mlp()
     state = {k: v.clone() for k, v in net.state_dict().items()}
     for _ in range(ROUNDS):
       chosen = rng.choice(len(xs), K, replace=False)
@@ -138,19 +165,10 @@ for lr in LRS:
           acc[k] += v * (len(ys[c]) / total)
       state = acc
     net.load_state_dict(state)
-    with torch.no_grad():
-      accs.append(float((net(tx).argmax(1) == ty).float().mean()))
-t["rounds_s"] = time.perf_counter() - mark
-t["final_acc"] = accs
-t["total_s"] = time.perf_counter() - start
-print(json.dumps(t))
-"""
+    accs.append(test_accuracy(net))
+""" + _END
 
-
-PFL = r"""
-import json, sys, time
-start = time.perf_counter()
-import numpy as np
+PFL = _START + r"""
 import torch
 from pfl.aggregate.simulate import SimulatedBackend
 from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
@@ -160,25 +178,14 @@ from pfl.hyperparam import NNTrainHyperParams
 from pfl.metrics import Weighted
 from pfl.model.pytorch import PyTorchModel
 threads, path, ROUNDS, K, BATCH, LRS, SEEDS, HIDDEN = %(args)s
-torch.set_num_threads(threads)
-t = {"import_s": time.perf_counter() - start}
-mark = time.perf_counter()
-blob = np.load(path)
-n = int(blob["n"])
-users = {k: [torch.from_numpy(blob[f"x{k}"]), torch.from_numpy(blob[f"y{k}"].astype(np.int64))]
-         for k in range(n)}
-tx, ty = torch.from_numpy(blob["tx"]), torch.from_numpy(blob["ty"].astype(np.int64))
-t["data_s"] = time.perf_counter() - mark
-mark = time.perf_counter()
+""" + _TORCH_READ + r"""
+users = {k: [xs[k], ys[k]] for k in range(n)}
 
 
 class Net(torch.nn.Module):
   def __init__(self):
     super().__init__()
-    dims = (tx.shape[1], *HIDDEN)
-    self.net = torch.nn.Sequential(*[m for a, b in zip(dims, dims[1:])
-                                     for m in (torch.nn.Linear(a, b), torch.nn.ReLU())],
-                                   torch.nn.Linear(dims[-1], 10))
+    self.net = mlp()
 
   def forward(self, x):
     return self.net(x)
@@ -207,26 +214,15 @@ for lr in LRS:
         model=model, model_train_params=NNTrainHyperParams(
             local_num_epochs=1, local_learning_rate=lr, local_batch_size=BATCH),
         send_metrics_to_platform=False)
-    with torch.no_grad():
-      accs.append(float((net(tx).argmax(1) == ty).float().mean()))
-t["rounds_s"] = time.perf_counter() - mark
-t["final_acc"] = accs
-t["total_s"] = time.perf_counter() - start
-print(json.dumps(t))
-"""
+    accs.append(test_accuracy(net))
+""" + _END
 
-FEDJAX = r"""
-import json, sys, time
-start = time.perf_counter()
-import numpy as np
+FEDJAX = _START + r"""
 import fedjax
 import haiku as hk
 import jax
 path, ROUNDS, K, BATCH, LRS, SEEDS, HIDDEN = %(args)s
-t = {"import_s": time.perf_counter() - start}
-mark = time.perf_counter()
-blob = np.load(path)
-n = int(blob["n"])
+""" + _READ + r"""
 fd = fedjax.InMemoryFederatedData({str(k).encode(): {"x": blob[f"x{k}"], "y": blob[f"y{k}"]}
                                    for k in range(n)})
 test = fedjax.ClientDataset({"x": blob["tx"], "y": blob["ty"]})
@@ -257,12 +253,7 @@ for lr in LRS:
       state, _ = algorithm.apply(state, sampler.sample())
     batches = test.padded_batch(fedjax.PaddedBatchHParams(batch_size=512))
     accs.append(float(fedjax.evaluate_model(model, state.params, batches)["accuracy"]))
-t["rounds_s"] = time.perf_counter() - mark
-t["final_acc"] = accs
-t["total_s"] = time.perf_counter() - start
-print(json.dumps(t))
-"""
-
+""" + _END
 
 def grid_flops(data, grid: Grid) -> float:
   """Training FLOPs of the grid: 6 x parameters per example trained (forward and backward)."""

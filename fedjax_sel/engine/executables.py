@@ -15,7 +15,9 @@ A config is stored only when its signature is the same in every process and its 
 one that describes a value by identity (an object without structural equality), or holds a class
 defined where there is no source file (a notebook), is compiled as before. The store is on
 with the persistent cache, in its `executables/` folder, on a single-device, single-process run;
-`FEDJAX_SEL_CACHE_DIR=off` turns both off. A file that cannot be read back is compiled again.
+`FEDJAX_SEL_CACHE_DIR=off` turns both off. A file that cannot be read back is compiled again, and
+a program that JAX's own cache supplied is not stored (`compile_and_save` says why): it enters the
+store when XLA next compiles it.
 
 Examples:
   >>> key = store_key("f", ("a", 1), (), (), "")
