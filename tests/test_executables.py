@@ -113,3 +113,13 @@ def test_the_folder_keeps_the_most_recently_used_files_within_its_size(tmp_path)
     os.utime(tmp_path / name, (1000 + i, 1000 + i))
   executables.evict(str(tmp_path), 250)
   assert sorted(os.listdir(tmp_path)) == ["mid", "new"]
+
+
+def test_a_program_called_inside_a_trace_is_traced_with_it():
+  from fedjax_sel.engine.programs import program  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.engine.signature import Keyed  # pylint: disable=import-outside-toplevel
+  triple = program(lambda cfg, x: x * cfg.value)
+  cfg = Keyed(("triple", os.getpid()), 3.0)
+  assert float(triple(cfg, jnp.float32(2.0))) == 6.0  # Stored or loaded, then called.
+  assert float(jax.jit(lambda x: triple(cfg, x))(jnp.float32(2.0))) == 6.0
+  assert float(jax.grad(lambda x: triple(cfg, x))(jnp.float32(2.0))) == 3.0

@@ -53,6 +53,8 @@ class Program:
     static = tuple(args[i] for i in self.static)
     dynamic = tuple(a for i, a in enumerate(args) if i not in self.static)
     leaves, tree = jax.tree.flatten(dynamic)
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):  # Called inside a trace.
+      return self.jitted(cfg, *args)
     # The executable checks shapes and dtypes itself (a TypeError before it runs); weak types,
     # which it lets pass, are part of the lookup, since jit would trace them apart.
     recent = (cfg, static, tree, tuple(getattr(leaf, "weak_type", None) for leaf in leaves))
