@@ -27,7 +27,7 @@ from fedjax_sel.data.partition import PARTITIONS
 from fedjax_sel.parts.asynchronous import RULES as ASYNC_RULES
 from fedjax_sel.parts.asynchronous import STALENESS
 
-VERSION = 4  # Of the config.json layout; a file of another version is refused, naming both.
+VERSION = 5  # Of the config.json layout; a file of another version is refused, naming both.
 
 
 def option(default: Any, help: str, *, choices: tuple | None = None,  # pylint: disable=redefined-builtin

@@ -186,7 +186,7 @@ def test_oort_runs_in_the_engine_with_the_clock():
 
 
 def test_bad_oort_settings_are_refused():
-  with pytest.raises(ValueError, match=r"OortConfig.cut_off_util must be in"):
+  with pytest.raises(ValueError, match=r"cut_off_util must be in"):
     oort.oort_selector(3, config=oort.OortConfig(cut_off_util=2.0))
   with pytest.raises(ValueError, match="durations"):
     oort.oort_selector(3, durations=[1.0, -1.0])

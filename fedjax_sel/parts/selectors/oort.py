@@ -69,21 +69,57 @@ from fedjax_sel.parts.types import RoundInputs, RoundOutcome, Selector
 VARIANTS = ("fedscale", "paper", "pyramidfl")
 
 
-class OortConfig(NamedTuple):
-  """Oort's settings (FedScale's defaults); `variant` picks the rules: "fedscale" (FedScale's
-  `getTopK`) or "paper" (the Oort repository's, the paper's reading; see the module)."""
+@dataclasses.dataclass(frozen=True)
+class OortConfig:
+  """Oort's settings (FedScale's defaults); each field is also a launcher flag (`--oort_<field>`,
+  the initial exploration factor `--oort_exploration`).
 
-  exploration_factor: float = 0.9
-  exploration_decay: float = 0.98
-  exploration_min: float = 0.3
-  round_penalty: float = 2.0
-  pacer_step: int = 20
-  pacer_delta: float = 5.0
-  round_threshold: float = 30.0
-  cut_off_util: float = 0.05
-  clip_bound: float = 0.9
-  sample_window: float = 5.0
-  variant: str = "fedscale"
+  Attributes:
+    exploration_factor: initial share of the K explored (unexplored clients), in [0, 1].
+    exploration_decay: its decay per round, in [0, 1].
+    exploration_min: its floor, in [0, 1].
+    round_penalty: alpha, the exponent of the duration penalty of a slow client's utility, >= 0.
+    pacer_step: rounds per pacer window (W), >= 1.
+    pacer_delta: the pacer's step of the preferred-duration percentile, in [0, 100].
+    round_threshold: initial preferred-duration percentile (the pacer moves it), in [0, 100].
+    cut_off_util: exploited clients come from those above (1 - cut_off_util) times the K-th
+      utility, in [0, 1].
+    clip_bound: utilities are clipped at this quantile, in [0, 1].
+    sample_window: explored clients come from the first sample_window x (clients to explore) of
+      the unexplored, fastest first, >= 1.
+    variant: the rules: "fedscale" (FedScale's `getTopK`), "paper" (the Oort repository's, the
+      paper's reading; see the module) or "pyramidfl" (PyramidFL's fork).
+  """
+
+  exploration_factor: float = registry.setting(0.9, "Oort: initial exploration factor (decays by "
+                                               "--oort_exploration_decay to "
+                                               "--oort_exploration_min), in [0, 1].",
+                                               flag="oort_exploration")
+  exploration_decay: float = registry.setting(0.98, "Oort: the exploration factor's decay per "
+                                              "round, in [0, 1].")
+  exploration_min: float = registry.setting(0.3, "Oort: the exploration factor's floor, in "
+                                            "[0, 1].")
+  round_penalty: float = registry.setting(2.0, "Oort: exponent of the duration penalty of a "
+                                          "slow client's utility, >= 0.")
+  pacer_step: int = registry.setting(20, "Oort: rounds per pacer window, >= 1.")
+  pacer_delta: float = registry.setting(5.0, "Oort: the pacer's step of the preferred-duration "
+                                        "percentile, in [0, 100].")
+  round_threshold: float = registry.setting(30.0, "Oort: initial preferred-duration percentile "
+                                            "(the pacer moves it), in [0, 100].")
+  cut_off_util: float = registry.setting(0.05, "Oort: exploited clients come from those above "
+                                         "(1 - this) x the K-th utility, in [0, 1].")
+  clip_bound: float = registry.setting(0.9, "Oort: quantile at which utilities are clipped, in "
+                                       "[0, 1].")
+  sample_window: float = registry.setting(5.0, "Oort: explored clients come from this many times "
+                                          "the number to explore of the fastest unexplored, "
+                                          ">= 1.")
+  variant: str = registry.setting("fedscale", "Oort: the rules: fedscale (FedScale's getTopK), "
+                                  "paper (the Oort repository's, as the paper reads) or pyramidfl "
+                                  "(PyramidFL's fork).", choices=VARIANTS)
+
+  def check(self, context: registry.BuildContext | None = None) -> None:
+    del context
+    check_config(self)
 
 
 class OortState(NamedTuple):
@@ -129,18 +165,18 @@ class OortPlan(NamedTuple):
 
 
 def check_config(cfg: OortConfig) -> None:
-  """ValueError naming the setting and its range."""
+  """`registry.SettingError` (a ValueError) naming the setting and its range."""
   ranges = {"exploration_factor": (0.0, 1.0), "exploration_decay": (0.0, 1.0),
             "exploration_min": (0.0, 1.0), "round_penalty": (0.0, np.inf),
             "pacer_step": (1, np.inf), "pacer_delta": (0.0, 100.0),
             "round_threshold": (0.0, 100.0), "cut_off_util": (0.0, 1.0),
             "clip_bound": (0.0, 1.0), "sample_window": (1.0, np.inf)}
   if cfg.variant not in VARIANTS:
-    raise ValueError(f"OortConfig.variant must be one of {VARIANTS}, got {cfg.variant!r}")
+    raise registry.SettingError("variant", f"must be one of {VARIANTS}, got {cfg.variant!r}")
   for name, (lo, hi) in ranges.items():
     value = getattr(cfg, name)
     if not (np.isfinite(value) and lo <= value <= hi):
-      raise ValueError(f"OortConfig.{name} must be in [{lo}, {hi}], got {value}")
+      raise registry.SettingError(name, f"must be in [{lo}, {hi}], got {value}")
 
 
 def _sorted_quantile(values, mask, q) -> jax.Array:
@@ -284,42 +320,17 @@ def oort_selector(k: int, durations=None, config: OortConfig = OortConfig()) -> 
             "preferred_duration": state.preferred}
 
   return Selector(init=init, select=select, observe=observe, report=report,
-                  spec={"name": "oort", "k": k, **config._asdict(),
+                  spec={"name": "oort", "k": k, **dataclasses.asdict(config),
                         "durations": "given" if given is not None else "equal"})
 
 
 # --- Registered names (fedjax_sel.registry) ------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class OortSettings:
-  """The Oort settings a launcher sets (the rest: `OortConfig`'s FedScale defaults)."""
-
-  exploration: float = registry.setting(0.9, "Oort: initial exploration factor (decays by 0.98 "
-                                        "to 0.3), in [0, 1].", flag="oort_exploration")
-  round_threshold: float = registry.setting(30.0, "Oort: initial preferred-duration percentile "
-                                            "(the pacer moves it), in [0, 100].",
-                                            flag="oort_round_threshold")
-  variant: str = registry.setting("fedscale", "Oort: the rules: fedscale (FedScale's getTopK) or "
-                                  "paper (the Oort repository's, as the paper reads).",
-                                  flag="oort_variant", choices=VARIANTS)
-
-  def config(self) -> OortConfig:
-    return OortConfig(exploration_factor=self.exploration, round_threshold=self.round_threshold,
-                      variant=self.variant)
-
-  def check(self, context: registry.BuildContext) -> None:
-    del context
-    for field, value, hi in (("exploration", self.exploration, 1.0),
-                             ("round_threshold", self.round_threshold, 100.0)):
-      if not (np.isfinite(value) and 0.0 <= value <= hi):
-        raise registry.SettingError(field, f"must be in [0, {hi:g}], got {value}")
-
-
-@registry.register("selector", "oort", OortSettings)
-def _oort(settings: OortSettings, context: registry.BuildContext) -> Selector:
+@registry.register("selector", "oort", OortConfig)
+def _oort(settings: OortConfig, context: registry.BuildContext) -> Selector:
   """Oort: statistical utility and duration, explored and exploited (FedScale's getTopK); its
   first durations from the clients' system profile and data sizes, when the run has a clock."""
-  return oort_selector(context.k, _durations(context), settings.config())
+  return oort_selector(context.k, _durations(context), settings)
 
 
 def _durations(context: registry.BuildContext):
