@@ -254,14 +254,27 @@ def compile_and_save(lowered, path: str):
     except (ValueError, TypeError, NotImplementedError, pickle.PicklingError,
             jax.errors.JaxRuntimeError):  # E.g. an operation XLA cannot serialize.
       path, data = jit_marker(path), b""
-    partial = f"{path}.{os.getpid()}.tmp"
-    with open(partial, "wb") as f:
-      f.write(data)
-    os.replace(partial, path)
+    _write(path, data)
     evict(os.path.dirname(path), MAX_BYTES)
   except OSError:
     pass  # A read-only cache: run it from memory.
   return compiled
+
+
+def _write(path: str, data: bytes) -> None:
+  """`data` at `path` through a file of this process renamed over it: a reader (another worker)
+  sees the whole file or none."""
+  partial = f"{path}.{os.getpid()}.tmp"
+  with open(partial, "wb") as f:
+    f.write(data)
+  os.replace(partial, path)
+
+
+def _remove(path: str) -> None:
+  try:
+    os.remove(path)
+  except OSError:  # Removed by another process meanwhile.
+    pass
 
 
 def jit_marker(path: str) -> str:
@@ -283,10 +296,7 @@ def evict(folder: str, max_bytes: int) -> None:
   for _, size, name in sorted(entries):
     if total <= max_bytes:
       break
-    try:
-      os.remove(os.path.join(folder, name))
-    except OSError:
-      pass
+    _remove(os.path.join(folder, name))
     total -= size
 
 
@@ -296,22 +306,20 @@ def remembered(name: str, config_key: Any, compute: Callable[[], tuple]) -> tupl
   tracing it needs."""
   base = folder()
   key = None if base is None else store_key(name, config_key, (), (), "")
-  path = None if key is None else os.path.join(base, key + ".json")
+  if key is None:
+    return compute()
+  path = os.path.join(base, key + ".json")
   try:
     with open(path, encoding="utf-8") as f:
       return tuple(json.load(f))
-  except (TypeError, OSError, ValueError):  # No store, no file yet, or a damaged one.
+  except (OSError, ValueError):  # No file yet, or a damaged one.
     pass
   values = compute()
-  if path is not None:
-    try:
-      os.makedirs(base, exist_ok=True)
-      partial = f"{path}.{os.getpid()}.tmp"
-      with open(partial, "w", encoding="utf-8") as f:
-        json.dump(list(values), f)
-      os.replace(partial, path)
-    except OSError:
-      pass
+  try:
+    os.makedirs(base, exist_ok=True)
+    _write(path, json.dumps(list(values)).encode())
+  except OSError:
+    pass  # A read-only cache: computed again next time.
   return values
 
 
@@ -324,8 +332,5 @@ def first_call(executable, args: tuple, path: str):
     monitoring.record_event(LOADED_EVENT)
     return outputs
   except jax.errors.JaxRuntimeError:
-    try:
-      os.remove(path)
-    except OSError:
-      pass
+    _remove(path)
     return None

@@ -46,7 +46,6 @@ INSTALL_HINT = ("pip install 'fedjax_sel[onednn]' (oneDNN 3.2 and its headers) a
 _HANDLERS = {"fedjax_sel_conv_fwd": "FedjaxSelConvForward",
              "fedjax_sel_conv_bwd_data": "FedjaxSelConvBackwardData",
              "fedjax_sel_conv_bwd_weights": "FedjaxSelConvBackwardWeights"}
-TARGETS = tuple(_HANDLERS)  # The FFI targets a compiled program calls when it uses them.
 
 
 class Unavailable(RuntimeError):
