@@ -101,6 +101,27 @@ class RoundInputs(NamedTuple):
   available_at: Callable[[jax.Array], jax.Array] | None = None
   update_norms: Callable[[jax.Array], tuple[jax.Array, jax.Array]] | None = None
 
+  @staticmethod
+  def create(num_examples: Any, **fields) -> RoundInputs:
+    """The inputs of round 0 outside the engine, for calling a part by hand: every client
+    available, a fresh `ClientState`, no stats; `fields` set any other field by name.
+
+    Args:
+      num_examples: `[N]` training examples per client (m_k); N is its length.
+      **fields: `RoundInputs` fields to set instead of their defaults.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> inputs = RoundInputs.create(jnp.array([10, 40, 20]), stats={"loss": jnp.ones(3)})
+      >>> int(inputs.available.sum()), inputs.clients.last_round.tolist()
+      (3, [-1, -1, -1])
+    """
+    num_examples = jnp.asarray(num_examples)
+    n = num_examples.shape[0]
+    defaults = {"round": jnp.int32(0), "params": None, "available": jnp.ones((n,), bool),
+                "stats": {}, "clients": ClientState.create(n), "label_hist": None}
+    return RoundInputs(num_examples=num_examples, **{**defaults, **fields})
+
 
 class RoundOutcome(NamedTuple):
   """What happened in a round, for the parts' `observe`.

@@ -21,12 +21,11 @@ clients sampled this round: the server hears only from them.
 
 Examples:
   >>> import jax, jax.numpy as jnp
-  >>> from fedjax_sel.parts.types import ClientState, RoundInputs
+  >>> from fedjax_sel.parts.types import RoundInputs
   >>> rule = fedalign_rule(jnp.array([True, False, False, False]), rounds=10, eps0=0.2,
   ...                      warmup_fraction=0.0, schedule="constant")
   >>> stats = {"loss": jnp.array([1.0, 1.1, 1.5, 0.5])}
-  >>> inputs = RoundInputs(0, None, jnp.ones(4, bool), stats, ClientState.create(4), jnp.ones(4),
-  ...                      None)
+  >>> inputs = RoundInputs.create(jnp.ones(4), stats=stats)
   >>> train, agg, _ = rule.apply(rule.init(4, None), jax.random.PRNGKey(0), inputs,
   ...                             jnp.ones(4, bool))
   >>> train.tolist(), agg.tolist()   # Client 3 trains (0.5 <= 1.2) but is refused (0.5 < 0.8).

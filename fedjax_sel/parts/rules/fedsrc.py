@@ -27,10 +27,10 @@ them combines with this rule.
 
 Examples:
   >>> import jax, jax.numpy as jnp
-  >>> from fedjax_sel.parts.types import ClientState, RoundInputs
+  >>> from fedjax_sel.parts.types import RoundInputs
   >>> rule = fedsrc_rule()
-  >>> inputs = RoundInputs(0, None, jnp.ones(3, bool), {"test_loss": jnp.array([0.1, 5.0, 0.2])},
-  ...                      ClientState.create(3), jnp.ones(3), jnp.eye(3, dtype=jnp.int32))
+  >>> inputs = RoundInputs.create(jnp.ones(3), stats={"test_loss": jnp.array([0.1, 5.0, 0.2])},
+  ...                             label_hist=jnp.eye(3, dtype=jnp.int32))
   >>> train, agg, state = rule.apply(rule.init(3, None), jax.random.PRNGKey(0), inputs,
   ...                                 jnp.ones(3, bool))
   >>> train.tolist()   # Round 0: everyone sampled trains.

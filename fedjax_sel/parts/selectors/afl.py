@@ -17,10 +17,11 @@ with its update, as Plato's first release did), so valuing costs no extra forwar
 Examples:
   >>> import jax, jax.numpy as jnp
   >>> sel = afl_selector(2)
-  >>> inputs = RoundInputs(jnp.int32(0), None, jnp.ones(4, bool), {}, None,
-  ...                      jnp.array([10, 40, 20, 30]), None)
-  >>> chosen, state = sel.select(sel.init(4, None), jax.random.PRNGKey(0), inputs,
-  ...                            jnp.ones(4, bool))
+  >>> state = sel.init(4, None)
+  >>> state.valuation.tolist()  # No client valued yet: the K are drawn uniformly.
+  [-inf, -inf, -inf, -inf]
+  >>> inputs = RoundInputs.create(jnp.array([10, 40, 20, 30]))
+  >>> chosen, state = sel.select(state, jax.random.PRNGKey(0), inputs, inputs.available)
   >>> int(chosen.sum())
   2
 """

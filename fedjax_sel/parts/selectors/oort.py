@@ -42,11 +42,10 @@ weighted draws without replacement are Gumbel top-k with the round's selection k
 
 Examples:
   >>> import jax, jax.numpy as jnp
-  >>> from fedjax_sel.parts.types import ClientState, RoundInputs
+  >>> from fedjax_sel.parts.types import RoundInputs
   >>> sel = oort_selector(2)
   >>> state = sel.init(4, None)
-  >>> inputs = RoundInputs(jnp.int32(0), None, jnp.ones(4, bool), {}, ClientState.create(4),
-  ...                      jnp.array([10, 40, 20, 30]), None)
+  >>> inputs = RoundInputs.create(jnp.array([10, 40, 20, 30]))
   >>> chosen, state = sel.select(state, jax.random.PRNGKey(0), inputs, jnp.ones(4, bool))
   >>> int(chosen.sum())
   2

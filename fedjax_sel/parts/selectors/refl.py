@@ -12,7 +12,7 @@ Examples:
   >>> import jax, jax.numpy as jnp
   >>> from fedjax_sel.parts.types import RoundInputs
   >>> later = lambda r: jnp.array([True, False, True, False])
-  >>> inputs = RoundInputs(jnp.int32(0), None, None, {}, None, None, None, available_at=later)
+  >>> inputs = RoundInputs.create(jnp.ones(4), available_at=later)
   >>> sel = refl_selector(2, accuracy=1.0)
   >>> chosen, _ = sel.select(sel.init(4, None), jax.random.PRNGKey(0), inputs,
   ...                        jnp.array([True, True, True, True]))

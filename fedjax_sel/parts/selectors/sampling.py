@@ -16,8 +16,7 @@ counted once in a plain average), the baseline that unbiased sampling papers com
 Examples:
   >>> import jax, jax.numpy as jnp
   >>> sel = md_selector(3)
-  >>> inputs = RoundInputs(jnp.int32(0), None, jnp.ones(4, bool), {}, None,
-  ...                      jnp.array([10, 0, 30, 60]), None)
+  >>> inputs = RoundInputs.create(jnp.array([10, 0, 30, 60]))
   >>> chosen, state = sel.select(sel.init(4, None), jax.random.PRNGKey(0), inputs,
   ...                            jnp.ones(4, bool))
   >>> float(state.weights.sum()), bool(chosen[1])

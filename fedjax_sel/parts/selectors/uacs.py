@@ -16,8 +16,7 @@ Examples:
   >>> import jax, jax.numpy as jnp
   >>> from fedjax_sel.parts.types import RoundInputs
   >>> sel = entropy_selector(2, eps=0.0)
-  >>> inputs = RoundInputs(0, None, None, {"entropy": jnp.array([0.1, 0.6, 0.3, 0.6])}, None,
-  ...                      None, None)
+  >>> inputs = RoundInputs.create(jnp.ones(4), stats={"entropy": jnp.array([0.1, 0.6, 0.3, 0.6])})
   >>> chosen, state = sel.select(sel.init(4, None), jax.random.PRNGKey(0), inputs,
   ...                            jnp.ones(4, bool))
   >>> jnp.flatnonzero(chosen).tolist(), bool(state.explored)
