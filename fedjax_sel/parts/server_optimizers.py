@@ -64,23 +64,29 @@ class AdaptiveState(NamedTuple):
   v: optax.Updates
 
 
-def _check(name: str, lr: float, **ranges) -> None:
-  for key, (value, lo, hi) in {"lr": (lr, 0.0, float("inf")), **ranges}.items():
-    if not (jnp.isfinite(value) and lo <= value <= hi) or (key in ("lr", "tau") and value <= 0):
-      raise registry.SettingError(key, f"must be a finite number in "
-                                  f"{'(' if key in ('lr', 'tau') else '['}{lo}, {hi}], got "
-                                  f"{value} ({name})")
+# Each hyperparameter's accepted values: (low, high, whether low itself is refused).
+_RANGES = {"lr": (0.0, float("inf"), True), "momentum": (0.0, 1.0, False),
+           "beta1": (0.0, 1.0, False), "beta2": (0.0, 1.0, False), "tau": (0.0, 1.0, True)}
+
+
+def _check(name: str, **values: float) -> None:
+  """Raises `registry.SettingError` naming the first of `values` out of its `_RANGES` range."""
+  for key, value in values.items():
+    lo, hi, open_low = _RANGES[key]
+    if not (jnp.isfinite(value) and lo <= value <= hi) or (open_low and value <= lo):
+      raise registry.SettingError(key, f"must be a finite number in {'(' if open_low else '['}"
+                                  f"{lo}, {hi}], got {value} ({name})")
 
 
 def server_sgd(lr: float = 1.0) -> ServerOptimizer:
   """w_{t+1} = w_t - lr (w_t - w_agg): with lr 1, the aggregate itself."""
-  _check("sgd", lr)
+  _check("sgd", lr=lr)
   return ServerOptimizer(optax.sgd(lr), {"name": "sgd", "lr": float(lr)})
 
 
 def fedavgm(lr: float = 1.0, momentum: float = 0.9) -> ServerOptimizer:
   """FedAvgM (Hsu et al. 2019): v = momentum v + g, w_{t+1} = w_t - lr v (optax's heavy ball)."""
-  _check("momentum", lr, momentum=(momentum, 0.0, 1.0))
+  _check("momentum", lr=lr, momentum=momentum)
   return ServerOptimizer(optax.sgd(lr, momentum=momentum),
                          {"name": "momentum", "lr": float(lr), "momentum": float(momentum)})
 
@@ -88,7 +94,7 @@ def fedavgm(lr: float = 1.0, momentum: float = 0.9) -> ServerOptimizer:
 def _adaptive(name: str, second_moment, lr: float, beta1: float, beta2: float,
               tau: float) -> ServerOptimizer:
   """Reddi et al.'s Algorithm 2 with `second_moment(v, delta_sq) -> v`."""
-  _check(name, lr, beta1=(beta1, 0.0, 1.0), beta2=(beta2, 0.0, 1.0), tau=(tau, 0.0, 1.0))
+  _check(name, lr=lr, beta1=beta1, beta2=beta2, tau=tau)
 
   def init(params):
     return AdaptiveState(jax.tree.map(jnp.zeros_like, params),
@@ -155,13 +161,12 @@ class ServerSGDSettings:
 
   def check(self, context: registry.BuildContext) -> None:
     del context
-    self.build(type(self).NAME)
+    values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    _check("server optimizer", **{k: v for k, v in values.items() if v is not None})
 
   def build(self, name: str) -> ServerOptimizer:
     return make_server_optimizer(name, self.lr, **{
         f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "lr"})
-
-  NAME = "sgd"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +175,6 @@ class FedAvgMSettings(ServerSGDSettings):
 
   momentum: float = registry.setting(0.9, "FedAvgM's server momentum (beta), in [0, 1].",
                                      flag="server_momentum")
-  NAME = "momentum"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +185,6 @@ class FedAdagradSettings(ServerSGDSettings):
                                   "in [0, 1].", flag="server_beta1")
   tau: float = registry.setting(1e-3, "Adaptive server optimizers' adaptivity (tau), in (0, 1].",
                                 flag="server_tau")
-  NAME = "adagrad"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +193,6 @@ class FedAdamSettings(FedAdagradSettings):
 
   beta2: float = registry.setting(0.99, "FedAdam / FedYogi second-moment decay (beta_2), in "
                                   "[0, 1].", flag="server_beta2")
-  NAME = "adam"
 
 
 def _register(name: str, settings: type, doc: str) -> None:
