@@ -76,10 +76,11 @@ def _base_type(hint) -> Any:
   return hint
 
 
-def _define(name: str, hint, default: Any, meta: dict) -> None:
-  """One absl flag for a field of type `hint`."""
+def _define(name: str, hint, default: Any, field: dataclasses.Field) -> None:
+  """One absl flag for `field` (of type `hint`)."""
   base = _base_type(hint)
-  help_text = meta.get("help") or name
+  meta = field.metadata
+  help_text = registry.setting_help(field)
   bounds = {k: v for k, v in (("lower_bound", meta.get("lower")),
                               ("upper_bound", meta.get("upper"))) if v is not None}
   if typing.get_origin(base) is tuple:
@@ -133,7 +134,7 @@ def define(defaults: cfglib.JobConfig, *, exclude: tuple[str, ...] = (),
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
       if f.name not in exclude:
-        _define(f.name, hints[f.name], getattr(values, f.name), dict(f.metadata))
+        _define(f.name, hints[f.name], getattr(values, f.name), f)
         fields[f.name] = (section, hints[f.name])
   for kind in choose:
     chosen = getattr(defaults.parts, kind)
@@ -154,7 +155,7 @@ def define(defaults: cfglib.JobConfig, *, exclude: tuple[str, ...] = (),
         flag = cfglib.setting_flag(name, f)
         if flag not in settings:
           settings[flag] = []
-          _define(flag, hints[f.name], getattr(base, f.name), dict(f.metadata))
+          _define(flag, hints[f.name], getattr(base, f.name), f)
         settings[flag].append((kind, name, f.name))
   flags.DEFINE_list("seeds", [str(s) for s in defaults.seeds], "Comma-separated seeds, one run "
                     "each (distinct integers >= 0), run as one batch.")

@@ -36,6 +36,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import math
+import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -122,14 +124,82 @@ _ENTRIES: dict[tuple[str, str], Entry] = {}
 _LOADED_ENTRY_POINTS = False
 
 
+class Range(NamedTuple):
+  """The accepted values of a number: `low` to `high`, each end included unless `open_*`."""
+
+  low: float = -math.inf
+  high: float = math.inf
+  open_low: bool = False
+  open_high: bool = False
+
+  @staticmethod
+  def parse(text: str) -> Range:
+    """`"[0, 1)"`, `"(0, 1]"` (brackets include the end, parentheses leave it out), `">= 1"` or
+    `"> 0"`."""
+    interval = re.fullmatch(r"([\[(])\s*([^,]+),\s*([^\])]+)([\])])", text.strip())
+    bound = re.fullmatch(r"(>=?)\s*(\S+)", text.strip())
+    try:
+      if interval:
+        return Range(float(interval[2]), float(interval[3]), interval[1] == "(",
+                     interval[4] == ")")
+      if bound:
+        return Range(float(bound[2]), open_low=bound[1] == ">")
+    except ValueError:
+      pass
+    raise ValueError(f"a range must read like '[0, 1)', '(0, 1]', '>= 1' or '> 0', got {text!r}")
+
+  def __str__(self) -> str:
+    if self.high == math.inf:
+      return f"{'>' if self.open_low else '>='} {self.low:g}"
+    return (f"in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}"
+            f"{')' if self.open_high else ']'}")
+
+  def __contains__(self, value: float) -> bool:
+    return bool(math.isfinite(value) and (self.low < value if self.open_low else self.low <= value)
+                and (value < self.high if self.open_high else value <= self.high))
+
+
 def setting(default: Any, help: str, *, flag: str | None = None,  # pylint: disable=redefined-builtin
-            choices: tuple | None = None) -> Any:
-  """A settings field: its default, help text, command-line flag (default `<part>_<field>`) and,
-  for a string among fixed values, the accepted `choices`."""
-  metadata = {"help": help, "flag": flag, "choices": choices}
+            choices: tuple | None = None, within: str | None = None) -> Any:
+  """A settings field: its default, help text, command-line flag (default `<part>_<field>`) and
+  accepted values: for a string among fixed values, `choices`; for a number, the range `within`
+  (as `Range.parse` reads it; the help text then ends with it).
+
+  Example:
+    >>> import dataclasses
+    >>> @dataclasses.dataclass(frozen=True)
+    ... class Settings:
+    ...   share: float = setting(0.5, "Share of the K drawn uniformly.", within="[0, 1]")
+    >>> setting_help(dataclasses.fields(Settings)[0])
+    'Share of the K drawn uniformly, in [0, 1].'
+    >>> check_values(Settings(share=1.5))
+    Traceback (most recent call last):
+    ...
+    fedjax_sel.registry.SettingError: share must be in [0, 1], got 1.5
+  """
+  metadata = {"help": help, "flag": flag, "choices": choices,
+              "within": None if within is None else Range.parse(within)}
   if isinstance(default, (list, dict)):
     raise TypeError("settings defaults must be immutable (use a tuple)")
   return dataclasses.field(default=default, metadata=metadata)
+
+
+def setting_help(field: dataclasses.Field) -> str:
+  """The help text of a settings field, its range (if any) at the end."""
+  text, within = field.metadata.get("help") or field.name, field.metadata.get("within")
+  return text if within is None else f"{text.rstrip('.')}, {within}."
+
+
+def check_values(settings: Any) -> None:
+  """Raises `SettingError` naming the first field of `settings` outside its `choices` or its
+  range."""
+  for f in dataclasses.fields(settings):
+    value = getattr(settings, f.name)
+    choices, within = f.metadata.get("choices"), f.metadata.get("within")
+    if choices is not None and value not in choices:
+      raise SettingError(f.name, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
+    if within is not None and value is not None and value not in within:
+      raise SettingError(f.name, f"must be {within}, got {value}")
 
 
 def setting_flag(name: str, field: dataclasses.Field) -> str:
@@ -248,16 +318,12 @@ def settings_fields(settings: type) -> tuple[dataclasses.Field, ...]:
 
 
 def check(kind: str, name: str, settings: Any, context: BuildContext) -> None:
-  """Checks `settings` of part `name`: choices, then the settings' own `check` (if any)."""
+  """Checks `settings` of part `name`: `check_values`, then the settings' own `check` (if any)."""
   entry = lookup(kind, name)
   if not isinstance(settings, entry.settings):
     raise TypeError(f"{kind} {name!r} takes {entry.settings.__name__}, got "
                     f"{type(settings).__name__}")
-  for f in settings_fields(entry.settings):
-    choices = f.metadata.get("choices")
-    value = getattr(settings, f.name)
-    if choices is not None and value not in choices:
-      raise SettingError(f.name, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
+  check_values(settings)
   own = getattr(settings, "check", None)
   if own is not None:
     own(context)

@@ -114,25 +114,16 @@ class AFLSettings:
   """AFL (Goetz et al. 2019), Plato's defaults."""
 
   alpha1: float = registry.setting(0.75, "AFL: share of the lowest-valued clients left out of "
-                                   "the weighted draw, in [0, 1).")
-  alpha2: float = registry.setting(0.01, "AFL: softmax temperature on the valuations, >= 0.")
-  alpha3: float = registry.setting(0.1, "AFL: share of the K drawn uniformly, in [0, 1].")
+                                   "the weighted draw.", within="[0, 1)")
+  alpha2: float = registry.setting(0.01, "AFL: softmax temperature on the valuations.",
+                                   within=">= 0")
+  alpha3: float = registry.setting(0.1, "AFL: share of the K drawn uniformly.", within="[0, 1]")
   valuation: str = registry.setting("paper", "AFL: a client's valuation: paper (sqrt(m_k) x mean "
                                     "loss) or plato (mean loss / sqrt(m_k)).",
                                     choices=VALUATIONS)
-
-  def check(self, context: registry.BuildContext) -> None:
-    del context
-    if not 0.0 <= self.alpha1 < 1.0:
-      raise registry.SettingError("alpha1", f"must be in [0, 1), got {self.alpha1}")
-    if not (np.isfinite(self.alpha2) and self.alpha2 >= 0.0):
-      raise registry.SettingError("alpha2", f"must be >= 0, got {self.alpha2}")
-    if not 0.0 <= self.alpha3 <= 1.0:
-      raise registry.SettingError("alpha3", f"must be in [0, 1], got {self.alpha3}")
 
 
 @registry.register("selector", "afl", AFLSettings)
 def _afl(settings: AFLSettings, context: registry.BuildContext) -> Selector:
   """AFL: softmax over loss valuations, the lowest left out, a uniform share."""
-  return afl_selector(context.k, settings.alpha1, settings.alpha2, settings.alpha3,
-                      settings.valuation)
+  return afl_selector(context.k, **dataclasses.asdict(settings))

@@ -28,7 +28,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fedjax_sel import registry
 from fedjax_sel.parts.selectors.baselines import stacked_rows
@@ -133,12 +132,7 @@ class DeltaSettings:
                                   "their probability from their updates) or full (every "
                                   "available client's full gradient each round).",
                                   choices=VARIANTS)
-  beta: float = registry.setting(0.5, "DELTA: weight of gradient diversity, in [0, 1].")
-
-  def check(self, context: registry.BuildContext) -> None:
-    del context
-    if not (np.isfinite(self.beta) and 0.0 <= self.beta <= 1.0):
-      raise registry.SettingError("beta", f"must be in [0, 1], got {self.beta}")
+  beta: float = registry.setting(0.5, "DELTA: weight of gradient diversity.", within="[0, 1]")
 
 
 @registry.register("selector", "delta", DeltaSettings)

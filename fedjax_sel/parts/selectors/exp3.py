@@ -25,7 +25,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fedjax_sel import registry
 from fedjax_sel.parts.selectors.sampling import data_shares, reweighted_draws
@@ -126,23 +125,15 @@ def exp3_selector(k: int, rounds: int, eta: float = 0.4, bound: float = 1.0,
 class EXP3Settings:
   """EXP3 bandit sampling (FedLab's MultiArmedBanditSampler)."""
 
-  eta: float = registry.setting(0.4, "EXP3: the uniform share of the sampling distribution, in "
-                                "(0, 1] (FedLab's 0.4).")
-  bound: float = registry.setting(1.0, "EXP3: L, a bound on the clients' feedback, > 0.")
+  eta: float = registry.setting(0.4, "EXP3: the uniform share of the sampling distribution "
+                                "(FedLab's 0.4).", within="(0, 1]")
+  bound: float = registry.setting(1.0, "EXP3: L, a bound on the clients' feedback.", within="> 0")
   feedback: str = registry.setting("update_norm", "EXP3: a trained client's feedback: "
                                    "update_norm (data share x update norm) or loss.",
                                    choices=FEEDBACKS)
-
-  def check(self, context: registry.BuildContext) -> None:
-    del context
-    if not 0.0 < self.eta <= 1.0:
-      raise registry.SettingError("eta", f"must be in (0, 1], got {self.eta}")
-    if not (np.isfinite(self.bound) and self.bound > 0.0):
-      raise registry.SettingError("bound", f"must be > 0, got {self.bound}")
 
 
 @registry.register("selector", "exp3", EXP3Settings)
 def _exp3(settings: EXP3Settings, context: registry.BuildContext) -> Selector:
   """EXP3 bandit sampling with replacement, unbiased weights (FedLab's sampler)."""
-  return exp3_selector(context.k, max(context.rounds, 1), settings.eta, settings.bound,
-                       settings.feedback)
+  return exp3_selector(context.k, max(context.rounds, 1), **dataclasses.asdict(settings))

@@ -115,17 +115,9 @@ class FedCSSettings:
 
   deadline_s: float | None = registry.setting(
       None, "FedCS: the round deadline it schedules for, in seconds (default: the run's "
-      "--deadline_s, else twice the median client's expected round alone).")
+      "--deadline_s, else twice the median client's expected round alone).", within="> 0")
   request: float = registry.setting(0.1, "FedCS: share of the clients asked for their resources "
-                                    "each round (the paper's C), in (0, 1]; at least K.")
-
-  def check(self, context: registry.BuildContext) -> None:
-    del context
-    if self.deadline_s is not None and not (np.isfinite(self.deadline_s)
-                                            and self.deadline_s > 0):
-      raise registry.SettingError("deadline_s", f"must be > 0 seconds, got {self.deadline_s}")
-    if not 0.0 < self.request <= 1.0:
-      raise registry.SettingError("request", f"must be in (0, 1], got {self.request}")
+                                    "each round (the paper's C; at least K).", within="(0, 1]")
 
 
 def default_deadline(context: registry.BuildContext, round_alone: np.ndarray) -> float:

@@ -117,16 +117,10 @@ class OCSSettings:
   """Optimal client sampling (Chen et al. 2022), the authors' defaults."""
 
   budget: float = registry.setting(3.0 / 32.0, "OCS: expected uploads per round as a share of "
-                                   "the K-client cohort, in (0, 1] (the authors': 3 of 32).")
+                                   "the K-client cohort (the authors': 3 of 32).",
+                                   within="(0, 1]")
   steps: int = registry.setting(4, "OCS: AOCS's rescaling steps j_max (the authors' 4; many give "
-                                "the exact optimum).")
-
-  def check(self, context: registry.BuildContext) -> None:
-    del context
-    if not 0.0 < self.budget <= 1.0:
-      raise registry.SettingError("budget", f"must be in (0, 1], got {self.budget}")
-    if self.steps < 1:
-      raise registry.SettingError("steps", f"must be >= 1, got {self.steps}")
+                                "the exact optimum).", within=">= 1")
 
 
 @registry.register("selector", "ocs", OCSSettings)

@@ -137,14 +137,12 @@ class TiFLSettings:
 
   tiers: int = registry.setting(5, "TiFL: latency tiers M, in 1..N.")
   interval: int = registry.setting(10, "TiFL: rounds between updates of the tiers' "
-                                   "probabilities from their accuracies (I), >= 1.")
+                                   "probabilities from their accuracies (I).", within=">= 1")
 
   def check(self, context: registry.BuildContext) -> None:
     if not 1 <= self.tiers <= max(context.num_clients, 1):
       raise registry.SettingError("tiers", f"must be in 1..{context.num_clients} (N), got "
                                   f"{self.tiers}")
-    if self.interval < 1:
-      raise registry.SettingError("interval", f"must be >= 1, got {self.interval}")
 
 
 @registry.register("selector", "tifl", TiFLSettings, requires=("clock",))

@@ -89,13 +89,8 @@ class EntropySettings:
   """UACS-FL's Entropy+Eps-Greedy."""
 
   explore_prob: float = registry.setting(0.1, "eps of Entropy+Eps-Greedy: probability of picking "
-                                         "the m clients uniformly at random in a round, in "
-                                         "[0, 1].", flag="explore_prob")
-
-  def check(self, context: registry.BuildContext) -> None:
-    del context
-    if not 0.0 <= self.explore_prob <= 1.0:
-      raise registry.SettingError("explore_prob", f"must be in [0, 1], got {self.explore_prob}")
+                                         "the m clients uniformly at random in a round.",
+                                         flag="explore_prob", within="[0, 1]")
 
 
 @registry.register("selector", "entropy", EntropySettings)
