@@ -76,11 +76,11 @@ def _base_type(hint) -> Any:
   return hint
 
 
-def _define(name: str, hint, default: Any, field: dataclasses.Field) -> None:
-  """One absl flag for `field` (of type `hint`)."""
+def _define(name: str, hint, default: Any, field: dataclasses.Field, owner: str = "") -> None:
+  """One absl flag for `field` (of type `hint`); `owner` names the parts it sets, if any."""
   base = _base_type(hint)
   meta = field.metadata
-  help_text = registry.setting_help(field)
+  help_text = f"{owner}: " * bool(owner) + registry.setting_help(field)
   bounds = {k: v for k, v in (("lower_bound", meta.get("lower")),
                               ("upper_bound", meta.get("upper"))) if v is not None}
   if typing.get_origin(base) is tuple:
@@ -145,6 +145,7 @@ def define(defaults: cfglib.JobConfig, *, exclude: tuple[str, ...] = (),
   wanted = {kind: None for kind in choose}
   wanted.update(parts or {})
   settings: dict[str, list[tuple[str, str, str]]] = {}
+  declared = {}  # flag -> (type hint, default, field): declared once all its parts are known.
   for kind, names in wanted.items():
     chosen = getattr(defaults.parts, kind)
     for name in names or registry.names(kind):
@@ -153,10 +154,12 @@ def define(defaults: cfglib.JobConfig, *, exclude: tuple[str, ...] = (),
       base = chosen.settings if chosen is not None and chosen.name == name else entry.settings()
       for f in dataclasses.fields(entry.settings):
         flag = cfglib.setting_flag(name, f)
-        if flag not in settings:
-          settings[flag] = []
-          _define(flag, hints[f.name], getattr(base, f.name), f)
-        settings[flag].append((kind, name, f.name))
+        declared.setdefault(flag, (hints[f.name], getattr(base, f.name), f))
+        settings.setdefault(flag, []).append((kind, name, f.name))
+  for flag, (hint, default, f) in declared.items():
+    users = settings[flag]
+    kinds = sorted({kind for kind, _, _ in users})
+    _define(flag, hint, default, f, f"{', '.join(name for _, name, _ in users)} {'/'.join(kinds)}")
   flags.DEFINE_list("seeds", [str(s) for s in defaults.seeds], "Comma-separated seeds, one run "
                     "each (distinct integers >= 0), run as one batch.")
   if sweepable:

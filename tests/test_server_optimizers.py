@@ -121,9 +121,9 @@ def test_server_state_is_checkpointed_and_fingerprinted(tmp_path):
 
 
 @pytest.mark.parametrize("call,needle", [
-    (lambda: so.fedadam(lr=float("nan")), "lr must be a finite number"),
-    (lambda: so.fedyogi(tau=0.0), "tau must be a finite number"),
-    (lambda: so.fedavgm(momentum=1.5), "momentum must be a finite number"),
+    (lambda: so.fedadam(lr=float("nan")), "lr must be > 0, got nan"),
+    (lambda: so.fedyogi(tau=0.0), r"tau must be in \(0, 1\], got 0.0"),
+    (lambda: so.fedavgm(momentum=1.5), r"momentum must be in \[0, 1\], got 1.5"),
     (lambda: so.make_server_optimizer("lamb"), "server_opt must be one of"),
     (lambda: _sim(server_optimizer=optax.adam(0.1)), "ServerOptimizer"),
 ])

@@ -302,8 +302,8 @@ AGGREGATORS = ("fedavg", "median", "trimmed_mean", "krum", "multi_krum", "fedasl
 class FedAvgSettings:
   """FedAvg's weights."""
 
-  weighting: str = registry.setting("examples", "FedAvg weights of the trained models: uniform, "
-                                    "or examples (each by its m_k).", flag="weighting",
+  weighting: str = registry.setting("examples", "Weights of the trained models: uniform, or "
+                                    "examples (each by its m_k).", flag="weighting",
                                     choices=WEIGHTINGS)
 
 
@@ -325,11 +325,10 @@ def _median(settings, context: registry.BuildContext) -> Aggregator:
 class TrimmedMeanSettings(registry.Makes):
   """The trimmed mean's share and rounding."""
 
-  beta: float = registry.setting(0.3, "Trimmed mean: share trimmed per side, in [0, 0.5).",
-                                 flag="trim_beta")
-  rounding: str = registry.setting("floor", "Trimmed mean: int(beta*n) (floor, textbook) or "
-                                   "ceil(beta*n) (the reference code's) per side.",
-                                   flag="trim_rounding", choices=TRIM_ROUNDINGS)
+  beta: float = registry.setting(0.3, "Share trimmed per side, in [0, 0.5).", flag="trim_beta")
+  rounding: str = registry.setting("floor", "int(beta*n) (floor, textbook) or ceil(beta*n) (the "
+                                   "reference code's) per side.", flag="trim_rounding",
+                                   choices=TRIM_ROUNDINGS)
   REFUSED = "beta"
 
   def make(self) -> Aggregator:
@@ -388,7 +387,7 @@ def _krum(settings: KrumSettings, context: registry.BuildContext) -> Aggregator:
 class MultiKrumSettings(KrumSettings):
   """Multi-Krum: Krum's settings and the number of models averaged."""
 
-  m: int = registry.setting(0, "Multi-Krum: models averaged (0 = n - f).", flag="multi_krum_m")
+  m: int = registry.setting(0, "Models averaged (0 = n - f).", flag="multi_krum_m")
 
   def check(self, context: registry.BuildContext) -> None:
     super().check(context)
@@ -410,10 +409,10 @@ def _multi_krum(settings: MultiKrumSettings, context: registry.BuildContext) -> 
 class FedASLSettings(registry.Makes):
   """FedASL's band and in-band weight."""
 
-  alpha: float = registry.setting(1.0, "FedASL: band around the median loss, in sigmas.",
+  alpha: float = registry.setting(1.0, "Band around the median loss, in sigmas.",
                                   flag="fedasl_alpha")
-  beta: float = registry.setting(0.2, "FedASL: weight v_k of a client inside the band, in sigmas "
-                                 "of the losses, >= 0.", flag="fedasl_beta")
+  beta: float = registry.setting(0.2, "Weight v_k of a client inside the band, in sigmas of the "
+                                 "losses, >= 0.", flag="fedasl_beta")
   REFUSED = "alpha"
 
   def make(self) -> Aggregator:

@@ -285,8 +285,8 @@ class UniformSettings:
   num_available: int = registry.setting(25, "n, clients available per round (0: all clients).",
                                         flag="num_available")
   period: int = _period_setting()
-  redraw_first_period: bool = registry.setting(False, "Redraw availability every round during "
-                                               "the first --avail_period rounds (FilFL reference "
+  redraw_first_period: bool = registry.setting(False, "Redraw availability every round during the "
+                                               "first --avail_period rounds (FilFL reference "
                                                "mode).", flag="avail_reference")
 
   def check(self, context: registry.BuildContext) -> None:
@@ -309,9 +309,9 @@ def _uniform(settings: UniformSettings, context: registry.BuildContext) -> Avail
 class ProbabilitySettings:
   """Each client available with its own probability."""
 
-  prob_range: tuple[str, ...] = registry.setting(("0.2", "0.8"), "probability model: each "
-                                                 "client's availability probability is drawn "
-                                                 "uniformly in [low, high] (within [0, 1]).",
+  prob_range: tuple[str, ...] = registry.setting(("0.2", "0.8"), "probability model: each client's "
+                                                 "availability probability is drawn uniformly in "
+                                                 "[low, high] (within [0, 1]).",
                                                  flag="avail_prob_range")
   period: int = _period_setting()
   capacity: int = _capacity_setting()
@@ -351,12 +351,11 @@ def _probability(settings: ProbabilitySettings, context: registry.BuildContext) 
 class DiurnalSettings:
   """A day cycle of availability, each client with its own phase."""
 
-  day_rounds: int = registry.setting(24, "diurnal model: rounds in one day, >= 1.",
-                                     flag="diurnal_period")
-  mean: float = registry.setting(0.5, "diurnal model: mean availability probability, in [0, 1].",
+  day_rounds: int = registry.setting(24, "Rounds in one day, >= 1.", flag="diurnal_period")
+  mean: float = registry.setting(0.5, "Mean availability probability, in [0, 1].",
                                  flag="diurnal_mean")
-  amplitude: float = registry.setting(0.4, "diurnal model: swing of the probability over the day, "
-                                      "in [0, 1] (clipped to [0, 1] at each round).",
+  amplitude: float = registry.setting(0.4, "Swing of the probability over the day, in [0, 1] "
+                                      "(clipped to [0, 1] at each round).",
                                       flag="diurnal_amplitude")
   capacity: int = _capacity_setting()
 
@@ -383,12 +382,11 @@ FEDSCALE = "fedscale:"  # --avail_trace=fedscale:FILE reads FedScale's client be
 class TraceSettings:
   """A recorded availability trace."""
 
-  path: str | None = registry.setting(None, "trace model: a CSV (header client,start,end: client "
-                                      "available in rounds start <= t < end) or JSON "
-                                      "({\"available\": {\"<client>\": [[start, end], ...]}, "
-                                      "\"rounds\": T}) file, or fedscale:FILE (FedScale's "
-                                      "client_behave_trace pickle); cycled past its end.",
-                                      flag="avail_trace")
+  path: str | None = registry.setting(None, "A CSV (header client,start,end: client available in "
+                                      "rounds start <= t < end) or JSON ({\"available\": "
+                                      "{\"<client>\": [[start, end], ...]}, \"rounds\": T}) file, "
+                                      "or fedscale:FILE (FedScale's client_behave_trace pickle); "
+                                      "cycled past its end.", flag="avail_trace")
   capacity: int = _capacity_setting()
   round_s: float = registry.setting(60.0, "trace model, fedscale:FILE: the trace's seconds per "
                                     "round (in --mode=async give --avail_window_s the same value).",

@@ -64,29 +64,15 @@ class AdaptiveState(NamedTuple):
   v: optax.Updates
 
 
-# Each hyperparameter's accepted values: (low, high, whether low itself is refused).
-_RANGES = {"lr": (0.0, float("inf"), True), "momentum": (0.0, 1.0, False),
-           "beta1": (0.0, 1.0, False), "beta2": (0.0, 1.0, False), "tau": (0.0, 1.0, True)}
-
-
-def _check(name: str, **values: float) -> None:
-  """Raises `registry.SettingError` naming the first of `values` out of its `_RANGES` range."""
-  for key, value in values.items():
-    lo, hi, open_low = _RANGES[key]
-    if not (jnp.isfinite(value) and lo <= value <= hi) or (open_low and value <= lo):
-      raise registry.SettingError(key, f"must be a finite number in {'(' if open_low else '['}"
-                                  f"{lo}, {hi}], got {value} ({name})")
-
-
 def server_sgd(lr: float = 1.0) -> ServerOptimizer:
   """w_{t+1} = w_t - lr (w_t - w_agg): with lr 1, the aggregate itself."""
-  _check("sgd", lr=lr)
+  registry.check_values(ServerSGDSettings(lr=lr))
   return ServerOptimizer(optax.sgd(lr), {"name": "sgd", "lr": float(lr)})
 
 
 def fedavgm(lr: float = 1.0, momentum: float = 0.9) -> ServerOptimizer:
   """FedAvgM (Hsu et al. 2019): v = momentum v + g, w_{t+1} = w_t - lr v (optax's heavy ball)."""
-  _check("momentum", lr=lr, momentum=momentum)
+  registry.check_values(FedAvgMSettings(lr=lr, momentum=momentum))
   return ServerOptimizer(optax.sgd(lr, momentum=momentum),
                          {"name": "momentum", "lr": float(lr), "momentum": float(momentum)})
 
@@ -94,7 +80,7 @@ def fedavgm(lr: float = 1.0, momentum: float = 0.9) -> ServerOptimizer:
 def _adaptive(name: str, second_moment, lr: float, beta1: float, beta2: float,
               tau: float) -> ServerOptimizer:
   """Reddi et al.'s Algorithm 2 with `second_moment(v, delta_sq) -> v`."""
-  _check(name, lr=lr, beta1=beta1, beta2=beta2, tau=tau)
+  registry.check_values(FedAdamSettings(lr=lr, beta1=beta1, beta2=beta2, tau=tau))
 
   def init(params):
     return AdaptiveState(jax.tree.map(jnp.zeros_like, params),
@@ -157,12 +143,7 @@ _LR_HELP = ("Server learning rate (eta); default 1.0 for sgd and momentum, 0.01 
 class ServerSGDSettings:
   """Server SGD's step size."""
 
-  lr: float | None = registry.setting(None, _LR_HELP, flag="server_lr")
-
-  def check(self, context: registry.BuildContext) -> None:
-    del context
-    values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-    _check("server optimizer", **{k: v for k, v in values.items() if v is not None})
+  lr: float | None = registry.setting(None, _LR_HELP, flag="server_lr", within="> 0")
 
   def build(self, name: str) -> ServerOptimizer:
     return make_server_optimizer(name, self.lr, **{
@@ -173,26 +154,25 @@ class ServerSGDSettings:
 class FedAvgMSettings(ServerSGDSettings):
   """FedAvgM's step size and momentum."""
 
-  momentum: float = registry.setting(0.9, "FedAvgM's server momentum (beta), in [0, 1].",
-                                     flag="server_momentum")
+  momentum: float = registry.setting(0.9, "Server momentum (beta).", flag="server_momentum",
+                                     within="[0, 1]")
 
 
 @dataclasses.dataclass(frozen=True)
 class FedAdagradSettings(ServerSGDSettings):
   """FedAdagrad's step size, first-moment decay and adaptivity."""
 
-  beta1: float = registry.setting(0.9, "Adaptive server optimizers' first-moment decay (beta_1), "
-                                  "in [0, 1].", flag="server_beta1")
-  tau: float = registry.setting(1e-3, "Adaptive server optimizers' adaptivity (tau), in (0, 1].",
-                                flag="server_tau")
+  beta1: float = registry.setting(0.9, "First-moment decay (beta_1).", flag="server_beta1",
+                                  within="[0, 1]")
+  tau: float = registry.setting(1e-3, "Adaptivity (tau).", flag="server_tau", within="(0, 1]")
 
 
 @dataclasses.dataclass(frozen=True)
 class FedAdamSettings(FedAdagradSettings):
   """FedAdam's and FedYogi's settings: FedAdagrad's and the second-moment decay."""
 
-  beta2: float = registry.setting(0.99, "FedAdam / FedYogi second-moment decay (beta_2), in "
-                                  "[0, 1].", flag="server_beta2")
+  beta2: float = registry.setting(0.99, "Second-moment decay (beta_2).", flag="server_beta2",
+                                  within="[0, 1]")
 
 
 def _register(name: str, settings: type, doc: str) -> None:

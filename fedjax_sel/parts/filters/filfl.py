@@ -322,14 +322,14 @@ class FilFLSettings:
   empty_value: str = registry.setting("zero", "R of the empty set: zero (the reference code's, "
                                       "default) or global (C - F^P(w_t): the unchanged model).",
                                       flag="empty_value", choices=EMPTY_VALUES)
-  const: float = registry.setting(10.0, "FilFL: the constant C of the filter objective R(S) = C "
-                                  "- F^P(w_S).", flag="filter_const")
-  order: str = registry.setting("random", "FilFL: the greedy pass's client order, random or "
-                                "index.", flag="filter_order", choices=ORDERS)
+  const: float = registry.setting(10.0, "The constant C of the filter objective R(S) = C - "
+                                  "F^P(w_S).", flag="filter_const")
+  order: str = registry.setting("random", "The greedy pass's client order, random or index.",
+                                flag="filter_order", choices=ORDERS)
   opt: bool = registry.setting(False, "Also run OPT on each filtering round (n <= 16) and report "
                                "R(greedy)/R(OPT).", flag="opt")
-  submod_samples: int = registry.setting(0, "Weak-submodularity check samples per filtering "
-                                         "round, >= 0.", flag="submod_samples")
+  submod_samples: int = registry.setting(0, "Weak-submodularity check samples per filtering round, "
+                                         ">= 0.", flag="submod_samples")
   gammas: tuple[float, ...] = registry.setting((0.5, 0.75, 0.9, 1.0), "Comma-separated gammas in "
                                                "(0, 1] of the weak-submodularity check "
                                                "(--submod_samples).", flag="gammas")

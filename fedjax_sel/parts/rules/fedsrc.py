@@ -111,36 +111,34 @@ class FedSRCConfig:
                                "(median + ref_beta*std, floor --ref_cut).", flag="fedsrc_mode",
                                choices=MODES)
   beta: float = registry.setting(0.5, "beta: how much a client's heterogeneity index lowers its "
-                                 "threshold, Phi_k = phi*(1 - beta*RHI_k), in [0, 0.9].",
+                                 "threshold, Phi_k = phi*(1 - beta*RHI_k).", within="[0, 0.9]",
                                  flag="fedsrc_beta")
   kappa: float = registry.setting(0.7, "kappa: RHI's weight of the class-count index against the "
-                                  "label entropy, in [0, 1].", flag="kappa")
+                                  "label entropy.", within="[0, 1]", flag="kappa")
   target: float = registry.setting(0.7, "Share of the sampled clients that should train; alpha "
-                                   "adapts to hold it on average, in (0, 1].",
+                                   "adapts to hold it on average.", within="(0, 1]",
                                    flag="participation_target")
   alpha0: float = registry.setting(1.0, "Initial alpha (spread multiplier of the server "
-                                   "threshold).", flag="alpha0")
+                                   "threshold).", within=">= 0", flag="alpha0")
   alpha_gain: float = registry.setting(1.0, "Alpha's step per unit of participation shortfall.",
-                                       flag="alpha_gain")
-  alpha_max: float = registry.setting(5.0, "FedSRC: upper bound of alpha, the spread multiplier "
-                                      "of the server threshold, >= 0.", flag="alpha_max")
+                                       within=">= 0", flag="alpha_gain")
+  alpha_max: float = registry.setting(5.0, "Upper bound of alpha, the spread multiplier of the "
+                                      "server threshold.", within=">= 0", flag="alpha_max")
   decision_stat: str = registry.setting("test_loss", DECISION_HELP,
                                         flag="decision_stat", choices=DECISION_STATS)
   reinclude_prob: float = registry.setting(0.1, "q: probability that an abstaining client trains "
-                                           "anyway, in [0, 1].", flag="reinclude_prob")
+                                           "anyway.", within="[0, 1]", flag="reinclude_prob")
   reinclude_after: int = registry.setting(0, "An abstaining client trains anyway after this many "
-                                          "consecutive abstentions (0 = never).",
+                                          "consecutive abstentions (0 = never).", within=">= 0",
                                           flag="reinclude_after")
-  reported_loss: str = registry.setting("train", "What participants report for the next "
-                                        "threshold: their mean loss over local training (the "
-                                        "paper) or the loss they checked at the global model "
-                                        "(same scale as the decision).", flag="reported_loss",
-                                        choices=REPORTED_LOSSES)
+  reported_loss: str = registry.setting("train", "What participants report for the next threshold: "
+                                        "their mean loss over local training (the paper) or the "
+                                        "loss they checked at the global model (same scale as the "
+                                        "decision).", flag="reported_loss", choices=REPORTED_LOSSES)
   ref_beta: float = registry.setting(1.0, "Reference mode: multiplier of the losses' sample std.",
-                                     flag="ref_beta")
-  cut: float = registry.setting(0.0, "FedSRC reference mode: floor of the cutoff, in loss units.",
+                                     within=">= 0", flag="ref_beta")
+  cut: float = registry.setting(0.0, "Reference mode: floor of the cutoff, in loss units.",
                                 flag="ref_cut")
-
 
   def check(self, context: registry.BuildContext) -> None:
     del context
@@ -150,26 +148,12 @@ class FedSRCConfig:
 def check_config(cfg: FedSRCConfig) -> None:
   """Raises `registry.SettingError` (a ValueError) naming the bad field and its accepted range,
   before any compute."""
-  fail = registry.SettingError
-  for name, accepted in (("mode", MODES), ("reported_loss", REPORTED_LOSSES),
-                         ("decision_stat", DECISION_STATS)):
-    if getattr(cfg, name) not in accepted:
-      raise fail(name, f"must be one of {accepted}, got {getattr(cfg, name)!r}")
-  ranges = {"beta": (cfg.beta, 0.0, 0.9), "kappa": (cfg.kappa, 0.0, 1.0),
-            "reinclude_prob": (cfg.reinclude_prob, 0.0, 1.0), "alpha0": (cfg.alpha0, 0.0, np.inf),
-            "alpha_gain": (cfg.alpha_gain, 0.0, np.inf), "alpha_max": (cfg.alpha_max, 0.0, np.inf),
-            "ref_beta": (cfg.ref_beta, 0.0, np.inf)}
-  for name, (v, lo, hi) in ranges.items():
-    if not (np.isfinite(v) and lo <= v <= hi):
-      raise fail(name, f"must be in [{lo}, {hi}], got {v}")
-  if not (np.isfinite(cfg.target) and 0.0 < cfg.target <= 1.0):
-    raise fail("target", f"(participation target) must be in (0, 1], got {cfg.target}")
+  registry.check_values(cfg)
   if cfg.alpha0 > cfg.alpha_max:
-    raise fail("alpha0", f"({cfg.alpha0}) must be <= alpha_max ({cfg.alpha_max})")
-  if cfg.reinclude_after < 0:
-    raise fail("reinclude_after", f"must be >= 0, got {cfg.reinclude_after}")
+    raise registry.SettingError("alpha0", f"({cfg.alpha0}) must be <= alpha_max ({cfg.alpha_max})")
   if np.isnan(cfg.cut) or cfg.cut == -np.inf:
-    raise fail("cut", f"must be a number or +inf (every client passes), got {cfg.cut}")
+    raise registry.SettingError("cut", f"must be a number or +inf (every client passes), got "
+                                f"{cfg.cut}")
 
 
 def sample_std(values: jax.Array, mask: jax.Array) -> jax.Array:

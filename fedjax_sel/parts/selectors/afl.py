@@ -113,14 +113,12 @@ def afl_selector(k: int, alpha1: float = 0.75, alpha2: float = 0.01, alpha3: flo
 class AFLSettings:
   """AFL (Goetz et al. 2019), Plato's defaults."""
 
-  alpha1: float = registry.setting(0.75, "AFL: share of the lowest-valued clients left out of "
-                                   "the weighted draw.", within="[0, 1)")
-  alpha2: float = registry.setting(0.01, "AFL: softmax temperature on the valuations.",
-                                   within=">= 0")
-  alpha3: float = registry.setting(0.1, "AFL: share of the K drawn uniformly.", within="[0, 1]")
-  valuation: str = registry.setting("paper", "AFL: a client's valuation: paper (sqrt(m_k) x mean "
-                                    "loss) or plato (mean loss / sqrt(m_k)).",
-                                    choices=VALUATIONS)
+  alpha1: float = registry.setting(0.75, "Share of the lowest-valued clients left out of the "
+                                   "weighted draw.", within="[0, 1)")
+  alpha2: float = registry.setting(0.01, "Softmax temperature on the valuations.", within=">= 0")
+  alpha3: float = registry.setting(0.1, "Share of the K drawn uniformly.", within="[0, 1]")
+  valuation: str = registry.setting("paper", "A client's valuation: paper (sqrt(m_k) x mean loss) "
+                                    "or plato (mean loss / sqrt(m_k)).", choices=VALUATIONS)
 
 
 @registry.register("selector", "afl", AFLSettings)

@@ -271,12 +271,10 @@ def _random(settings, context: registry.BuildContext) -> Selector:
 class PowerOfChoiceSettings:
   """Power of choice (Cho et al. 2022)."""
 
-  d: int | None = registry.setting(None, "Power-of-choice candidates d (default 2K).",
-                                   flag="poc_d")
-  variant: str = registry.setting("pow", "Power of choice: the loss a candidate reports: pow "
-                                  "(all its training data), cpow (one mini-batch), rpow (its last "
-                                  "reported training loss).", flag="poc_variant",
-                                  choices=POC_VARIANTS)
+  d: int | None = registry.setting(None, "Candidates d (default 2K).", flag="poc_d")
+  variant: str = registry.setting("pow", "The loss a candidate reports: pow (all its training "
+                                  "data), cpow (one mini-batch), rpow (its last reported training "
+                                  "loss).", flag="poc_variant", choices=POC_VARIANTS)
 
   def check(self, context: registry.BuildContext) -> None:
     if self.d is not None and not context.k <= self.d <= context.num_available:
@@ -287,19 +285,19 @@ class PowerOfChoiceSettings:
 @registry.register("selector", "poc", PowerOfChoiceSettings)
 def _poc(settings: PowerOfChoiceSettings, context: registry.BuildContext) -> Selector:
   """Power of choice: d candidates by data size, the K with the highest loss."""
-  return power_of_choice(context.k, settings.d, settings.variant)
+  return power_of_choice(context.k, **dataclasses.asdict(settings))
 
 
 @dataclasses.dataclass(frozen=True)
 class DivFLSettings:
   """DivFL (Balakrishnan et al. 2022)."""
 
-  proxy: str = registry.setting("gradient", "DivFL: how a trained client's row of the gradient "
-                                "table is refreshed: gradient (at w_t) or update (w^k - w_t).",
+  proxy: str = registry.setting("gradient", "How a trained client's row of the gradient table is "
+                                "refreshed: gradient (at w_t) or update (w^k - w_t).",
                                 flag="divfl_proxy", choices=DIVFL_PROXIES)
 
 
 @registry.register("selector", "divfl", DivFLSettings)
 def _divfl(settings: DivFLSettings, context: registry.BuildContext) -> Selector:
   """DivFL: facility location over the clients' gradients."""
-  return divfl(context.k, settings.proxy)
+  return divfl(context.k, **dataclasses.asdict(settings))

@@ -230,9 +230,9 @@ def _clustered_size(settings, context: registry.BuildContext) -> Selector:
 class ClusteredSimilaritySettings:
   """Clustered sampling, Algorithm 2 (Fraboni et al. 2021)."""
 
-  metric: str = registry.setting("arccos", "Clustered sampling (Algorithm 2): dissimilarity of "
-                                 "the representative gradients: arccos (angle), L1, or L2 "
-                                 "(squared).", flag="clustered_metric", choices=METRICS)
+  metric: str = registry.setting("arccos", "Dissimilarity of the representative gradients: arccos "
+                                 "(angle), L1, or L2 (squared).", flag="clustered_metric",
+                                 choices=METRICS)
 
 
 @registry.register("selector", "clustered_similarity", ClusteredSimilaritySettings)

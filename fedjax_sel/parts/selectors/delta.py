@@ -128,11 +128,10 @@ def delta_selector(k: int, variant: str = "practical", beta: float = 0.5) -> Sel
 class DeltaSettings:
   """DELTA (Wang et al. 2023), the authors' code's defaults."""
 
-  variant: str = registry.setting("practical", "DELTA: practical (the trained clients refresh "
-                                  "their probability from their updates) or full (every "
-                                  "available client's full gradient each round).",
-                                  choices=VARIANTS)
-  beta: float = registry.setting(0.5, "DELTA: weight of gradient diversity.", within="[0, 1]")
+  variant: str = registry.setting("practical", "practical (the trained clients refresh their "
+                                  "probability from their updates) or full (every available "
+                                  "client's full gradient each round).", choices=VARIANTS)
+  beta: float = registry.setting(0.5, "Weight of gradient diversity.", within="[0, 1]")
 
 
 @registry.register("selector", "delta", DeltaSettings)

@@ -125,12 +125,11 @@ def exp3_selector(k: int, rounds: int, eta: float = 0.4, bound: float = 1.0,
 class EXP3Settings:
   """EXP3 bandit sampling (FedLab's MultiArmedBanditSampler)."""
 
-  eta: float = registry.setting(0.4, "EXP3: the uniform share of the sampling distribution "
-                                "(FedLab's 0.4).", within="(0, 1]")
-  bound: float = registry.setting(1.0, "EXP3: L, a bound on the clients' feedback.", within="> 0")
-  feedback: str = registry.setting("update_norm", "EXP3: a trained client's feedback: "
-                                   "update_norm (data share x update norm) or loss.",
-                                   choices=FEEDBACKS)
+  eta: float = registry.setting(0.4, "The uniform share of the sampling distribution (FedLab's "
+                                "0.4).", within="(0, 1]")
+  bound: float = registry.setting(1.0, "L, a bound on the clients' feedback.", within="> 0")
+  feedback: str = registry.setting("update_norm", "A trained client's feedback: update_norm (data "
+                                   "share x update norm) or loss.", choices=FEEDBACKS)
 
 
 @registry.register("selector", "exp3", EXP3Settings)

@@ -182,37 +182,26 @@ class FedCorConfig:
     update_mean: fit the GP's mean to the loss changes (the authors' default) or keep it at 0.
   """
 
-  warmup: int = registry.setting(15, "FedCor: random warm-up rounds before the GP selects "
-                                 "(rounds 0..warmup), >= 0.")
-  interval: int = registry.setting(10, "FedCor: every interval-th later round is random and "
-                                   "refits the GP, >= 1.")
-  history: int = registry.setting(100, "FedCor: rounds of loss changes the GP is fitted on, >= 1.")
-  gamma: float = registry.setting(0.95, "FedCor: discount of older loss changes in the fit, in "
-                                  "(0, 1].")
-  beta: float = registry.setting(0.95, "FedCor: a selected client's discount factor until the "
-                                 "next fit, in (0, 1].")
-  dimension: int = registry.setting(15, "FedCor: dimension of the clients' learned embedding, "
-                                    ">= 1.")
-  update_mean: bool = registry.setting(True, "FedCor: fit the GP's mean to the loss changes (the "
-                                       "authors' default) or keep it at 0.")
-
-  def check(self, context: registry.BuildContext | None = None) -> None:
-    """Raises `registry.SettingError` naming the field out of its range."""
-    del context
-    for name, value, lo in (("warmup", self.warmup, 0), ("interval", self.interval, 1),
-                            ("history", self.history, 1), ("dimension", self.dimension, 1)):
-      if value < lo:
-        raise registry.SettingError(name, f"must be >= {lo}, got {value}")
-    for name, value in (("gamma", self.gamma), ("beta", self.beta)):
-      if not 0.0 < value <= 1.0:
-        raise registry.SettingError(name, f"must be in (0, 1], got {value}")
+  warmup: int = registry.setting(15, "Random warm-up rounds before the GP selects (rounds "
+                                 "0..warmup).", within=">= 0")
+  interval: int = registry.setting(10, "Every interval-th later round is random and refits the GP.",
+                                   within=">= 1")
+  history: int = registry.setting(100, "Rounds of loss changes the GP is fitted on.", within=">= 1")
+  gamma: float = registry.setting(0.95, "Discount of older loss changes in the fit.",
+                                  within="(0, 1]")
+  beta: float = registry.setting(0.95, "A selected client's discount factor until the next fit.",
+                                 within="(0, 1]")
+  dimension: int = registry.setting(15, "Dimension of the clients' learned embedding.",
+                                    within=">= 1")
+  update_mean: bool = registry.setting(True, "Fit the GP's mean to the loss changes (the authors' "
+                                       "default) or keep it at 0.")
 
 
 def fedcor_selector(k: int, seed: int = 0, config: FedCorConfig = FedCorConfig()) -> Selector:
   """FedCor for K clients; the embedding starts from `seed` (`randn(D, N) / sqrt(D)`)."""
   if k < 1:
     raise ValueError(f"clients per round must be >= 1, got {k}")
-  config.check()
+  registry.check_values(config)
   cfg = config
   rows = cfg.history + 1
 

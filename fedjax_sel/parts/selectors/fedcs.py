@@ -113,11 +113,12 @@ def fedcs_selector(k: int, compute, transfer, deadline_s: float, request: float 
 class FedCSSettings:
   """FedCS (Nishio and Yonetani 2019)."""
 
-  deadline_s: float | None = registry.setting(
-      None, "FedCS: the round deadline it schedules for, in seconds (default: the run's "
-      "--deadline_s, else twice the median client's expected round alone).", within="> 0")
-  request: float = registry.setting(0.1, "FedCS: share of the clients asked for their resources "
-                                    "each round (the paper's C; at least K).", within="(0, 1]")
+  deadline_s: float | None = registry.setting(None, "The round deadline it schedules for, in "
+                                              "seconds (default: the run's --deadline_s, else "
+                                              "twice the median client's expected round alone).",
+                                              within="> 0")
+  request: float = registry.setting(0.1, "Share of the clients asked for their resources each "
+                                    "round (the paper's C; at least K).", within="(0, 1]")
 
 
 def default_deadline(context: registry.BuildContext, round_alone: np.ndarray) -> float:

@@ -116,11 +116,10 @@ def ocs_selector(k: int, budget: float, steps: int = 4) -> Selector:
 class OCSSettings:
   """Optimal client sampling (Chen et al. 2022), the authors' defaults."""
 
-  budget: float = registry.setting(3.0 / 32.0, "OCS: expected uploads per round as a share of "
-                                   "the K-client cohort (the authors': 3 of 32).",
-                                   within="(0, 1]")
-  steps: int = registry.setting(4, "OCS: AOCS's rescaling steps j_max (the authors' 4; many give "
-                                "the exact optimum).", within=">= 1")
+  budget: float = registry.setting(3.0 / 32.0, "Expected uploads per round as a share of the "
+                                   "K-client cohort (the authors': 3 of 32).", within="(0, 1]")
+  steps: int = registry.setting(4, "AOCS's rescaling steps j_max (the authors' 4; many give the "
+                                "exact optimum).", within=">= 1")
 
 
 @registry.register("selector", "ocs", OCSSettings)

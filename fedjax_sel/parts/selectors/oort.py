@@ -90,35 +90,30 @@ class OortConfig:
       paper's reading; see the module) or "pyramidfl" (PyramidFL's fork).
   """
 
-  exploration_factor: float = registry.setting(0.9, "Oort: initial exploration factor (decays by "
+  exploration_factor: float = registry.setting(0.9, "Initial exploration factor (decays by "
                                                "--oort_exploration_decay to "
-                                               "--oort_exploration_min), in [0, 1].",
+                                               "--oort_exploration_min).", within="[0, 1]",
                                                flag="oort_exploration")
-  exploration_decay: float = registry.setting(0.98, "Oort: the exploration factor's decay per "
-                                              "round, in [0, 1].")
-  exploration_min: float = registry.setting(0.3, "Oort: the exploration factor's floor, in "
-                                            "[0, 1].")
-  round_penalty: float = registry.setting(2.0, "Oort: exponent of the duration penalty of a "
-                                          "slow client's utility, >= 0.")
-  pacer_step: int = registry.setting(20, "Oort: rounds per pacer window, >= 1.")
-  pacer_delta: float = registry.setting(5.0, "Oort: the pacer's step of the preferred-duration "
-                                        "percentile, in [0, 100].")
-  round_threshold: float = registry.setting(30.0, "Oort: initial preferred-duration percentile "
-                                            "(the pacer moves it), in [0, 100].")
-  cut_off_util: float = registry.setting(0.05, "Oort: exploited clients come from those above "
-                                         "(1 - this) x the K-th utility, in [0, 1].")
-  clip_bound: float = registry.setting(0.9, "Oort: quantile at which utilities are clipped, in "
-                                       "[0, 1].")
-  sample_window: float = registry.setting(5.0, "Oort: explored clients come from this many times "
-                                          "the number to explore of the fastest unexplored, "
-                                          ">= 1.")
-  variant: str = registry.setting("fedscale", "Oort: the rules: fedscale (FedScale's getTopK), "
-                                  "paper (the Oort repository's, as the paper reads) or pyramidfl "
+  exploration_decay: float = registry.setting(0.98, "The exploration factor's decay per round.",
+                                              within="[0, 1]")
+  exploration_min: float = registry.setting(0.3, "The exploration factor's floor.", within="[0, 1]")
+  round_penalty: float = registry.setting(2.0, "Exponent of the duration penalty of a slow "
+                                          "client's utility.", within=">= 0")
+  pacer_step: int = registry.setting(20, "Rounds per pacer window.", within=">= 1")
+  pacer_delta: float = registry.setting(5.0, "The pacer's step of the preferred-duration "
+                                        "percentile.", within="[0, 100]")
+  round_threshold: float = registry.setting(30.0, "Initial preferred-duration percentile (the "
+                                            "pacer moves it).", within="[0, 100]")
+  cut_off_util: float = registry.setting(0.05, "Exploited clients come from those above (1 - this) "
+                                         "x the K-th utility.", within="[0, 1]")
+  clip_bound: float = registry.setting(0.9, "Quantile at which utilities are clipped.",
+                                       within="[0, 1]")
+  sample_window: float = registry.setting(5.0, "Explored clients come from this many times the "
+                                          "number to explore of the fastest unexplored.",
+                                          within=">= 1")
+  variant: str = registry.setting("fedscale", "The rules: fedscale (FedScale's getTopK), paper "
+                                  "(the Oort repository's, as the paper reads) or pyramidfl "
                                   "(PyramidFL's fork).", choices=VARIANTS)
-
-  def check(self, context: registry.BuildContext | None = None) -> None:
-    del context
-    check_config(self)
 
 
 class OortState(NamedTuple):
@@ -161,21 +156,6 @@ class OortPlan(NamedTuple):
   explore_pool: jax.Array    # [N] bool, the unexplored clients kept by the sample window
   explore_weight: jax.Array  # [N] their weights
   state: OortState           # the state after the pacer and the exploration decay
-
-
-def check_config(cfg: OortConfig) -> None:
-  """`registry.SettingError` (a ValueError) naming the setting and its range."""
-  ranges = {"exploration_factor": (0.0, 1.0), "exploration_decay": (0.0, 1.0),
-            "exploration_min": (0.0, 1.0), "round_penalty": (0.0, np.inf),
-            "pacer_step": (1, np.inf), "pacer_delta": (0.0, 100.0),
-            "round_threshold": (0.0, 100.0), "cut_off_util": (0.0, 1.0),
-            "clip_bound": (0.0, 1.0), "sample_window": (1.0, np.inf)}
-  if cfg.variant not in VARIANTS:
-    raise registry.SettingError("variant", f"must be one of {VARIANTS}, got {cfg.variant!r}")
-  for name, (lo, hi) in ranges.items():
-    value = getattr(cfg, name)
-    if not (np.isfinite(value) and lo <= value <= hi):
-      raise registry.SettingError(name, f"must be in [{lo}, {hi}], got {value}")
 
 
 def _sorted_quantile(values, mask, q) -> jax.Array:
@@ -271,7 +251,7 @@ def oort_selector(k: int, durations=None, config: OortConfig = OortConfig()) -> 
   """
   if k < 1:
     raise ValueError(f"clients per round must be >= 1, got {k}")
-  check_config(config)
+  registry.check_values(config)
   given = None if durations is None else np.asarray(durations, np.float32)
   if given is not None and not np.all(np.isfinite(given) & (given > 0)):
     raise ValueError("oort durations must be finite and > 0")

@@ -81,9 +81,9 @@ def refl_selector(k: int, accuracy: float = 0.9) -> Selector:
 class REFLSettings:
   """REFL (Abdelmoniem et al. 2023), its experiments' setting."""
 
-  accuracy: float = registry.setting(0.9, "REFL: the availability predictor's accuracy (a "
-                                     "random 1 - accuracy share of the clients is not considered "
-                                     "each round).", within="(0, 1]")
+  accuracy: float = registry.setting(0.9, "The availability predictor's accuracy (a random 1 - "
+                                     "accuracy share of the clients is not considered each round).",
+                                     within="(0, 1]")
 
 
 @registry.register("selector", "refl", REFLSettings, requires=("availability",))

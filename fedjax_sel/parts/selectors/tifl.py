@@ -135,9 +135,9 @@ def tifl_selector(k: int, latency, rounds: int, num_tiers: int = 5,
 class TiFLSettings:
   """TiFL (Chai et al. 2020), FLGo's defaults."""
 
-  tiers: int = registry.setting(5, "TiFL: latency tiers M, in 1..N.")
-  interval: int = registry.setting(10, "TiFL: rounds between updates of the tiers' "
-                                   "probabilities from their accuracies (I).", within=">= 1")
+  tiers: int = registry.setting(5, "Latency tiers M, in 1..N.")
+  interval: int = registry.setting(10, "Rounds between updates of the tiers' probabilities from "
+                                   "their accuracies (I).", within=">= 1")
 
   def check(self, context: registry.BuildContext) -> None:
     if not 1 <= self.tiers <= max(context.num_clients, 1):
