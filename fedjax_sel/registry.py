@@ -8,11 +8,9 @@ config, fingerprints and the docs' tables read the registry, so a new method is 
 
   @dataclasses.dataclass(frozen=True)
   class TopLossSettings:
-    temperature: float = registry.setting(1.0, "Softmax temperature, > 0.")
-
-    def check(self, context):
-      if not self.temperature > 0:
-        raise registry.SettingError("temperature", f"must be > 0, got {self.temperature}")
+    temperature: float = registry.setting(1.0, "Softmax temperature.", within="> 0")
+    # Checks the choices and ranges cannot state go in a method `check(self, context)`,
+    # raising registry.SettingError(field, message).
 
   @registry.register("selector", "top_loss", TopLossSettings)
   def top_loss(settings, context):
