@@ -332,6 +332,9 @@ def _check_value(flag: str, value: Any, meta: dict) -> None:
   if isinstance(value, float) and not math.isfinite(value):
     raise app.UsageError(f"--{flag} must be a finite number, got {value}")
   low, high, choices = meta.get("lower"), meta.get("upper"), meta.get("choices")
+  within = meta.get("within")
+  if within is not None and value not in within:
+    raise app.UsageError(f"--{flag} must be {within}, got {value}")
   if isinstance(value, (int, float)) and not isinstance(value, bool):
     if (low is not None and value < low) or (high is not None and value > high):
       raise app.UsageError(f"--{flag} must be" + (f" >= {low}" if low is not None else "")

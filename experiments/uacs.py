@@ -26,18 +26,16 @@ from absl import app
 from experiments import build, config, flag_binding, job, uacs_report
 from experiments.config import option
 from fedjax_sel import registry
-from fedjax_sel.data.boundary import SCENARIOS, BoundaryConfig, boundary_dataset, check_config
+from fedjax_sel.data.boundary import SCENARIOS, BoundaryShape, boundary_dataset, check_config
 from fedjax_sel.host import checkpoint
 from fedjax_sel.host.runner import CHECKPOINT_FILE
 from fedjax_sel.parts.selectors import uacs
 
 
-_BOUNDARY = BoundaryConfig()  # The boundary data's defaults, which the options below start from.
-
-
 @dataclasses.dataclass(frozen=True)
-class UACSOptions:
-  """The UACS-FL launcher's own settings: its methods and the boundary data."""
+class UACSOptions(BoundaryShape):
+  """The UACS-FL launcher's own settings: its methods, and the boundary data's (`BoundaryShape`,
+  whose fields are flags too)."""
 
   methods: tuple[str, ...] = option(tuple(uacs.METHODS), f"Runs to compare: {list(uacs.METHODS)}.",
                                     result=False)
@@ -47,24 +45,6 @@ class UACSOptions:
                                       result=False)
   library_data: bool = option(False, "Use --dataset/--partition (digits, synth, fashion_mnist, "
                               "...) instead of the 2-D boundary data.")
-  num_boundary: int = option(_BOUNDARY.num_boundary, "Boundary clients (holding points near the "
-                             "decision boundary).")
-  samples_per_client: int = option(_BOUNDARY.samples_per_client, "Points of each far client (one "
-                                   "class, away from the boundary), >= 1.")
-  boundary_samples: int = option(_BOUNDARY.boundary_samples, "Points of each boundary client "
-                                 "(near the true boundary, both labels), >= 1.")
-  gap0: float = option(_BOUNDARY.gap0, "Minimum distance of far class-0 points to the true "
-                       "boundary.")
-  gap1: float = option(_BOUNDARY.gap1, "Minimum distance of far class-1 points to the true "
-                       "boundary (equal gaps: the far clients alone place the boundary right).")
-  box_size: float = option(_BOUNDARY.box_size, "Side of a boundary client's box (scenarios 1, "
-                           "3).")
-  band: float = option(_BOUNDARY.band, "Half-width across the boundary of scenario 2's boundary "
-                       "points.")
-  region_size: float = option(_BOUNDARY.region_size, "Side of a far client's square (scenario "
-                              "3).")
-  test_samples: int = option(_BOUNDARY.test_samples, "Test points drawn uniformly over the "
-                             "square, >= 1.")
 
 
 DEFAULTS = config.updated(

@@ -2,21 +2,19 @@
 selections, the client-side costs, and per scenario the data with the learned boundaries, the
 accuracy curves and each client's selection frequency."""
 
+import dataclasses
+
 import numpy as np
 
 from experiments import config, report
-from fedjax_sel.data.boundary import BoundaryConfig
+from fedjax_sel.data.boundary import BoundaryConfig, BoundaryShape
 from fedjax_sel.host.plotting import mean_std, metric_matrix, seed_spread
 
-
-# The launcher options that set the boundary data's fields of the same names.
-BOUNDARY_OPTIONS = ("num_boundary", "samples_per_client", "boundary_samples", "gap0", "gap1",
-                    "box_size", "band", "region_size", "test_samples")
 
 
 def boundary_config(cfg: config.JobConfig, scenario: int) -> BoundaryConfig:
   """The boundary data of `scenario` as the options set them."""
-  options = {name: getattr(cfg.options, name) for name in BOUNDARY_OPTIONS}
+  options = {f.name: getattr(cfg.options, f.name) for f in dataclasses.fields(BoundaryShape)}
   return BoundaryConfig(scenario=scenario, num_clients=cfg.data.num_clients, **options)
 
 

@@ -377,8 +377,8 @@ def test_no_flag_help_is_only_a_symbol():
   bound = [(s.__name__, f) for s in config.SECTIONS.values() for f in dataclasses.fields(s)]
   bound += [(f"{kind} {name}", f) for kind in registry.KINDS for name in registry.names(kind)
             for f in dataclasses.fields(registry.lookup(kind, name).settings)]
-  short += [f"{where}: {f.name}: {f.metadata.get('help')!r}" for where, f in bound
-            if len((f.metadata.get("help") or "").split()) < 4]
+  short += [f"{where}: {f.name}: {registry.setting_help(f)!r}" for where, f in bound
+            if len(registry.setting_help(f).split()) < 4]
   assert not short, "\n".join(short)
 
 

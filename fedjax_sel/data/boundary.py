@@ -33,67 +33,75 @@ Examples:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
 
 import numpy as np
 
+from fedjax_sel import registry
 from fedjax_sel.data.federated import ClientPool, FederatedDataset, label_histogram
 from fedjax_sel.registry import SettingError
 
 SCENARIOS = (1, 2, 3)
 
 
-class BoundaryConfig(NamedTuple):
-  """Sizes, boxes and counts of the boundary data (see the module docstring).
+@dataclasses.dataclass(frozen=True)
+class BoundaryShape:
+  """The boundary data's counts, gaps and boxes, each with its help text and range (the UACS-FL
+  launcher's flags of the same names)."""
+
+  num_boundary: int = registry.setting(6, "Boundary clients (holding points near the decision "
+                                       "boundary; at most N).", within=">= 0")
+  samples_per_client: int = registry.setting(50, "Points of each far client (one class, away "
+                                             "from the boundary).", within=">= 1")
+  boundary_samples: int = registry.setting(50, "Points of each boundary client (near the true "
+                                           "boundary, both labels).", within=">= 1")
+  gap0: float = registry.setting(0.05, "Minimum distance of far class-0 points to the true "
+                                 "boundary (below the domain).", within=">= 0")
+  gap1: float = registry.setting(0.5, "Minimum distance of far class-1 points to the true "
+                                 "boundary (equal gaps: the far clients alone place the boundary "
+                                 "right).", within=">= 0")
+  box_size: float = registry.setting(0.25, "Side of a boundary client's box (scenarios 1, 3).",
+                                     within="> 0")
+  band: float = registry.setting(0.1, "Half-width across the boundary of scenario 2's boundary "
+                                 "points.", within="> 0")
+  region_size: float = registry.setting(0.2, "Side of a far client's square (scenario 3).",
+                                        within="> 0")
+  test_samples: int = registry.setting(4000, "Test points drawn uniformly over the square.",
+                                       within=">= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundaryConfig(BoundaryShape):
+  """The whole boundary data (see the module docstring): its `BoundaryShape` and
 
   Attributes:
     scenario: 1, 2 or 3.
     num_clients: N.
-    num_boundary: clients near the line (<= N).
-    samples_per_client: points of each far client.
-    boundary_samples: points of each boundary client.
     line: (a, b, c) of the true boundary a*x1 + b*x2 + c = 0.
-    gap0, gap1: minimum distance of far class-0 / class-1 points to the line.
-    box_size: side of a boundary client's box (scenarios 1, 3).
-    band: half-width across the line of scenario 2's boundary points.
-    region_size: side of a far client's square (scenario 3).
     domain: points lie in [-domain, domain]^2.
-    test_samples: uniform test points.
   """
 
   scenario: int = 1
   num_clients: int = 100
-  num_boundary: int = 6
-  samples_per_client: int = 50
-  boundary_samples: int = 50
   line: tuple[float, float, float] = (0.6, -1.0, 0.1)
-  gap0: float = 0.05
-  gap1: float = 0.5
-  box_size: float = 0.25
-  band: float = 0.1
-  region_size: float = 0.2
   domain: float = 1.0
-  test_samples: int = 4000
 
 
 def check_config(cfg: BoundaryConfig) -> None:
   """Raises `registry.SettingError` naming the bad field and its accepted range, before any
   compute."""
+  registry.check_values(cfg)
   if cfg.scenario not in SCENARIOS:
     raise SettingError("scenario", f"must be one of {SCENARIOS}, got {cfg.scenario}")
   if cfg.num_clients < 1:
     raise SettingError("num_clients", f"must be >= 1, got {cfg.num_clients}")
-  if not 0 <= cfg.num_boundary <= cfg.num_clients:
+  if not cfg.domain > 0:
+    raise SettingError("domain", f"must be > 0, got {cfg.domain}")
+  if cfg.num_boundary > cfg.num_clients:
     raise SettingError("num_boundary", f"must be in 0..{cfg.num_clients} (num_clients), got "
                        f"{cfg.num_boundary}")
-  for name in ("samples_per_client", "boundary_samples", "test_samples"):
-    if getattr(cfg, name) < 1:
-      raise SettingError(name, f"must be >= 1, got {getattr(cfg, name)}")
-  for name in ("box_size", "band", "region_size", "domain"):
-    if not getattr(cfg, name) > 0:
-      raise SettingError(name, f"must be > 0, got {getattr(cfg, name)}")
   for name in ("gap0", "gap1"):
-    if not 0 <= getattr(cfg, name) < cfg.domain:
+    if not getattr(cfg, name) < cfg.domain:
       raise SettingError(name, f"must be in [0, {cfg.domain}) (domain), got "
                          f"{getattr(cfg, name)}")
   a, b, _ = cfg.line

@@ -154,25 +154,26 @@ class ServerSGDSettings:
 class FedAvgMSettings(ServerSGDSettings):
   """FedAvgM's step size and momentum."""
 
-  momentum: float = registry.setting(0.9, "Server momentum (beta).", flag="server_momentum",
-                                     within="[0, 1]")
+  momentum: float = registry.setting(0.9, "Server momentum (beta): v = beta v + g.",
+                                     flag="server_momentum", within="[0, 1]")
 
 
 @dataclasses.dataclass(frozen=True)
 class FedAdagradSettings(ServerSGDSettings):
   """FedAdagrad's step size, first-moment decay and adaptivity."""
 
-  beta1: float = registry.setting(0.9, "First-moment decay (beta_1).", flag="server_beta1",
-                                  within="[0, 1]")
-  tau: float = registry.setting(1e-3, "Adaptivity (tau).", flag="server_tau", within="(0, 1]")
+  beta1: float = registry.setting(0.9, "First-moment decay (beta_1): m = beta_1 m + (1 - beta_1) "
+                                  "Delta.", flag="server_beta1", within="[0, 1]")
+  tau: float = registry.setting(1e-3, "Adaptivity (tau): the step is lr m / (sqrt(v) + tau), v "
+                                "starts at tau^2.", flag="server_tau", within="(0, 1]")
 
 
 @dataclasses.dataclass(frozen=True)
 class FedAdamSettings(FedAdagradSettings):
   """FedAdam's and FedYogi's settings: FedAdagrad's and the second-moment decay."""
 
-  beta2: float = registry.setting(0.99, "Second-moment decay (beta_2).", flag="server_beta2",
-                                  within="[0, 1]")
+  beta2: float = registry.setting(0.99, "Second-moment decay (beta_2) of FedAdam's and FedYogi's "
+                                  "v.", flag="server_beta2", within="[0, 1]")
 
 
 def _register(name: str, settings: type, doc: str) -> None:
