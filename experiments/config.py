@@ -31,12 +31,12 @@ VERSION = 5  # Of the config.json layout; a file of another version is refused, 
 
 
 def option(default: Any, help: str, *, choices: tuple | None = None,  # pylint: disable=redefined-builtin
-           lower: float | None = None, upper: float | None = None, result: bool = True) -> Any:
-  """A config field that is also a flag of the same name: default, help text, accepted values;
-  `result=False` for a field that does not change a run's results (left out of fingerprints)."""
-  return dataclasses.field(default=default, metadata={"help": help, "choices": choices,
-                                                      "lower": lower, "upper": upper,
-                                                      "result": result})
+           within: str | None = None, result: bool = True) -> Any:
+  """A config field that is also a flag of the same name: default, help text, accepted values
+  (`choices`, or a number's range `within` as `registry.setting` takes it); `result=False` for a
+  field that does not change a run's results (left out of fingerprints)."""
+  field = registry.setting(default, help, choices=choices, within=within)
+  return dataclasses.field(default=default, metadata={**field.metadata, "result": result})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,32 +47,32 @@ class DataConfig:
                           "shards); inner_dirichlet (equal sizes, each client's classes ~ "
                           "Dir(alpha)); lognormal_sizes / power_law_sizes (IID labels, skewed "
                           "sizes: --size_skew).", choices=PARTITIONS)
-  num_clients: int = option(50, "Total clients in the population (N), >= 1.", lower=1)
+  num_clients: int = option(50, "Total clients in the population (N).", within=">= 1")
   dirichlet_alpha: float = option(0.5, "Concentration of the dirichlet and inner_dirichlet "
-                                  "partitions (alpha); smaller is more skewed, > 0.", lower=1e-6)
+                                  "partitions (alpha); smaller is more skewed.", within="> 0")
   classes_per_client: int = option(2, "Classes each client holds under --partition=k_classes (k), "
-                                   "1..C.", lower=1)
+                                   "1..C.", within=">= 1")
   dominant_fraction: float = option(0.8, "Dominant-class share of the dominant partition.",
-                                    lower=0.0, upper=1.0)
+                                    within="[0, 1]")
   shards_per_client: int = option(2, "Shards per client under --partition=shards (the pool "
-                                  "sorted by label, cut into N x this many shards).", lower=1)
+                                  "sorted by label, cut into N x this many shards).", within=">= 1")
   size_skew: float = option(1.0, "Client-size skew: the sigma of --partition=lognormal_sizes, the "
-                            "Pareto shape of --partition=power_law_sizes (smaller: heavier tail); "
-                            "> 0.", lower=0.0)
-  test_fraction: float = option(0.2, "Share of each client's examples held out as its test split, "
-                                "in (0, 0.9] (every launcher reports test accuracy; a run without "
-                                "test examples has none to report).", lower=1e-6, upper=0.9)
+                            "Pareto shape of --partition=power_law_sizes (smaller: heavier tail).",
+                            within="> 0")
+  test_fraction: float = option(0.2, "Share of each client's examples held out as its test split "
+                                "(every launcher reports test accuracy; a run without test "
+                                "examples has none to report).", within="(0, 0.9]")
   val_fraction: float = option(0.0, "Share of each client's examples held out as its validation "
-                               "split, in [0, 0.9].", lower=0.0, upper=0.9)
+                               "split.", within="[0, 0.9]")
   public_fraction: float = option(0.0, "Server public set: stratified share of the pool (or of "
-                                  "each client for synth/leaf).", lower=0.0, upper=0.9)
+                                  "each client for synth/leaf).", within="[0, 0.9]")
   max_examples: int | None = option(None, "Keep at most this many examples of the centralized pool "
-                                    "(a seeded sample), >= 1.", lower=1)
+                                    "(a seeded sample).", within=">= 1")
   store_dir: str | None = option(None, "Read the federated dataset from a memory-mapped store "
                                  "folder (fedjax_sel.data.store.write_store / synth_store) instead "
                                  "of --dataset.")
   corrupt_fraction: float = option(0.0, "Share of the clients whose data are corrupted (bad "
-                                   "clients), in [0, 1].", lower=0.0, upper=1.0)
+                                   "clients).", within="[0, 1]")
   corrupt_kinds: tuple[str, ...] = option(CORRUPTION_KINDS, "How the bad clients' data are "
                                           "corrupted, split evenly among them: shuffle (random "
                                           "labels), flip (one wrong class per client), noise "
@@ -82,32 +82,32 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LocalConfig:
-  lr: float = option(0.1, "Client learning rate (eta_l), a finite number >= 0.", lower=0.0)
+  lr: float = option(0.1, "Client learning rate (eta_l).", within=">= 0")
   lr_decay: float = option(1.0, "Multiply lr by this every --lr_decay_every rounds.",
-                           lower=0.0, upper=1.0)
+                           within="[0, 1]")
   lr_decay_every: int = option(10, "Rounds between multiplications of the learning rate by "
-                               "--lr_decay, >= 1.", lower=1)
-  momentum: float = option(0.0, "Client SGD momentum (heavy ball), in [0, 1); 0 is plain SGD.",
-                           lower=0.0, upper=0.999)
-  weight_decay: float = option(0.0, "Client decoupled weight decay (AdamW-style, per step), >= 0.",
-                               lower=0.0)
-  batch_size: int = option(16, "Examples per local training step (B), >= 1.", lower=1)
-  local_epochs: int = option(2, "Passes over its data each client makes per round (E), >= 1.",
-                             lower=1)
+                               "--lr_decay.", within=">= 1")
+  momentum: float = option(0.0, "Client SGD momentum (heavy ball; 0 is plain SGD).",
+                           within="[0, 1)")
+  weight_decay: float = option(0.0, "Client decoupled weight decay (AdamW-style, per step).",
+                               within=">= 0")
+  batch_size: int = option(16, "Examples per local training step (B).", within=">= 1")
+  local_epochs: int = option(2, "Passes over its data each client makes per round (E).",
+                             within=">= 1")
   local_steps: int | None = option(None, "A fixed number of local steps per client and round "
-                                   "instead of --local_epochs, >= 1.", lower=1)
-  prox_mu: float = option(0.0, "FedProx proximal coefficient (mu), >= 0; 0 is FedAvg.", lower=0.0)
+                                   "instead of --local_epochs.", within=">= 1")
+  prox_mu: float = option(0.0, "FedProx proximal coefficient (mu; 0 is FedAvg).", within=">= 0")
   chunk_size: int | None = option(None, "Clients vmapped together (default: from the step's cost: "
                                   "1-4 on CPU, what fits a quarter of device memory on "
-                                  "accelerators).", lower=1, result=False)
+                                  "accelerators).", within=">= 1", result=False)
 
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-  rounds: int = option(30, "Communication rounds to run (T), >= 1; a resumed job runs up to this "
-                       "many in total.", lower=1, result=False)
-  clients_per_round: int = option(10, "Clients trained per round (K), 1..n (--num_available).",
-                                  lower=1)
+  rounds: int = option(30, "Communication rounds to run (T; a resumed job runs up to this many "
+                       "in total).", within=">= 1", result=False)
+  clients_per_round: int = option(10, "Clients trained per round (K; at most n, "
+                                  "--num_available).", within=">= 1")
   system_profile: str = option("none", "Clients' speeds and bandwidths for the simulated clock: "
                                "none (rounds take no time), lognormal (drawn around --speed_median "
                                "and --bandwidth_median, the same population for every seed), a "
@@ -116,22 +116,22 @@ class EngineConfig:
                                "drawn onto its devices). Rounds then report round_time_s and "
                                "sim_time_s.")
   speed_median: float = option(100.0, "lognormal profile: median compute speed, training samples "
-                               "per second (> 0).")
-  speed_sigma: float = option(0.8, "lognormal profile: sigma of log speed (>= 0).")
-  bandwidth_median: float = option(1e6, "lognormal profile: median bandwidth, bytes per second (> "
-                                   "0).")
-  bandwidth_sigma: float = option(0.8, "lognormal profile: sigma of log bandwidth (>= 0).")
+                               "per second.", within="> 0")
+  speed_sigma: float = option(0.8, "lognormal profile: sigma of log speed.", within=">= 0")
+  bandwidth_median: float = option(1e6, "lognormal profile: median bandwidth, bytes per second.",
+                                   within="> 0")
+  bandwidth_sigma: float = option(0.8, "lognormal profile: sigma of log bandwidth.", within=">= 0")
   deadline_s: float = option(0.0, "Round deadline in simulated seconds: clients that finish later "
                              "are stragglers, left out of the aggregate (0: no deadline; needs "
-                             "--system_profile).", lower=0.0)
+                             "--system_profile).", within=">= 0")
   mode: str = option("sync", "sync: rounds of K clients; async: clients train at once and the "
                      "server steps when --buffer_size updates arrived on the simulated clock "
                      "(FedBuff, FedAsync; --rounds counts server steps; needs --system_profile).",
                      choices=("sync", "async"))
   concurrency: int = option(0, "async: clients training at once, C (0: twice the buffer size).",
-                            lower=0)
+                            within=">= 0")
   buffer_size: int = option(0, "async: updates per server step, K (0: --clients_per_round; the "
-                            "selector picks K per call).", lower=0)
+                            "selector picks K per call).", within=">= 0")
   async_rule: str = option("fedbuff", "async: fedbuff (staleness-weighted deltas, aggregated) or "
                            "fedasync (the aggregate mixed in with --async_alpha * s(staleness)).",
                            choices=ASYNC_RULES)
@@ -139,13 +139,12 @@ class EngineConfig:
                           "((1 + tau)^-a; FedBuff's 1/sqrt(1 + tau) at a = 0.5) or hinge (1 up to "
                           "b, then 1 / (a (tau - b) + 1)).",
                           choices=STALENESS)
-  staleness_a: float = option(0.5, "async: the staleness function's a (>= 0).", lower=0.0)
-  staleness_b: float = option(4.0, "async: the hinge staleness function's b (>= 0).", lower=0.0)
-  async_alpha: float = option(0.6, "async, fedasync: the mixing weight alpha, in (0, 1].",
-                              lower=0.0, upper=1.0)
+  staleness_a: float = option(0.5, "async: the staleness function's a.", within=">= 0")
+  staleness_b: float = option(4.0, "async: the hinge staleness function's b.", within=">= 0")
+  async_alpha: float = option(0.6, "async, fedasync: the mixing weight alpha.", within="(0, 1]")
   avail_window_s: float = option(1.0, "async: simulated seconds per availability index (a client "
                                  "is available at time T when the availability model has it at "
-                                 "round floor(T / window)).", lower=0.0)
+                                 "round floor(T / window)).", within="> 0")
   nonfinite: str = option("stop", "When a model or loss is not finite: stop the run naming the "
                           "round, or exclude the diverged client updates from aggregation and "
                           "count them (nonfinite_clients).", choices=("stop", "exclude"))
@@ -154,7 +153,7 @@ class EngineConfig:
                       "device, or auto (host when the data exceed a share of device memory).",
                       choices=("auto", "device", "host"), result=False)
   eval_every: int = option(1, "Evaluate the global model every this many rounds.",
-                           lower=1, result=False)
+                           within=">= 1", result=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,11 +165,11 @@ class OutputConfig:
   overwrite: bool = option(False, "Replace the previous runs in --out_dir (without it or --resume, "
                            "an --out_dir holding a run is refused).")
   checkpoint_every: int = option(10, "Rounds between checkpoints of each run (a resumed run "
-                                 "continues from its last), >= 1.", lower=1)
+                                 "continues from its last).", within=">= 1")
   log_every: int = option(1, "Print a progress line every this many rounds (and on the first and "
-                          "last), >= 1; the records keep every round.", lower=1)
-  last_k: int = option(10, "Rounds of the summaries' last-k mean (the final round alone is noisy), "
-                       ">= 1.", lower=1)
+                          "last; the records keep every round).", within=">= 1")
+  last_k: int = option(10, "Rounds of the summaries' last-k mean (the final round alone is "
+                       "noisy).", within=">= 1")
   plot: bool = option(False, "Draw the figures after the runs (needs matplotlib).")
   figure_format: str = option("png", "File format of the --plot figures: png, or pdf / svg "
                               "(vector, for papers).", choices=("png", "pdf", "svg"))
@@ -197,13 +196,13 @@ class DistributedConfig:
   coordinator_address: str | None = option(None, "host:port of process 0 of a multi-host run "
                                            "(jax.distributed); set --num_processes and "
                                            "--process_id too.")
-  num_processes: int = option(1, "Processes of a multi-host run (1: one host).", lower=1)
-  process_id: int = option(0, "This process's index, 0..--num_processes-1.", lower=0)
+  num_processes: int = option(1, "Processes of a multi-host run (1: one host).", within=">= 1")
+  process_id: int = option(0, "This process's index, 0..--num_processes-1.", within=">= 0")
   distributed_auto: bool = option(False, "Join a multi-host run by jax.distributed's cluster "
                                   "detection (SLURM, Cloud TPU, ...) instead of the three flags "
                                   "above.")
   distributed_timeout: int = option(60, "Seconds to wait for every process to join a multi-host "
-                                    "run before failing.", lower=1)
+                                    "run before failing.", within=">= 1")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -63,10 +63,10 @@ class FedALIGNOptions:
                               "sample of each group per round.", choices=("full", "partial"))
   priority_per_round: int | None = option(None, "Partial participation: priority clients sampled "
                                           "per round (default 1, or the whole group if smaller).",
-                                          lower=1)
+                                          within=">= 1")
   others_per_round: int | None = option(None, "Partial participation: non-priority clients "
                                         "sampled per round (default 10, or the whole group if "
-                                        "smaller).", lower=0)
+                                        "smaller).", within=">= 0")
   synth_noise: tuple[str, ...] = option(("medium",), "SYNTH: noise levels of the non-priority "
                                         "clients, one group of runs each; presets "
                                         f"{NOISE_PRESETS} as (label noise share, irrelevant "
@@ -75,7 +75,7 @@ class FedALIGNOptions:
                                  "class.", choices=LABEL_NOISE_MODES)
   high_noise_eps0: float | None = option(None, "eps_0 of the high SYNTH noise group (default "
                                          f"{fedalign_report.HIGH_NOISE_EPS0} unless --eps0 is "
-                                         "given, then --eps0).", lower=0.0)
+                                         "given, then --eps0).", within=">= 0")
 
 
 DEFAULTS = config.updated(

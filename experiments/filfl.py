@@ -68,7 +68,7 @@ class FilFLOptions:
                             "(--public_fraction).", choices=("stratified", "per_client"))
   public_text: str | None = option(None, "Text file cut into 80-char windows as the public set.")
   public_size: int | None = option(None, "Keep at most this many public examples (a seeded "
-                                   "sample; m).", lower=1)
+                                   "sample; m).", within=">= 1")
   preset: str | None = option(None, "The paper's setups; each sets (unless the flag is given): "
                               + config.preset_help(PRESETS), choices=tuple(sorted(PRESETS)),
                               result=False)

@@ -81,8 +81,11 @@ def _define(name: str, hint, default: Any, field: dataclasses.Field, owner: str 
   base = _base_type(hint)
   meta = field.metadata
   help_text = f"{owner}: " * bool(owner) + registry.setting_help(field)
-  bounds = {k: v for k, v in (("lower_bound", meta.get("lower")),
-                              ("upper_bound", meta.get("upper"))) if v is not None}
+  within = meta.get("within")  # Its closed ends bound the flag; `check_values` checks the rest.
+  bounds = {} if within is None else {
+      k: v for k, v, shut in (("lower_bound", within.low, not within.open_low),
+                              ("upper_bound", within.high, not within.open_high))
+      if shut and math.isfinite(v)}
   if typing.get_origin(base) is tuple:
     flags.DEFINE_list(name, None if default is None else [str(v) for v in default], help_text)
   elif meta.get("choices") is not None:
@@ -331,15 +334,9 @@ def check_values(cfg: cfglib.JobConfig) -> None:
 def _check_value(flag: str, value: Any, meta: dict) -> None:
   if isinstance(value, float) and not math.isfinite(value):
     raise app.UsageError(f"--{flag} must be a finite number, got {value}")
-  low, high, choices = meta.get("lower"), meta.get("upper"), meta.get("choices")
-  within = meta.get("within")
-  if within is not None and value not in within:
+  within, choices = meta.get("within"), meta.get("choices")
+  if within is not None and value is not None and value not in within:
     raise app.UsageError(f"--{flag} must be {within}, got {value}")
-  if isinstance(value, (int, float)) and not isinstance(value, bool):
-    if (low is not None and value < low) or (high is not None and value > high):
-      raise app.UsageError(f"--{flag} must be" + (f" >= {low}" if low is not None else "")
-                           + (" and" if low is not None and high is not None else "")
-                           + (f" <= {high}" if high is not None else "") + f", got {value}")
   if choices is not None and isinstance(value, str) and value not in [str(c) for c in choices]:
     raise app.UsageError(f"--{flag} must be one of {', '.join(map(str, choices))}, got {value!r}")
 
@@ -379,6 +376,7 @@ def job_config(resolve: Resolve | None = None) -> cfglib.JobConfig:
   if from_file:
     explicit |= set(bound.fields) | set(bound.settings)
   if resolve is not None:
+    check_values(cfg)  # Before the launcher's own resolution computes with them.
     cfg = resolve(cfg, frozenset(explicit))
   cfg = _given_settings(cfg)
   check_values(cfg)

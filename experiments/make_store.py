@@ -43,9 +43,9 @@ class MakeStoreOptions:
   store_out: str | None = option(None, "Folder to write the store to (must not hold one; "
                                  "required).")
   synth_clients: int | None = option(None, "Generate a SYNTH population of this many clients "
-                                     "instead of building --dataset.", lower=1)
+                                     "instead of building --dataset.", within=">= 1")
   synth_max_samples: int | None = option(None, "Cap on each generated client's examples.",
-                                         lower=2)
+                                         within=">= 2")
 
 
 DEFAULTS = config.JobConfig(launcher="experiments.make_store", options=MakeStoreOptions())
