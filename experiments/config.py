@@ -117,10 +117,12 @@ class EngineConfig:
                                "sim_time_s.")
   speed_median: float = option(100.0, "lognormal profile: median compute speed, training samples "
                                "per second.", within="> 0")
-  speed_sigma: float = option(0.8, "lognormal profile: sigma of log speed.", within=">= 0")
+  speed_sigma: float = option(0.8, "lognormal profile: sigma of log speed (0: every client at the "
+                              "median).", within=">= 0")
   bandwidth_median: float = option(1e6, "lognormal profile: median bandwidth, bytes per second.",
                                    within="> 0")
-  bandwidth_sigma: float = option(0.8, "lognormal profile: sigma of log bandwidth.", within=">= 0")
+  bandwidth_sigma: float = option(0.8, "lognormal profile: sigma of log bandwidth (0: every client "
+                                  "at the median).", within=">= 0")
   deadline_s: float = option(0.0, "Round deadline in simulated seconds: clients that finish later "
                              "are stragglers, left out of the aggregate (0: no deadline; needs "
                              "--system_profile).", within=">= 0")
