@@ -168,7 +168,8 @@ def source_digest(modules: set) -> str | None:
 
 @functools.cache
 def _machine() -> str:
-  """The platform, versions, device and CPU features the executables are compiled for."""
+  """The platform, versions, device, CPU features and XLA environment settings (every `XLA_*`
+  variable) the executables are compiled for."""
   versions = []
   for package in _VERSIONS:
     try:
@@ -183,7 +184,7 @@ def _machine() -> str:
   return "|".join([f"format={FORMAT}", sys.version, platform.machine(), *versions,
                    device.platform, device.device_kind, device.client.platform_version,
                    hashlib.sha256(flags.encode()).hexdigest(),
-                   os.environ.get("XLA_FLAGS", "")])
+                   *sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("XLA_"))])
 
 
 def environment() -> str:
