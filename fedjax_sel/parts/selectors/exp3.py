@@ -12,7 +12,7 @@ default, FedLab's author's convention; or its training loss) and its weight grow
 feedback bound L.
 
 Examples:
-  >>> import jax.numpy as jnp
+  >>> import jax.numpy as jnp, numpy as np
   >>> np.asarray(exp3_probabilities(jnp.array([1.0, 3.0]), 0.4), float).round(4).tolist()
   [0.35, 0.65]
 """
