@@ -63,7 +63,7 @@ def context(cfg: cfglib.JobConfig, data=None, model=None, profile=None,
                                num_clients=num_clients, num_available=num_available(cfg),
                                data=data, model=model, profile=profile,
                                local_epochs=cfg.local.local_epochs,
-                               deadline_s=e.deadline_s or None)
+                               deadline_s=cfg.clock.deadline_s or None)
 
 
 def part(kind: str, chosen: cfglib.Part | None, ctx: registry.BuildContext):
@@ -157,56 +157,51 @@ FEDSCALE = "fedscale:"  # --system_profile=fedscale:FILE reads FedScale's device
 PUBLISHED_SPLITS = tuple(federated_sqlite.DATASETS)  # Datasets with their own test split.
 
 
-ASYNC_FIELDS = ("concurrency", "buffer_size", "async_rule", "staleness", "staleness_a",
-                "staleness_b", "async_alpha", "avail_window_s")
+ASYNC_FIELDS = tuple(f.name for f in dataclasses.fields(cfglib.AsyncConfig))
 
 
 def asynchronous(cfg: cfglib.JobConfig, given: frozenset) -> cfglib.JobConfig:
   """The asynchronous mode's flags resolved: K is --buffer_size when given (one K: the selector's
   and the buffer's), C defaults to 2 K, the clock is turned on (and said) unless chosen; in the
   synchronous mode an asynchronous flag is refused, naming it."""
-  e = cfg.engine
-  if e.mode == "sync":
+  a = cfg.asynchrony
+  if cfg.engine.mode == "sync":
     stray = set_off_default(cfg, given, ASYNC_FIELDS)
     if stray:
       raise app.UsageError(f"{', '.join(stray)} set the asynchronous mode's options; add "
                            "--mode=async (or leave them out)")
     return cfg
-  if e.buffer_size:
-    if "clients_per_round" in given and e.clients_per_round != e.buffer_size:
-      raise app.UsageError(f"--buffer_size={e.buffer_size} and --clients_per_round="
-                           f"{e.clients_per_round} disagree: in --mode=async the buffer size is K; "
-                           "give one of them")
-    cfg = cfglib.updated(cfg, clients_per_round=e.buffer_size)
+  if a.buffer_size:
+    k = cfg.engine.clients_per_round
+    if "clients_per_round" in given and k != a.buffer_size:
+      raise app.UsageError(f"--buffer_size={a.buffer_size} and --clients_per_round={k} disagree: "
+                           "in --mode=async the buffer size is K; give one of them")
+    cfg = cfglib.updated(cfg, clients_per_round=a.buffer_size)
   cfg = cfglib.updated(cfg, buffer_size=cfg.engine.clients_per_round)
-  if not e.concurrency:
+  if not a.concurrency:
     cfg = cfglib.updated(cfg, concurrency=2 * cfg.engine.clients_per_round)
-  if e.system_profile == "none":
+  if cfg.clock.system_profile == "none":
     if "system_profile" in given:
       raise app.UsageError("--mode=async needs --system_profile (lognormal or a file): the "
                            "clients' speeds order their updates")
     print("note: --mode=async times the clients: --system_profile=lognormal (log-normal speeds "
           "and bandwidths) is on; set --system_profile to choose others")
     cfg = cfglib.updated(cfg, system_profile="lognormal")
-  if cfg.engine.deadline_s:
+  if cfg.clock.deadline_s:
     raise app.UsageError("--deadline_s is a synchronous round's; --mode=async has none (the "
                          "server steps when --buffer_size updates arrived)")
   return cfg
 
 
 def async_spec(cfg: cfglib.JobConfig):
-  """The run's `AsyncSpec` (None in the synchronous mode); a refusal names the flag."""
-  e = cfg.engine
-  if e.mode == "sync":
+  """The run's `AsyncSpec` (None in the synchronous mode). Its values are checked already: each
+  field's choices and range (`flag_binding.check_values`), the concurrency against K and the
+  available clients (`check_population`)."""
+  if cfg.engine.mode == "sync":
     return None
-  try:
-    return fs.async_spec(e.concurrency, e.async_rule, e.staleness, e.staleness_a, e.staleness_b,
-                         e.async_alpha, e.avail_window_s)
-  except ValueError as err:
-    name = str(err).split()[0]
-    flag = {"alpha": "async_alpha", "a": "staleness_a", "b": "staleness_b",
-            "window_s": "avail_window_s", "rule": "async_rule"}.get(name, name)
-    raise app.UsageError(f"--{flag}: {err}") from err
+  a = cfg.asynchrony
+  return fs.async_spec(a.concurrency, a.async_rule, a.staleness, a.staleness_a, a.staleness_b,
+                       a.async_alpha, a.avail_window_s)
 
 
 def _required(cfg: cfglib.JobConfig, given: frozenset, runs) -> cfglib.JobConfig:
@@ -219,7 +214,7 @@ def _required(cfg: cfglib.JobConfig, given: frozenset, runs) -> cfglib.JobConfig
       if p is not None:
         for what in registry.lookup(kind, p.name).requires:
           needs.setdefault(what, p.name)
-  if ("clock" in needs and cfg.engine.system_profile == "none"
+  if ("clock" in needs and cfg.clock.system_profile == "none"
       and "system_profile" not in given):
     print(f"note: {needs['clock']} times the clients: --system_profile=lognormal (log-normal "
           "speeds and bandwidths) is on; set --system_profile to choose others")
@@ -233,10 +228,10 @@ def _required(cfg: cfglib.JobConfig, given: frozenset, runs) -> cfglib.JobConfig
           "--availability to choose another model")
     cfg = cfglib.updated(cfg, given, availability="diurnal")
   unused = set_off_default(cfg, given, LOGNORMAL_FIELDS)
-  if unused and cfg.engine.system_profile != "lognormal":
+  if unused and cfg.clock.system_profile != "lognormal":
     raise app.UsageError(f"{', '.join(unused)}: settings of the log-normal clock "
                          "(--system_profile=lognormal); with --system_profile="
-                         f"{cfg.engine.system_profile} they have no effect: drop them or choose "
+                         f"{cfg.clock.system_profile} they have no effect: drop them or choose "
                          "lognormal")
   return cfg
 
@@ -321,7 +316,7 @@ def system_profile(cfg: cfglib.JobConfig):
   """The clients' speeds and bandwidths (`system.SystemProfile`, None for none), errors naming
   the flag or file."""
   from fedjax_sel.client import system  # pylint: disable=import-outside-toplevel
-  e = cfg.engine
+  e = cfg.clock
   try:
     if e.system_profile == "none":
       if e.deadline_s:
@@ -349,11 +344,10 @@ def check_population(cfg: cfglib.JobConfig) -> None:
   system_profile(cfg)
   server_optimizer(cfg)
   available = availability(cfg).num_available
-  async_spec(cfg)
-  if cfg.engine.mode == "async" and not (cfg.engine.clients_per_round <= cfg.engine.concurrency
-                                         <= available):
-    raise app.UsageError(f"--concurrency={cfg.engine.concurrency} must be in "
-                         f"{cfg.engine.clients_per_round}..{available} (the buffer size K up to "
+  k, concurrency = cfg.engine.clients_per_round, cfg.asynchrony.concurrency
+  if cfg.engine.mode == "async" and not k <= concurrency <= available:
+    raise app.UsageError(f"--concurrency={concurrency} must be in "
+                         f"{k}..{available} (the buffer size K up to "
                          "the clients available at once)")
   if available < cfg.engine.clients_per_round:
     raise app.UsageError(f"--availability={cfg.parts.availability.name} makes at most {available} "
@@ -496,7 +490,7 @@ def engine_options(cfg: cfglib.JobConfig) -> dict:
   """The engine config as `Simulator` arguments."""
   e = cfg.engine
   return {"nonfinite": e.nonfinite, "store": e.store, "server_optimizer": server_optimizer(cfg),
-          "system_profile": system_profile(cfg), "deadline_s": e.deadline_s or None,
+          "system_profile": system_profile(cfg), "deadline_s": cfg.clock.deadline_s or None,
           "asynchrony": async_spec(cfg)}
 
 

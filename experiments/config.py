@@ -27,7 +27,7 @@ from fedjax_sel.data.partition import PARTITIONS
 from fedjax_sel.parts.asynchronous import RULES as ASYNC_RULES
 from fedjax_sel.parts.asynchronous import STALENESS
 
-VERSION = 5  # Of the config.json layout; a file of another version is refused, naming both.
+VERSION = 6  # Of the config.json layout; a file of another version is refused, naming both.
 
 
 def option(default: Any, help: str, *, choices: tuple | None = None,  # pylint: disable=redefined-builtin
@@ -41,6 +41,8 @@ def option(default: Any, help: str, *, choices: tuple | None = None,  # pylint: 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
+  """The clients' data: the dataset's split over N clients, held-out shares, corrupted clients."""
+
   partition: str = option("dirichlet", "How a centralized pool is split: iid; dirichlet (each "
                           "class's shares over clients ~ Dir(alpha)); k_classes (k classes each, "
                           "Flower's pathological); uni_class; dominant; shards (label-sorted "
@@ -82,6 +84,8 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LocalConfig:
+  """What a selected client does with the global model: its local optimizer and steps."""
+
   lr: float = option(0.1, "Client learning rate (eta_l).", within=">= 0")
   lr_decay: float = option(1.0, "Multiply lr by this every --lr_decay_every rounds.",
                            within="[0, 1]")
@@ -104,10 +108,31 @@ class LocalConfig:
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
+  """How the rounds run: their number, K, the mode, evaluation and the data's placement."""
+
   rounds: int = option(30, "Communication rounds to run (T; a resumed job runs up to this many "
                        "in total).", within=">= 1", result=False)
   clients_per_round: int = option(10, "Clients trained per round (K; at most n, "
                                   "--num_available).", within=">= 1")
+  mode: str = option("sync", "sync: rounds of K clients; async: clients train at once and the "
+                     "server steps when --buffer_size updates arrived on the simulated clock "
+                     "(FedBuff, FedAsync; --rounds counts server steps; needs --system_profile).",
+                     choices=("sync", "async"))
+  nonfinite: str = option("stop", "When a model or loss is not finite: stop the run naming the "
+                          "round, or exclude the diverged client updates from aggregation and "
+                          "count them (nonfinite_clients).", choices=("stop", "exclude"))
+  store: str = option("auto", "Clients' data on the device (fast while they fit), in host memory / "
+                      "a memory-mapped store with each round's available clients' rows sent to the "
+                      "device, or auto (host when the data exceed a share of device memory).",
+                      choices=("auto", "device", "host"), result=False)
+  eval_every: int = option(1, "Evaluate the global model every this many rounds.",
+                           within=">= 1", result=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClockConfig:
+  """The simulated clock: the clients' speeds and bandwidths and the round deadline."""
+
   system_profile: str = option("none", "Clients' speeds and bandwidths for the simulated clock: "
                                "none (rounds take no time), lognormal (drawn around --speed_median "
                                "and --bandwidth_median, the same population for every seed), a "
@@ -126,10 +151,12 @@ class EngineConfig:
   deadline_s: float = option(0.0, "Round deadline in simulated seconds: clients that finish later "
                              "are stragglers, left out of the aggregate (0: no deadline; needs "
                              "--system_profile).", within=">= 0")
-  mode: str = option("sync", "sync: rounds of K clients; async: clients train at once and the "
-                     "server steps when --buffer_size updates arrived on the simulated clock "
-                     "(FedBuff, FedAsync; --rounds counts server steps; needs --system_profile).",
-                     choices=("sync", "async"))
+
+
+@dataclasses.dataclass(frozen=True)
+class AsyncConfig:
+  """The asynchronous mode (--mode=async): FedBuff and FedAsync on the simulated clock."""
+
   concurrency: int = option(0, "async: clients training at once, C (0: twice the buffer size).",
                             within=">= 0")
   buffer_size: int = option(0, "async: updates per server step, K (0: --clients_per_round; the "
@@ -147,19 +174,12 @@ class EngineConfig:
   avail_window_s: float = option(1.0, "async: simulated seconds per availability index (a client "
                                  "is available at time T when the availability model has it at "
                                  "round floor(T / window)).", within="> 0")
-  nonfinite: str = option("stop", "When a model or loss is not finite: stop the run naming the "
-                          "round, or exclude the diverged client updates from aggregation and "
-                          "count them (nonfinite_clients).", choices=("stop", "exclude"))
-  store: str = option("auto", "Clients' data on the device (fast while they fit), in host memory / "
-                      "a memory-mapped store with each round's available clients' rows sent to the "
-                      "device, or auto (host when the data exceed a share of device memory).",
-                      choices=("auto", "device", "host"), result=False)
-  eval_every: int = option(1, "Evaluate the global model every this many rounds.",
-                           within=">= 1", result=False)
 
 
 @dataclasses.dataclass(frozen=True)
 class OutputConfig:
+  """The job's folder, its checkpoints, progress lines, summaries, figures and trackers."""
+
   out_dir: str = option("runs/run", "Folder of the job: per-run metrics and checkpoints, summary, "
                         "figures, flags.txt and job.json.")
   resume: bool = option(False, "Continue each run from its checkpoint in --out_dir (refused, "
@@ -195,6 +215,8 @@ class OutputConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DistributedConfig:
+  """A run over several hosts (jax.distributed)."""
+
   coordinator_address: str | None = option(None, "host:port of process 0 of a multi-host run "
                                            "(jax.distributed); set --num_processes and "
                                            "--process_id too.")
@@ -282,6 +304,8 @@ class JobConfig:
   data: DataConfig = dataclasses.field(default_factory=DataConfig)
   local: LocalConfig = dataclasses.field(default_factory=LocalConfig)
   engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+  clock: ClockConfig = dataclasses.field(default_factory=ClockConfig)
+  asynchrony: AsyncConfig = dataclasses.field(default_factory=AsyncConfig)
   parts: PartsConfig = dataclasses.field(default_factory=PartsConfig)
   seeds: tuple[int, ...] = (0,)
   sweep: Sweep | None = None
@@ -304,8 +328,9 @@ class JobConfig:
     return out
 
 
-SECTIONS = {"data": DataConfig, "local": LocalConfig,
-            "engine": EngineConfig, "output": OutputConfig, "distributed": DistributedConfig}
+SECTIONS = {"data": DataConfig, "local": LocalConfig, "engine": EngineConfig,
+            "clock": ClockConfig, "asynchrony": AsyncConfig, "output": OutputConfig,
+            "distributed": DistributedConfig}
 # Sections that do not change a run's results: left out of its fingerprint (and fields marked so).
 NOT_RESULTS = ("output", "distributed")
 

@@ -175,7 +175,8 @@ def define(defaults: cfglib.JobConfig, *, exclude: tuple[str, ...] = (),
   _BOUND = _Bound(defaults, fields, tuple(choose), settings, dict(sweepable or {}))
 
 
-HELP_GROUPS = {"data": "Data", "local": "Local training", "engine": "Engine and clock",
+HELP_GROUPS = {"data": "Data", "local": "Local training", "engine": "Rounds",
+               "clock": "Simulated clock", "asynchrony": "Asynchronous mode (--mode=async)",
                "parts": "Parts (each setting applies when its part is chosen)",
                "options": "This launcher's options", "output": "Outputs",
                "distributed": "Several hosts"}

@@ -61,7 +61,7 @@ def label(cfg: config.JobConfig) -> str:
   if cfg.local.prox_mu:
     head = "FedProx" if head == "FedAvg" else f"{head} + FedProx"
   if cfg.engine.mode == "async":
-    e = cfg.engine
+    e = cfg.asynchrony
     rule = ASYNC[e.async_rule] + ("" if head == "FedAvg" else f" ({head})")
     head = f"{rule} C={e.concurrency} K={e.buffer_size} {e.staleness}"
   rest = [q.name for q in (p.selector, p.filter, p.rule) if q is not None and q.name != "random"]
