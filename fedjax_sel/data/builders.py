@@ -162,9 +162,8 @@ def _fashion_mnist(settings: IdxSettings, context: registry.BuildContext) -> Nam
 
 @dataclasses.dataclass(frozen=True)
 class TfdsSettings:
-  tfds_name: str = registry.setting("mnist", "TFDS dataset name for --dataset=tfds (e.g. "
-                                    "cifar10), read from --data_dir, never downloaded.",
-                                    flag="tfds_name")
+  tfds_name: str = registry.setting("mnist", "TFDS dataset name for --dataset=tfds (e.g. cifar10), "
+                                    "read from --data_dir, never downloaded.", flag="tfds_name")
   data_dir: str = _data_dir_setting()
 
 
@@ -179,15 +178,9 @@ def _tfds(settings: TfdsSettings, context: registry.BuildContext) -> NamedDatase
 @dataclasses.dataclass(frozen=True)
 class SynthSettings:
   synth_alpha: float = registry.setting(1.0, "SYNTH(alpha, beta): spread of the clients' models "
-                                        "(alpha), >= 0.", flag="synth_alpha")
+                                        "(alpha).", flag="synth_alpha", within=">= 0")
   synth_beta: float = registry.setting(1.0, "SYNTH(alpha, beta): spread of the clients' feature "
-                                       "means (beta), >= 0.", flag="synth_beta")
-
-  def check(self, context: registry.BuildContext) -> None:
-    del context
-    for name in ("synth_alpha", "synth_beta"):
-      if not getattr(self, name) >= 0:
-        raise registry.SettingError(name, f"must be >= 0, got {getattr(self, name)}")
+                                       "means (beta).", flag="synth_beta", within=">= 0")
 
 
 @registry.register("dataset", "synth", SynthSettings)
@@ -243,8 +236,8 @@ class SqliteSettings:
 
 @dataclasses.dataclass(frozen=True)
 class EmnistSettings(SqliteSettings):
-  emnist_only_digits: bool = registry.setting(False, "--dataset=emnist: fedjax's digits-only "
-                                              "files (10 classes).", flag="emnist_only_digits")
+  emnist_only_digits: bool = registry.setting(False, "--dataset=emnist: fedjax's digits-only files "
+                                              "(10 classes).", flag="emnist_only_digits")
 
 
 def _published_files(name: str, settings: SqliteSettings) -> tuple[str, bool]:

@@ -266,10 +266,9 @@ def _conv_impl_setting():
 
 @dataclasses.dataclass(frozen=True)
 class MLPSettings:
-  hidden: tuple[int, ...] = registry.setting((200, 200), "Hidden layer widths of --model=mlp "
-                                             "(e.g. 200,100 for FedSRC's MNIST MLP "
-                                             "784-200-100-10, 64 for its FEMNIST MLP).",
-                                             flag="hidden")
+  hidden: tuple[int, ...] = registry.setting((200, 200), "Hidden layer widths of --model=mlp (e.g. "
+                                             "200,100 for FedSRC's MNIST MLP 784-200-100-10, 64 "
+                                             "for its FEMNIST MLP).", flag="hidden")
 
   def check(self, context: registry.BuildContext) -> None:
     del context
@@ -290,13 +289,9 @@ class ResNetSettings:
                                "statistics during local training, averaged like the weights).",
                                flag="norm", choices=modules.NORMS)
   resnet_width: int = registry.setting(64, "Channels of ResNet18's first stage (64 in the paper; "
-                                       "smaller for quick CPU runs), >= 2.", flag="resnet_width")
+                                       "smaller for quick CPU runs).", flag="resnet_width",
+                                       within=">= 2")
   conv_impl: str = _conv_impl_setting()
-
-  def check(self, context: registry.BuildContext) -> None:
-    del context
-    if self.resnet_width < 2:
-      raise registry.SettingError("resnet_width", f"must be >= 2, got {self.resnet_width}")
 
 
 _SETTINGS = {"mlp": MLPSettings, "leaf_cnn": ConvSettings, "cifar_cnn": ConvSettings,

@@ -325,7 +325,8 @@ def _median(settings, context: registry.BuildContext) -> Aggregator:
 class TrimmedMeanSettings(registry.Makes):
   """The trimmed mean's share and rounding."""
 
-  beta: float = registry.setting(0.3, "Share trimmed per side, in [0, 0.5).", flag="trim_beta")
+  beta: float = registry.setting(0.3, "Share trimmed per side.", flag="trim_beta",
+                                 within="[0, 0.5)")
   rounding: str = registry.setting("floor", "int(beta*n) (floor, textbook) or ceil(beta*n) (the "
                                    "reference code's) per side.", flag="trim_rounding",
                                    choices=TRIM_ROUNDINGS)
@@ -410,9 +411,9 @@ class FedASLSettings(registry.Makes):
   """FedASL's band and in-band weight."""
 
   alpha: float = registry.setting(1.0, "Band around the median loss, in sigmas.",
-                                  flag="fedasl_alpha")
+                                  flag="fedasl_alpha", within="> 0")
   beta: float = registry.setting(0.2, "Weight v_k of a client inside the band, in sigmas of the "
-                                 "losses, >= 0.", flag="fedasl_beta")
+                                 "losses.", flag="fedasl_beta", within="> 0")
   REFUSED = "alpha"
 
   def make(self) -> Aggregator:

@@ -275,7 +275,7 @@ def _capacity_setting():
 def _period_setting():
   """The setting the uniform and probability models share (one flag, --avail_period)."""
   return registry.setting(5, "Rounds between redraws of the available clients (uniform and "
-                          "probability models), >= 1.", flag="avail_period")
+                          "probability models).", flag="avail_period", within=">= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,8 +290,6 @@ class UniformSettings:
                                                "mode).", flag="avail_reference")
 
   def check(self, context: registry.BuildContext) -> None:
-    if self.period < 1:
-      raise registry.SettingError("period", f"must be >= 1, got {self.period}")
     if not 0 <= self.num_available <= context.num_clients:
       raise registry.SettingError("num_available", f"must be in 0..{context.num_clients} "
                                   f"(--num_clients; 0: all), got {self.num_available}")
@@ -351,21 +349,16 @@ def _probability(settings: ProbabilitySettings, context: registry.BuildContext) 
 class DiurnalSettings:
   """A day cycle of availability, each client with its own phase."""
 
-  day_rounds: int = registry.setting(24, "Rounds in one day, >= 1.", flag="diurnal_period")
-  mean: float = registry.setting(0.5, "Mean availability probability, in [0, 1].",
-                                 flag="diurnal_mean")
-  amplitude: float = registry.setting(0.4, "Swing of the probability over the day, in [0, 1] "
-                                      "(clipped to [0, 1] at each round).",
-                                      flag="diurnal_amplitude")
+  day_rounds: int = registry.setting(24, "Rounds in one day.", flag="diurnal_period", within=">= 1")
+  mean: float = registry.setting(0.5, "Mean availability probability.", flag="diurnal_mean",
+                                 within="[0, 1]")
+  amplitude: float = registry.setting(0.4, "Swing of the probability over the day (the probability "
+                                      "is clipped to [0, 1] at each round).",
+                                      flag="diurnal_amplitude", within="[0, 1]")
   capacity: int = _capacity_setting()
 
   def check(self, context: registry.BuildContext) -> None:
-    try:
-      diurnal_availability(context.num_clients, self.day_rounds, self.mean, self.amplitude,
-                           _capacity(self.capacity))
-    except ValueError as e:
-      field = "capacity" if "capacity" in str(e) else "day_rounds"
-      raise registry.SettingError(field, f"is refused: {e}") from e
+    _capacity_check(self.capacity, context)
 
 
 @registry.register("availability", "diurnal", DiurnalSettings)

@@ -318,7 +318,7 @@ class FilFLSettings:
   """FilFL's filter settings (the mode is the registered name, dgf or rgf)."""
 
   period: int = registry.setting(5, "h: filter every h rounds (and when availability changes).",
-                                 flag="filter_period")
+                                 flag="filter_period", within=">= 1")
   empty_value: str = registry.setting("zero", "R of the empty set: zero (the reference code's, "
                                       "default) or global (C - F^P(w_t): the unchanged model).",
                                       flag="empty_value", choices=EMPTY_VALUES)
@@ -328,19 +328,15 @@ class FilFLSettings:
                                 flag="filter_order", choices=ORDERS)
   opt: bool = registry.setting(False, "Also run OPT on each filtering round (n <= 16) and report "
                                "R(greedy)/R(OPT).", flag="opt")
-  submod_samples: int = registry.setting(0, "Weak-submodularity check samples per filtering round, "
-                                         ">= 0.", flag="submod_samples")
+  submod_samples: int = registry.setting(0, "Weak-submodularity check samples per filtering round.",
+                                         flag="submod_samples", within=">= 0")
   gammas: tuple[float, ...] = registry.setting((0.5, 0.75, 0.9, 1.0), "Comma-separated gammas in "
                                                "(0, 1] of the weak-submodularity check "
                                                "(--submod_samples).", flag="gammas")
 
   def check(self, context: registry.BuildContext) -> None:
-    if self.period < 1:
-      raise registry.SettingError("period", f"must be >= 1, got {self.period}")
     if not np.isfinite(self.const):
       raise registry.SettingError("const", f"must be a finite number, got {self.const}")
-    if self.submod_samples < 0:
-      raise registry.SettingError("submod_samples", f"must be >= 0, got {self.submod_samples}")
     if not all(0 < g <= 1 for g in self.gammas):  # Also refuses NaN.
       raise registry.SettingError("gammas", f"must be in (0, 1], got {list(self.gammas)}")
     if self.opt and context.num_available > 16:

@@ -282,29 +282,24 @@ class FedALIGNSettings:
                                        flag="num_priority")
   priority_ids: tuple[int, ...] = registry.setting((), "Explicit priority client ids (instead of a "
                                                    "random draw).", flag="priority_ids")
-  priority_classes: tuple[int, ...] = registry.setting((), "Priority clients: those holding any "
-                                                       "of these classes.",
-                                                       flag="priority_classes")
+  priority_classes: tuple[int, ...] = registry.setting((), "Priority clients: those holding any of "
+                                                       "these classes.", flag="priority_classes")
   eps0: float = registry.setting(0.2, "eps_0, the initial alignment tolerance: a non-priority "
                                  "client joins when its loss (or accuracy) is within eps_t of the "
-                                 "priority clients'.", flag="eps0")
+                                 "priority clients'.", flag="eps0", within=">= 0")
   schedule: str = registry.setting("linear", "How eps_t decays from eps_0 to 0 at the last round "
                                    "after the warm-up.", flag="eps_schedule", choices=SCHEDULES)
   warmup_fraction: float = registry.setting(0.1, "Share of the rounds at the start with priority "
-                                            "clients only, in [0, 1).", flag="warmup_fraction")
-  metric: str = registry.setting("loss", "What clients compare with the priority clients: loss, "
-                                 "or accuracy (the paper's experiments' proxy).",
-                                 flag="align_metric", choices=METRICS)
+                                            "clients only.", flag="warmup_fraction",
+                                            within="[0, 1)")
+  metric: str = registry.setting("loss", "What clients compare with the priority clients: loss, or "
+                                 "accuracy (the paper's experiments' proxy).", flag="align_metric",
+                                 choices=METRICS)
   split: str = registry.setting("train", "Data a client evaluates the global model on to decide: "
                                 "its training data or its validation split (--val_fraction).",
                                 flag="align_split", choices=SPLITS)
 
   def check(self, context: registry.BuildContext) -> None:
-    if not (np.isfinite(self.eps0) and self.eps0 >= 0):
-      raise registry.SettingError("eps0", f"must be >= 0, got {self.eps0}")
-    if not 0.0 <= self.warmup_fraction < 1.0:
-      raise registry.SettingError("warmup_fraction", f"must be in [0, 1), got "
-                                  f"{self.warmup_fraction}")
     if self.priority_ids and self.priority_classes:
       raise registry.SettingError("priority_ids", "and priority_classes: give at most one")
     if not self.priority_classes or context.data is not None:  # Classes need the data.
