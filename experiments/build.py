@@ -153,11 +153,13 @@ def set_off_default(cfg: cfglib.JobConfig, given: frozenset, names) -> list[str]
           if name in given and value(cfg, name) != value(fresh, name)]
 
 
+def section_fields(section: type) -> tuple[str, ...]:
+  """The flags of a config section (each field's name)."""
+  return tuple(f.name for f in dataclasses.fields(section))
+
+
 FEDSCALE = "fedscale:"  # --system_profile=fedscale:FILE reads FedScale's device capacity pickle.
 PUBLISHED_SPLITS = tuple(federated_sqlite.DATASETS)  # Datasets with their own test split.
-
-
-ASYNC_FIELDS = tuple(f.name for f in dataclasses.fields(cfglib.AsyncConfig))
 
 
 def asynchronous(cfg: cfglib.JobConfig, given: frozenset) -> cfglib.JobConfig:
@@ -166,7 +168,7 @@ def asynchronous(cfg: cfglib.JobConfig, given: frozenset) -> cfglib.JobConfig:
   synchronous mode an asynchronous flag is refused, naming it."""
   a = cfg.asynchrony
   if cfg.engine.mode == "sync":
-    stray = set_off_default(cfg, given, ASYNC_FIELDS)
+    stray = set_off_default(cfg, given, section_fields(cfglib.AsyncConfig))
     if stray:
       raise app.UsageError(f"{', '.join(stray)} set the asynchronous mode's options; add "
                            "--mode=async (or leave them out)")
@@ -227,16 +229,13 @@ def _required(cfg: cfglib.JobConfig, given: frozenset, runs) -> cfglib.JobConfig
           "--availability=diurnal (each client available around its own local noon) is on; set "
           "--availability to choose another model")
     cfg = cfglib.updated(cfg, given, availability="diurnal")
-  unused = set_off_default(cfg, given, LOGNORMAL_FIELDS)
+  unused = set_off_default(cfg, given, section_fields(cfglib.LognormalConfig))
   if unused and cfg.clock.system_profile != "lognormal":
     raise app.UsageError(f"{', '.join(unused)}: settings of the log-normal clock "
                          "(--system_profile=lognormal); with --system_profile="
                          f"{cfg.clock.system_profile} they have no effect: drop them or choose "
                          "lognormal")
   return cfg
-
-
-LOGNORMAL_FIELDS = ("speed_median", "speed_sigma", "bandwidth_median", "bandwidth_sigma")
 
 
 def priority_mask(cfg: cfglib.JobConfig, n: int, label_hist, seed: int) -> np.ndarray:
@@ -323,8 +322,8 @@ def system_profile(cfg: cfglib.JobConfig):
         raise ValueError("--deadline_s needs --system_profile (the clients' speeds)")
       return None
     if e.system_profile == "lognormal":
-      return system.lognormal_profiles(cfg.data.num_clients, 0, e.speed_median, e.speed_sigma,
-                                       e.bandwidth_median, e.bandwidth_sigma)
+      return system.lognormal_profiles(cfg.data.num_clients, 0,
+                                       **dataclasses.asdict(cfg.lognormal))
     fedscale = e.system_profile.startswith(FEDSCALE)
     path = e.system_profile.removeprefix(FEDSCALE)
     if not os.path.isfile(path):

@@ -140,17 +140,23 @@ class ClockConfig:
                                "fedscale:FILE (FedScale's client_device_capacity pickle, clients "
                                "drawn onto its devices). Rounds then report round_time_s and "
                                "sim_time_s.")
-  speed_median: float = option(100.0, "lognormal profile: median compute speed, training samples "
-                               "per second.", within="> 0")
-  speed_sigma: float = option(0.8, "lognormal profile: sigma of log speed (0: every client at the "
-                              "median).", within=">= 0")
-  bandwidth_median: float = option(1e6, "lognormal profile: median bandwidth, bytes per second.",
-                                   within="> 0")
-  bandwidth_sigma: float = option(0.8, "lognormal profile: sigma of log bandwidth (0: every client "
-                                  "at the median).", within=">= 0")
   deadline_s: float = option(0.0, "Round deadline in simulated seconds: clients that finish later "
                              "are stragglers, left out of the aggregate (0: no deadline; needs "
                              "--system_profile).", within=">= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class LognormalConfig:
+  """The log-normal clock profile (--system_profile=lognormal): each client's compute speed and
+  bandwidth drawn around their medians, the same population for every seed."""
+
+  speed_median: float = option(100.0, "Median compute speed, training samples per second.",
+                               within="> 0")
+  speed_sigma: float = option(0.8, "Sigma of log speed (0: every client at the median).",
+                              within=">= 0")
+  bandwidth_median: float = option(1e6, "Median bandwidth, bytes per second.", within="> 0")
+  bandwidth_sigma: float = option(0.8, "Sigma of log bandwidth (0: every client at the median).",
+                                  within=">= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,6 +311,7 @@ class JobConfig:
   local: LocalConfig = dataclasses.field(default_factory=LocalConfig)
   engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
   clock: ClockConfig = dataclasses.field(default_factory=ClockConfig)
+  lognormal: LognormalConfig = dataclasses.field(default_factory=LognormalConfig)
   asynchrony: AsyncConfig = dataclasses.field(default_factory=AsyncConfig)
   parts: PartsConfig = dataclasses.field(default_factory=PartsConfig)
   seeds: tuple[int, ...] = (0,)
@@ -329,7 +336,8 @@ class JobConfig:
 
 
 SECTIONS = {"data": DataConfig, "local": LocalConfig, "engine": EngineConfig,
-            "clock": ClockConfig, "asynchrony": AsyncConfig, "output": OutputConfig,
+            "clock": ClockConfig, "lognormal": LognormalConfig, "asynchrony": AsyncConfig,
+            "output": OutputConfig,
             "distributed": DistributedConfig}
 # Sections that do not change a run's results: left out of its fingerprint (and fields marked so).
 NOT_RESULTS = ("output", "distributed")

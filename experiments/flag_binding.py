@@ -176,7 +176,8 @@ def define(defaults: cfglib.JobConfig, *, exclude: tuple[str, ...] = (),
 
 
 HELP_GROUPS = {"data": "Data", "local": "Local training", "engine": "Rounds",
-               "clock": "Simulated clock", "asynchrony": "Asynchronous mode (--mode=async)",
+               "clock": "Simulated clock", "lognormal": "Log-normal clock profile "
+               "(--system_profile=lognormal)", "asynchrony": "Asynchronous mode (--mode=async)",
                "parts": "Parts (each setting applies when its part is chosen)",
                "options": "This launcher's options", "output": "Outputs",
                "distributed": "Several hosts"}
