@@ -35,6 +35,7 @@ import dataclasses
 import importlib
 import importlib.metadata
 import math
+import numbers
 import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -152,7 +153,10 @@ class Range(NamedTuple):
     return (f"in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}"
             f"{')' if self.open_high else ']'}")
 
-  def __contains__(self, value: float) -> bool:
+  def __contains__(self, value: Any) -> bool:
+    """Whether `value` is a finite real number (not a bool, nor a string) within the range."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+      return False
     return bool(math.isfinite(value) and (self.low < value if self.open_low else self.low <= value)
                 and (value < self.high if self.open_high else value <= self.high))
 

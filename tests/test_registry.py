@@ -4,6 +4,7 @@ import dataclasses
 import math
 import re
 
+import numpy as np
 import pytest
 
 from experiments import config
@@ -15,7 +16,7 @@ from fedjax_sel.data.boundary import BoundaryShape
     ("[0, 1)", (0.0, 0.5, 0.999), (-0.1, 1.0, math.nan, math.inf), "in [0, 1)"),
     ("(0, 1]", (1e-9, 1.0), (0.0, 1.5, math.nan), "in (0, 1]"),
     ("[0, 0.9]", (0.0, 0.9), (0.91,), "in [0, 0.9]"),
-    (">= 1", (1, 2, 10**9), (0, 0.5, math.inf), ">= 1"),
+    (">= 1", (1, 2, 10**9, np.int64(3), np.float32(1.5)), (0, 0.5, math.inf, "2", True), ">= 1"),
     ("> 0", (1e-12, 3.0), (0.0, -1.0, math.nan), "> 0"),
 ])
 def test_a_range_holds_what_it_reads_and_says_so(text, inside, outside, shown):
