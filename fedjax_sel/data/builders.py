@@ -162,8 +162,8 @@ def _fashion_mnist(settings: IdxSettings, context: registry.BuildContext) -> Nam
 
 @dataclasses.dataclass(frozen=True)
 class TfdsSettings:
-  tfds_name: str = registry.setting("mnist", "TFDS dataset name for --dataset=tfds (e.g. cifar10), "
-                                    "read from --data_dir, never downloaded.", flag="tfds_name")
+  tfds_name: str = registry.setting("mnist", "TFDS dataset name (e.g. cifar10), read from "
+                                    "--data_dir, never downloaded.", flag="tfds_name")
   data_dir: str = _data_dir_setting()
 
 
@@ -197,8 +197,8 @@ def _synth(settings: SynthSettings, context: registry.BuildContext) -> NamedData
 
 @dataclasses.dataclass(frozen=True)
 class LeafSettings:
-  leaf_files: tuple[str, ...] = registry.setting((), "LEAF JSON files or glob patterns for "
-                                                 "--dataset=leaf.", flag="leaf_files")
+  leaf_files: tuple[str, ...] = registry.setting((), "LEAF JSON files or glob patterns.",
+                                                 flag="leaf_files")
 
   def check(self, context: registry.BuildContext) -> None:
     del context
@@ -236,8 +236,8 @@ class SqliteSettings:
 
 @dataclasses.dataclass(frozen=True)
 class EmnistSettings(SqliteSettings):
-  emnist_only_digits: bool = registry.setting(False, "--dataset=emnist: fedjax's digits-only files "
-                                              "(10 classes).", flag="emnist_only_digits")
+  emnist_only_digits: bool = registry.setting(False, "Read fedjax's digits-only files (10 "
+                                              "classes).", flag="emnist_only_digits")
 
 
 def _published_files(name: str, settings: SqliteSettings) -> tuple[str, bool]:

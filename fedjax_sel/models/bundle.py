@@ -266,9 +266,9 @@ def _conv_impl_setting():
 
 @dataclasses.dataclass(frozen=True)
 class MLPSettings:
-  hidden: tuple[int, ...] = registry.setting((200, 200), "Hidden layer widths of --model=mlp (e.g. "
-                                             "200,100 for FedSRC's MNIST MLP 784-200-100-10, 64 "
-                                             "for its FEMNIST MLP).", flag="hidden")
+  hidden: tuple[int, ...] = registry.setting((200, 200), "Hidden layer widths (e.g. 200,100 for "
+                                             "FedSRC's MNIST MLP 784-200-100-10, 64 for its "
+                                             "FEMNIST MLP).", flag="hidden")
 
   def check(self, context: registry.BuildContext) -> None:
     del context
@@ -284,10 +284,10 @@ class ConvSettings:
 
 @dataclasses.dataclass(frozen=True)
 class ResNetSettings:
-  norm: str = registry.setting("group", "Normalization layers of --model=resnet18: group "
-                               "(GroupNorm) or batch (BatchNorm; each client keeps running "
-                               "statistics during local training, averaged like the weights).",
-                               flag="norm", choices=modules.NORMS)
+  norm: str = registry.setting("group", "Normalization layers: group (GroupNorm) or batch "
+                               "(BatchNorm; each client keeps running statistics during local "
+                               "training, averaged like the weights).", flag="norm",
+                               choices=modules.NORMS)
   resnet_width: int = registry.setting(64, "Channels of ResNet18's first stage (64 in the paper; "
                                        "smaller for quick CPU runs).", flag="resnet_width",
                                        within=">= 2")

@@ -267,15 +267,15 @@ def _capacity(capacity: int) -> int | None:
 
 def _capacity_setting():
   """The setting the probability, diurnal and trace models share (one flag, --avail_capacity)."""
-  return registry.setting(0, "Most clients available at once under the probability, diurnal "
-                          "and trace models (sizes FilFL's training slots; 0: the number of "
-                          "clients, or the trace's largest round).", flag="avail_capacity")
+  return registry.setting(0, "Most clients available at once (sizes FilFL's training slots; 0: "
+                          "the number of clients, or the trace's largest round).",
+                          flag="avail_capacity")
 
 
 def _period_setting():
   """The setting the uniform and probability models share (one flag, --avail_period)."""
-  return registry.setting(5, "Rounds between redraws of the available clients (uniform and "
-                          "probability models).", flag="avail_period", within=">= 1")
+  return registry.setting(5, "Rounds between redraws of the available clients.",
+                          flag="avail_period", within=">= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,10 +307,9 @@ def _uniform(settings: UniformSettings, context: registry.BuildContext) -> Avail
 class ProbabilitySettings:
   """Each client available with its own probability."""
 
-  prob_range: tuple[str, ...] = registry.setting(("0.2", "0.8"), "probability model: each client's "
-                                                 "availability probability is drawn uniformly in "
-                                                 "[low, high] (within [0, 1]).",
-                                                 flag="avail_prob_range")
+  prob_range: tuple[str, ...] = registry.setting(("0.2", "0.8"), "Each client's availability "
+                                                 "probability is drawn uniformly in [low, high] "
+                                                 "(within [0, 1]).", flag="avail_prob_range")
   period: int = _period_setting()
   capacity: int = _capacity_setting()
 
@@ -381,8 +380,8 @@ class TraceSettings:
                                       "or fedscale:FILE (FedScale's client_behave_trace pickle); "
                                       "cycled past its end.", flag="avail_trace")
   capacity: int = _capacity_setting()
-  round_s: float = registry.setting(60.0, "trace model, fedscale:FILE: the trace's seconds per "
-                                    "round (in --mode=async give --avail_window_s the same value).",
+  round_s: float = registry.setting(60.0, "A fedscale:FILE trace's seconds per round (in "
+                                    "--mode=async give --avail_window_s the same value).",
                                     flag="avail_trace_round_s")
 
   def check(self, context: registry.BuildContext) -> None:
