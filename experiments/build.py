@@ -153,11 +153,6 @@ def set_off_default(cfg: cfglib.JobConfig, given: frozenset, names) -> list[str]
           if name in given and value(cfg, name) != value(fresh, name)]
 
 
-def section_fields(section: type) -> tuple[str, ...]:
-  """The flags of a config section (each field's name)."""
-  return tuple(f.name for f in dataclasses.fields(section))
-
-
 FEDSCALE = "fedscale:"  # --system_profile=fedscale:FILE reads FedScale's device capacity pickle.
 PUBLISHED_SPLITS = tuple(federated_sqlite.DATASETS)  # Datasets with their own test split.
 
@@ -168,7 +163,7 @@ def asynchronous(cfg: cfglib.JobConfig, given: frozenset) -> cfglib.JobConfig:
   synchronous mode an asynchronous flag is refused, naming it."""
   a = cfg.asynchrony
   if cfg.engine.mode == "sync":
-    stray = set_off_default(cfg, given, section_fields(cfglib.AsyncConfig))
+    stray = set_off_default(cfg, given, cfglib.field_names("asynchrony"))
     if stray:
       raise app.UsageError(f"{', '.join(stray)} set the asynchronous mode's options; add "
                            "--mode=async (or leave them out)")
@@ -229,7 +224,7 @@ def _required(cfg: cfglib.JobConfig, given: frozenset, runs) -> cfglib.JobConfig
           "--availability=diurnal (each client available around its own local noon) is on; set "
           "--availability to choose another model")
     cfg = cfglib.updated(cfg, given, availability="diurnal")
-  unused = set_off_default(cfg, given, section_fields(cfglib.LognormalConfig))
+  unused = set_off_default(cfg, given, cfglib.field_names("lognormal"))
   if unused and cfg.clock.system_profile != "lognormal":
     raise app.UsageError(f"{', '.join(unused)}: settings of the log-normal clock "
                          "(--system_profile=lognormal); with --system_profile="

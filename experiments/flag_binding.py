@@ -80,7 +80,7 @@ def _define(name: str, hint, default: Any, field: dataclasses.Field, owner: str 
   """One absl flag for `field` (of type `hint`); `owner` names the parts it sets, if any."""
   base = _base_type(hint)
   meta = field.metadata
-  help_text = f"{owner}: " * bool(owner) + registry.setting_help(field)
+  help_text = (f"{owner}: " if owner else "") + registry.setting_help(field)
   within = meta.get("within")  # Its closed ends bound the flag; `check_values` checks the rest.
   bounds = {} if within is None else {
       k: v for k, v, shut in (("lower_bound", within.low, not within.open_low),
@@ -336,11 +336,9 @@ def check_values(cfg: cfglib.JobConfig) -> None:
 def _check_value(flag: str, value: Any, meta: dict) -> None:
   if isinstance(value, float) and not math.isfinite(value):
     raise app.UsageError(f"--{flag} must be a finite number, got {value}")
-  within, choices = meta.get("within"), meta.get("choices")
-  if within is not None and value is not None and value not in within:
-    raise app.UsageError(f"--{flag} must be {within}, got {value}")
-  if choices is not None and isinstance(value, str) and value not in [str(c) for c in choices]:
-    raise app.UsageError(f"--{flag} must be one of {', '.join(map(str, choices))}, got {value!r}")
+  problem = None if value is None else registry.value_problem(value, meta)
+  if problem is not None:
+    raise app.UsageError(f"--{flag} {problem}")
 
 
 Resolve = Callable[[cfglib.JobConfig, frozenset], cfglib.JobConfig]

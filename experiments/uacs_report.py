@@ -11,7 +11,6 @@ from fedjax_sel.data.boundary import BoundaryConfig, BoundaryShape
 from fedjax_sel.host.plotting import mean_std, metric_matrix, seed_spread
 
 
-
 def boundary_config(cfg: config.JobConfig, scenario: int) -> BoundaryConfig:
   """The boundary data of `scenario` as the options set them."""
   options = {f.name: getattr(cfg.options, f.name) for f in dataclasses.fields(BoundaryShape)}

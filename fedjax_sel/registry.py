@@ -192,16 +192,24 @@ def setting_help(field: dataclasses.Field) -> str:
   return text if within is None else f"{text.rstrip('.')}, {within}."
 
 
+def value_problem(value: Any, metadata) -> str | None:
+  """Why `value` is outside the `choices` or the range (`within`) of a field with `metadata`
+  ("must be ..., got ..."), or None when it is inside (a None value has no range)."""
+  choices, within = metadata.get("choices"), metadata.get("within")
+  if choices is not None and value not in choices:
+    return f"must be one of {', '.join(map(str, choices))}, got {value!r}"
+  if within is not None and value is not None and value not in within:
+    return f"must be {within}, got {value}"
+  return None
+
+
 def check_values(settings: Any) -> None:
   """Raises `SettingError` naming the first field of `settings` outside its `choices` or its
   range."""
   for f in dataclasses.fields(settings):
-    value = getattr(settings, f.name)
-    choices, within = f.metadata.get("choices"), f.metadata.get("within")
-    if choices is not None and value not in choices:
-      raise SettingError(f.name, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
-    if within is not None and value is not None and value not in within:
-      raise SettingError(f.name, f"must be {within}, got {value}")
+    problem = value_problem(getattr(settings, f.name), f.metadata)
+    if problem is not None:
+      raise SettingError(f.name, problem)
 
 
 def setting_flag(name: str, field: dataclasses.Field) -> str:
