@@ -83,11 +83,6 @@ def peer_python() -> str | None:
   return python_with("torch", FLAGS.peer_python, ".venv-peers/bin/python")
 
 
-def has_pfl(python: str) -> bool:
-  return subprocess.run([python, "-c", "import pfl"], capture_output=True,
-                        check=False).returncode == 0
-
-
 def measure(model: str, clients: int, python: str | None, peers: list[str],
             reps: int) -> tuple[dict, dict]:
   """One table row (samples/s per framework, ratios) and our round's time split; `peers` are the
@@ -118,7 +113,9 @@ def main(argv):
   python = peer_python()
   if python is None:
     print("No torch in this or a peers environment: peer columns left empty (see --help).")
-  peers = [] if python is None else ["torch_loop"] + (["pfl"] if has_pfl(python) else [])
+  peers = []
+  if python is not None:
+    peers = ["torch_loop"] + (["pfl"] if python_with("pfl", python, python) else [])
   models, ks = (["leaf_cnn"], [4]) if FLAGS.quick else (FLAGS.models,
                                                         [int(k) for k in FLAGS.clients])
   reps = 2 if FLAGS.quick else FLAGS.reps
