@@ -5,11 +5,12 @@ entry a process still traces and lowers each program, 0.4-0.9 s for a batched ro
 keys a compiled program by what determines it, without tracing: the program's function and its
 static config (the structural `signature`, `signature.py`: the bytecode of every function it
 captures), the arguments' tree, shapes and dtypes, and the environment: Python, jax, jaxlib, flax,
-optax and numpy versions, the device and its CPU features, XLA flags, a digest of this package's
-sources, and a digest of the source files of the modules the signature reads by name or whose
-classes it holds (a user's module, a flax model's class in a script). A process that meets the
-same key loads the executable (`jax.experimental.serialize_executable`) and calls it; any other
-change gives another key, so an edit to the code is never run with an old program.
+optax and numpy versions, the device and its CPU features, every `XLA_*` environment variable, a
+digest of this package's sources, and a digest of the source files of the modules the signature
+reads by name or whose classes it holds (a user's module, a flax model's class in a script). A
+process that meets the same key loads the executable (`jax.experimental.serialize_executable`) and
+calls it; any other change gives another key, so an edit to the code is never run with an old
+program.
 
 A config is stored only when its signature is the same in every process and its code is known:
 one that describes a value by identity (an object without structural equality), or holds a class
@@ -48,6 +49,7 @@ from fedjax_sel.models import onednn
 
 FORMAT = 1  # Of the stored files; another format is a different key.
 LOADED_EVENT = "/fedjax_sel/executables/loaded"  # A `jax.monitoring` event per executable loaded.
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"  # JAX's event per persistent cache load.
 MAX_BYTES = 1 << 30  # The store's size: past it, the files least recently used are removed.
 _VERSIONS = ("jax", "jaxlib", "flax", "optax", "numpy")
 _CONFIG = ("jax_enable_x64", "jax_default_matmul_precision", "jax_default_prng_impl",
@@ -57,7 +59,7 @@ _CACHE_HITS = [0]  # JAX's persistent cache hits in this process (its monitoring
 
 def _count_hit(event: str, **kwargs) -> None:
   del kwargs
-  if event == "/jax/compilation_cache/cache_hits":
+  if event == CACHE_HIT_EVENT:
     _CACHE_HITS[0] += 1
 
 

@@ -32,12 +32,11 @@ import threading
 import jax
 from jax import monitoring
 
-from fedjax_sel.engine.executables import LOADED_EVENT
+from fedjax_sel.engine.executables import CACHE_HIT_EVENT, LOADED_EVENT
 
 ENV_DIR = "FEDJAX_SEL_CACHE_DIR"
 MIN_COMPILE_SECS = 0.0
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
 def cache_dir() -> str | None:
@@ -94,7 +93,7 @@ class _Counter:
 
   def _on_event(self, event, **kwargs):
     del kwargs
-    if event == _HIT_EVENT:
+    if event == CACHE_HIT_EVENT:
       with self.lock:
         self.hits += 1
     elif event == LOADED_EVENT:
