@@ -280,7 +280,7 @@ def round_inputs(config: RoundConfig, state: EngineState, arrays: DataArrays, ru
                      lambda ids: client_gradients(config.model, params, arrays.train, ids),
                      arrays.public_x, arrays.public_y,
                      lambda r: config.availability.sample(run.seed, r),
-                     lambda mask: update_norms(config, params, arrays, run, t, mask))
+                     lambda mask: update_norms(config, params, arrays, run, t, mask), config.k)
 
 
 def update_norms(config: RoundConfig, params, arrays: DataArrays, run: RunValues, t,

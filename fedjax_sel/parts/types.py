@@ -86,6 +86,8 @@ class RoundInputs(NamedTuple):
       most K) train as the round would train them (same keys, so a client selected afterwards
       computes the same update) and report the norm of their update `w^k - w_t` and the samples
       it took (0 for the others); None outside the engine.
+    k: K, the round's training slots (a Python int: shapes may depend on it). The engine's value
+      is the one place K lives: a selector reads it here and takes no K of its own.
   """
 
   round: jax.Array
@@ -100,6 +102,7 @@ class RoundInputs(NamedTuple):
   public_y: jax.Array | None = None
   available_at: Callable[[jax.Array], jax.Array] | None = None
   update_norms: Callable[[jax.Array], tuple[jax.Array, jax.Array]] | None = None
+  k: int | None = None
 
   @staticmethod
   def create(num_examples: Any, **fields) -> RoundInputs:
