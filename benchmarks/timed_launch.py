@@ -28,7 +28,7 @@ def main():
   compile_in = {"set-up": 0.0, "rounds": 0.0, "data": 0.0}
   module = importlib.import_module(module_name)
   import fedjax_sel as fs  # pylint: disable=import-outside-toplevel
-  from experiments import build, job  # pylint: disable=import-outside-toplevel
+  from experiments.launch import build, job  # pylint: disable=import-outside-toplevel
   imported = time.perf_counter() - START
 
   def timed(owner, name, phase):

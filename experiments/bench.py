@@ -29,8 +29,8 @@ import sys
 import numpy as np
 from absl import app, flags
 
-from experiments import job as joblib
-from experiments import report
+from experiments.launch import job as joblib
+from experiments.launch import report
 from fedjax_sel import registry
 from fedjax_sel.host.plotting import mean_std
 

@@ -23,9 +23,9 @@ import os
 import numpy as np
 from absl import app, flags
 
-from experiments import job as joblib
-from experiments import report
-from experiments.report import read_job
+from experiments.launch import job as joblib
+from experiments.launch import report
+from experiments.launch.report import read_job
 from fedjax_sel.host.plotting import mean_std
 
 FLAGS = flags.FLAGS

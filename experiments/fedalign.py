@@ -16,7 +16,7 @@ data-weighted training loss after the round), `priority_test_accuracy` / `priori
 `others_aggregated` (non-priority clients), `eps`, `closest_gap` (the smallest gap |F_k - F| of a
 non-priority client in --align_metric, loss or accuracy: above eps_t nobody aligns) and the cost
 counters; plus `summary.md` and, with --plot, `fedalign.png`
-(`experiments/fedalign_report.py`).
+(`experiments/reports/fedalign.py`).
 """
 
 import dataclasses
@@ -25,8 +25,9 @@ import numpy as np
 from absl import app
 
 import fedjax_sel as fs
-from experiments import build, config, fedalign_report, flag_binding, job
-from experiments.config import option
+from experiments.launch import build, config, flag_binding, job
+from experiments.launch.config import option
+from experiments.reports import fedalign as fedalign_report
 from fedjax_sel.data.corruption import LABEL_NOISE_MODES, NOISE_PRESETS, noisy_clients
 from fedjax_sel.parts.rules import fedalign
 from fedjax_sel.parts.selectors.baselines import all_selector, group_random_selector

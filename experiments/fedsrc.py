@@ -16,15 +16,16 @@ accuracy and loss, `participation_rate`, the threshold (`rule.phi`, `rule.alpha`
 and `<kind>_sampled` for good clients and each corruption kind, and the round's savings
 (`samples_saved`, `net_samples_saved`, `uploads_saved`) in the self-regulating runs; plus
 `summary.md` (accuracy and savings tables) and, with --plot, `fedsrc.png`
-(`experiments/fedsrc_report.py`).
+(`experiments/reports/fedsrc.py`).
 """
 
 import dataclasses
 
 from absl import app
 
-from experiments import build, config, fedsrc_report, flag_binding, job
-from experiments.config import option
+from experiments.launch import build, config, flag_binding, job
+from experiments.launch.config import option
+from experiments.reports import fedsrc as fedsrc_report
 from fedjax_sel.data.builders import source
 
 SPLITS = {"iid": {"partition": "iid"},

@@ -17,7 +17,7 @@ Per run it writes `<out_dir>/<filter>/seed<s>/metrics.jsonl` with, per round: te
 and loss, |S^f| (`num_filtered`), who was filtered in (`filtered_in`, client ids), R values
 (`filter.R_*`), the OPT approximation ratio with `--opt`, the weak-submodularity check with
 `--submod_samples`; plus `summary.md`, `filtered_bad.csv` and with `--plot` the paper's panels in
-`filfl.png` (`experiments/filfl_report.py`).
+`filfl.png` (`experiments/reports/filfl.py`).
 """
 
 import dataclasses
@@ -25,8 +25,9 @@ import dataclasses
 import numpy as np
 from absl import app
 
-from experiments import build, config, filfl_report, flag_binding, job
-from experiments.config import option
+from experiments.launch import build, config, flag_binding, job
+from experiments.launch.config import option
+from experiments.reports import filfl as filfl_report
 from fedjax_sel.data import sources
 
 LABELS = {"none": "FedAvg", "dgf": "FilFL-DGF", "rgf": "FilFL-RGF"}

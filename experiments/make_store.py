@@ -28,8 +28,8 @@ import time
 from absl import app
 
 import fedjax_sel as fs
-from experiments import build, config, flag_binding, job
-from experiments.config import option
+from experiments.launch import build, config, flag_binding, job
+from experiments.launch.config import option
 from fedjax_sel.data import federated_sqlite, store
 from fedjax_sel.data.builders import SynthSettings, published_store
 

@@ -30,7 +30,7 @@ import dataclasses
 
 
 import fedjax_sel as fs
-from experiments import build, config, flag_binding, job, report
+from experiments.launch import build, config, flag_binding, job, report
 from fedjax_sel import registry
 
 DEFAULTS = config.JobConfig()

@@ -14,7 +14,7 @@ Per run it writes `<out_dir>/scenario<s>/<method>/seed<k>/metrics.jsonl` with, p
 accuracy and loss, the selected ids (`selected`), how many boundary clients were selected
 (`boundary_selected`), the cost counters (`client_eval_samples`: entropy forward passes,
 `client_grad_samples`: gradient norms); plus `summary.md` and, with --plot, `uacs.png`
-(`experiments/uacs_report.py`).
+(`experiments/reports/uacs.py`).
 """
 
 import dataclasses
@@ -23,8 +23,9 @@ import os
 import numpy as np
 from absl import app
 
-from experiments import build, config, flag_binding, job, uacs_report
-from experiments.config import option
+from experiments.launch import build, config, flag_binding, job
+from experiments.launch.config import option
+from experiments.reports import uacs as uacs_report
 from fedjax_sel import registry
 from fedjax_sel.data.boundary import SCENARIOS, BoundaryShape, boundary_dataset, check_config
 from fedjax_sel.host import checkpoint

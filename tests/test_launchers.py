@@ -372,7 +372,7 @@ def test_no_flag_help_is_only_a_symbol():
           short.append(f"{name}: --{node.args[0].value}: {' '.join(words)!r}")
   import dataclasses  # pylint: disable=import-outside-toplevel
 
-  from experiments import config  # pylint: disable=import-outside-toplevel
+  from experiments.launch import config  # pylint: disable=import-outside-toplevel
   from fedjax_sel import registry  # pylint: disable=import-outside-toplevel
   bound = [(s.__name__, f) for s in config.SECTIONS.values() for f in dataclasses.fields(s)]
   bound += [(f"{kind} {name}", f) for kind in registry.KINDS for name in registry.names(kind)
@@ -593,7 +593,7 @@ def test_resume_with_an_added_seed_resumes_the_others(tmp_path):
 def test_what_conv_impl_auto_stood_for_is_printed_and_kept(tmp_path, capsys):
   """A convolutional job says what --conv_impl=auto resolved to on this machine, and run_info.json
   keeps it (issue 36)."""
-  from experiments import config, job  # pylint: disable=import-outside-toplevel
+  from experiments.launch import config, job  # pylint: disable=import-outside-toplevel
   from fedjax_sel.host import folder_lock  # pylint: disable=import-outside-toplevel
   from fedjax_sel.models import resolve_conv_impl  # pylint: disable=import-outside-toplevel
   out = tmp_path / "cnn"

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from experiments import config
+from experiments.launch import config
 from fedjax_sel import registry
 from fedjax_sel.data.boundary import BoundaryShape
 

@@ -1118,7 +1118,7 @@ def test_a_failed_check_of_a_cached_program_names_the_cache_folder(tmp_path, mon
   """XLA's assertion on a program loaded from the persistent cache (two swapped entries stopped a
   job with a raw AssertionError) ends the launcher in one line naming the cache folder and what
   to do (issue 37)."""
-  from experiments import job  # pylint: disable=import-outside-toplevel
+  from experiments.launch import job  # pylint: disable=import-outside-toplevel
   monkeypatch.setenv("FEDJAX_SEL_CACHE_DIR", str(tmp_path / "cache"))
 
   def main(argv):

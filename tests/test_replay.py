@@ -87,7 +87,7 @@ def test_run_writes_its_config_and_runs_a_selector_registered_outside(tmp_path):
 CHANGE_EVERY_FLAG = """
 import importlib, json, sys
 from absl import flags
-from experiments import config, flag_binding
+from experiments.launch import config, flag_binding
 from fedjax_sel import registry
 module_name = sys.argv[1]
 launcher = importlib.import_module(module_name)

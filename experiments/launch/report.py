@@ -16,7 +16,7 @@ import re
 import numpy as np
 from absl import app
 
-from experiments import config as cfglib
+from experiments.launch import config as cfglib
 from fedjax_sel.host.checkpoint import CheckpointError
 from fedjax_sel.host.plotting import mean_std
 from fedjax_sel.host.runner import read_history

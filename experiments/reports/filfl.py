@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 import fedjax_sel as fs
-from experiments import config, report
+from experiments.launch import config, report
 from fedjax_sel.host.plotting import mean_std
 
 

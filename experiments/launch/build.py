@@ -1,10 +1,10 @@
 """A job config turned into library objects: data, model, availability, clock, parts, simulator.
 
-Every builder takes the typed job config (`experiments.config`), never the command line; an error
-is an `app.UsageError` naming the config field at fault by its flag (a field and its flag share
-one name), raised before any compute:
+Every builder takes the typed job config (`experiments.launch.config`), never the command line;
+an error is an `app.UsageError` naming the config field at fault by its flag (a field and its flag
+share one name), raised before any compute:
 
-  >>> from experiments import build, config
+  >>> from experiments.launch import build, config
   >>> cfg = config.updated(config.JobConfig(), num_clients=12, num_available=6,
   ...                      clients_per_round=3)
   >>> data = build.load_data(cfg, seed=0)
@@ -23,7 +23,7 @@ import optax
 from absl import app
 
 import fedjax_sel as fs
-from experiments import config as cfglib
+from experiments.launch import config as cfglib
 from fedjax_sel import registry
 from fedjax_sel.data import federated_sqlite, sources
 from fedjax_sel.data.builders import source

@@ -24,7 +24,7 @@ import numpy as np
 from absl import app
 
 import fedjax_sel as fs
-from experiments import config as cfglib
+from experiments.launch import config as cfglib
 from fedjax_sel.data.integrity import DataError
 from fedjax_sel.host import folder_lock
 from fedjax_sel.host.checkpoint import DEFAULTS, CheckpointError, WriteError, write_atomic
@@ -399,7 +399,7 @@ def launch(main) -> None:
   """Runs a launcher's `main` (`app.run(cli(main))`); `--help` (or `-h`) prints its short,
   grouped help (`flag_binding.short_help`) and exits 0."""
   if any(a in ("--help", "-h", "-?", "--helpshort") for a in sys.argv[1:]):
-    from experiments import flag_binding  # pylint: disable=import-outside-toplevel
+    from experiments.launch import flag_binding  # pylint: disable=import-outside-toplevel
     print(flag_binding.short_help(sys.modules["__main__"].__doc__ or ""))
     sys.exit(0)
   app.run(cli(main))

@@ -3,7 +3,7 @@ the savings of self-regulation (samples, uploads), accuracy over seeds."""
 
 import numpy as np
 
-from experiments import build, config, report
+from experiments.launch import build, config, report
 from fedjax_sel.client.local_training import steps_per_client
 from fedjax_sel.host.plotting import mean_std, metric_matrix
 from fedjax_sel.parts.rules import fedsrc

@@ -3,7 +3,7 @@ the alignment gap against eps_t, and the round FedALIGN first leads None."""
 
 import numpy as np
 
-from experiments import config, report
+from experiments.launch import config, report
 from fedjax_sel.host.plotting import mean_std, metric_matrix
 from fedjax_sel.parts.rules import fedalign
 

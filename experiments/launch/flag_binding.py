@@ -26,8 +26,8 @@ from typing import Any
 
 from absl import app, flags
 
-from experiments import config as cfglib
-from experiments import distributed, job
+from experiments.launch import config as cfglib
+from experiments.launch import distributed, job
 from fedjax_sel import registry
 
 FLAGS = flags.FLAGS

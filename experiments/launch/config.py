@@ -1,7 +1,7 @@
 """A job as one typed value: data, model, local training, engine, parts, seeds, sweep, outputs.
 
 `JobConfig` describes everything a launcher runs; it is built once from the command line
-(`experiments.flag_binding`: each field below is the flag of the same name, its help text and
+(`experiments.launch.flag_binding`: each field below is the flag of the same name, its help text and
 accepted values written here once), checked once, passed down, and written beside the results as
 `config.json`, from which `--config=<out_dir>/config.json` replays the job exactly. Python users
 build it directly:

@@ -12,7 +12,7 @@ import time
 
 from absl import app
 
-from experiments import config as cfglib
+from experiments.launch import config as cfglib
 
 
 def join(d: cfglib.DistributedConfig) -> None:

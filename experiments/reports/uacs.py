@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from experiments import config, report
+from experiments.launch import config, report
 from fedjax_sel.data.boundary import BoundaryConfig, BoundaryShape
 from fedjax_sel.host.plotting import mean_std, metric_matrix, seed_spread
 
