@@ -1,17 +1,22 @@
 """Selectors against hand-computed cases and reference loops; invariants on random masks."""
 
+import inspect
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import fedjax_sel as fs
+from fedjax_sel import registry
 from fedjax_sel.parts.selectors.baselines import (divfl, facility_location_greedy, power_of_choice,
                                                   weighted_sample_without_replacement)
 from fedjax_sel.parts.types import ClientState, RoundInputs, RoundOutcome
 
 
-def inputs_for(n, loss=None, batch_loss=None, counts=None, last_loss=None, grad=None, round_idx=0):
+def inputs_for(n, k, loss=None, batch_loss=None, counts=None, last_loss=None, grad=None,
+               round_idx=0):
   clients = ClientState.create(n)
   if last_loss is not None:
     clients = clients._replace(last_loss=jnp.asarray(last_loss, jnp.float32))
@@ -25,22 +30,23 @@ def inputs_for(n, loss=None, batch_loss=None, counts=None, last_loss=None, grad=
     gradients = lambda ids: {"w": jnp.asarray(grad, jnp.float32)[ids]}
   counts = jnp.ones(n, jnp.int32) * 10 if counts is None else jnp.asarray(counts)
   return RoundInputs(jnp.int32(round_idx), {"w": jnp.zeros(2)}, jnp.ones(n, bool), stats, clients,
-                     counts, jnp.zeros((n, 2)), gradients)
+                     counts, jnp.zeros((n, 2)), gradients, k=k)
 
 
 def test_power_of_choice_hand_cases():
   loss = [0.5, 2.0, 1.0, 3.0, 0.1, 2.5]
   mask = jnp.array([True, True, True, False, True, True])
   # d = all clients in the mask: the K highest losses of the mask, whatever the draw.
-  chosen, _ = power_of_choice(2, d=6, variant="pow").select((), jax.random.PRNGKey(0),
-                                                           inputs_for(6, loss=loss), mask)
+  chosen, _ = power_of_choice(d=6, variant="pow").select((), jax.random.PRNGKey(0),
+                                                        inputs_for(6, 2, loss=loss), mask)
   assert np.flatnonzero(chosen).tolist() == [1, 5]
-  chosen, _ = power_of_choice(2, d=6, variant="cpow").select(
-      (), jax.random.PRNGKey(0), inputs_for(6, batch_loss=[9, 0, 0, 0, 8, 0]), mask)
+  chosen, _ = power_of_choice(d=6, variant="cpow").select(
+      (), jax.random.PRNGKey(0), inputs_for(6, 2, batch_loss=[9, 0, 0, 0, 8, 0]), mask)
   assert np.flatnonzero(chosen).tolist() == [0, 4]
   # rpow: never-seen clients have +inf stale loss and come first; ties to the lower index.
-  chosen, _ = power_of_choice(3, d=6, variant="rpow").select(
-      (), jax.random.PRNGKey(0), inputs_for(6, last_loss=[1.0, np.inf, 5.0, 0, np.inf, 2.0]), mask)
+  chosen, _ = power_of_choice(d=6, variant="rpow").select(
+      (), jax.random.PRNGKey(0), inputs_for(6, 3, last_loss=[1.0, np.inf, 5.0, 0, np.inf, 2.0]),
+      mask)
   assert np.flatnonzero(chosen).tolist() == [1, 2, 4]
 
 
@@ -83,31 +89,32 @@ def test_facility_location_hand_case_and_reference():
 
 def test_divfl_uses_stale_table():
   grad = np.array([[0.0, 0], [1, 0], [10, 0], [11, 0]])
-  sel = divfl(2)
+  sel = divfl()
   state = sel.init(4, {"w": jnp.zeros(2)})
-  chosen, state = sel.select(state, None, inputs_for(4, grad=grad), jnp.ones(4, bool))
+  chosen, state = sel.select(state, None, inputs_for(4, 2, grad=grad), jnp.ones(4, bool))
   assert np.flatnonzero(chosen).tolist() == [1, 2]
   outcome = RoundOutcome(jnp.array([0, 3]), jnp.array([True, False]), jnp.array([True, False]),
                          jnp.zeros(2), None, None)
   # The filling round's rows already are the gradients at w_t: observing recomputes none.
-  state = sel.observe(state, inputs_for(4, grad=grad), outcome)
+  state = sel.observe(state, inputs_for(4, 2, grad=grad), outcome)
   assert int(sel.costs(state).gradients_computed) == 4
   # Next round the gradients have moved, but only client 0 trained: the others keep stale rows,
   # and only the K = 2 slots' gradients are computed.
   moved = np.array([[100.0, 0], [-50, 0], [-50, 0], [-50, 0]])
-  chosen, state = sel.select(state, None, inputs_for(4, grad=moved, round_idx=1), jnp.ones(4, bool))
+  chosen, state = sel.select(state, None, inputs_for(4, 2, grad=moved, round_idx=1),
+                             jnp.ones(4, bool))
   assert np.flatnonzero(chosen).tolist() == [1, 2]  # Selected on the stale table.
-  state = sel.observe(state, inputs_for(4, grad=moved, round_idx=1), outcome)
+  state = sel.observe(state, inputs_for(4, 2, grad=moved, round_idx=1), outcome)
   np.testing.assert_allclose(np.asarray(state.table), [[100, 0], [1, 0], [10, 0], [11, 0]])
   assert int(sel.costs(state).gradients_computed) == 2
 
 
 SELECTORS = {
-    "random": lambda k: fs.random_selector(k),
-    "pow": lambda k: power_of_choice(k, variant="pow"),
-    "cpow": lambda k: power_of_choice(k, d=3 * k, variant="cpow"),
-    "rpow": lambda k: power_of_choice(k, variant="rpow"),
-    "divfl": lambda k: divfl(k),
+    "random": fs.random_selector,
+    "pow": lambda: power_of_choice(variant="pow"),
+    "cpow": lambda: power_of_choice(d=27, variant="cpow"),
+    "rpow": lambda: power_of_choice(variant="rpow"),
+    "divfl": divfl,
 }
 
 
@@ -115,12 +122,13 @@ SELECTORS = {
 def test_selector_invariants(name):
   n = 20
   rng = np.random.default_rng(1)
-  inp = inputs_for(n, loss=rng.random(n), batch_loss=rng.random(n),
-                   last_loss=np.where(rng.random(n) < 0.5, np.inf, rng.random(n)),
-                   counts=rng.integers(1, 50, n), grad=rng.normal(size=(n, 2)))
+  every_k = inputs_for(n, None, loss=rng.random(n), batch_loss=rng.random(n),
+                       last_loss=np.where(rng.random(n) < 0.5, np.inf, rng.random(n)),
+                       counts=rng.integers(1, 50, n), grad=rng.normal(size=(n, 2)))
+  sel = SELECTORS[name]()  # One selector for every K: it reads K from its inputs.
   for k in (1, 4, 9):
-    sel = SELECTORS[name](k)
-    select = jax.jit(lambda s, key, m, sel=sel: sel.select(s, key, inp, m))
+    inp = every_k._replace(k=k)
+    select = jax.jit(lambda s, key, m, inp=inp: sel.select(s, key, inp, m))
     state = sel.init(n, {"w": jnp.zeros(2)})
     for trial in range(6):
       key = jax.random.PRNGKey(trial)
@@ -159,7 +167,7 @@ def test_divfl_same_selections_with_fewer_gradients(small_data):
   from tests.test_engine import make_sim  # pylint: disable=import-outside-toplevel
   rounds, n, k = 5, small_data.num_clients, 3
   runs = {}
-  for name, sel in (("eager", eager_divfl(k)), ("lazy", divfl(k))):
+  for name, sel in (("eager", eager_divfl(k)), ("lazy", divfl())):
     sim = make_sim(small_data, seed=2, k=k, n=8, selector=sel)
     state, recs = sim.init(), []
     for _ in range(rounds):
@@ -180,3 +188,31 @@ def test_divfl_same_selections_with_fewer_gradients(small_data):
   counts = np.asarray(small_data.train.counts)
   want = counts.sum() + sum(counts[np.asarray(r["trained_clients"])].sum() for r in lazy_recs[1:])
   assert float(lazy_recs[-1]["cumulative_cost"]["client_grad_samples"]) == float(want)
+
+
+def test_no_selector_factory_takes_k():
+  """K has one owner, the engine (`inputs.k`): no registered selector's factory, nor any public
+  factory of a module that registers one, takes it; none checks it."""
+  names = registry.names("selector")
+  assert {"random", "poc", "oort", "entropy", "ocs"} <= set(names)
+  for name in names:
+    entry = registry.lookup("selector", name)
+    module = inspect.getmodule(entry.factory)
+    factories = [entry.factory] + [
+        f for _, f in inspect.getmembers(module, inspect.isfunction)
+        if f.__module__ == module.__name__ and inspect.signature(f).return_annotation
+        in ("Selector", fs.Selector)]
+    for factory in factories:
+      taken = set(inspect.signature(factory).parameters) & {"k", "m", "clients_per_round"}
+      assert not taken, (name, factory.__qualname__, taken)
+  root = pathlib.Path(fs.__file__).parent / "parts" / "selectors"
+  assert not [p.name for p in root.glob("*.py") if "k < 1" in p.read_text(encoding="utf-8")]
+
+
+def test_one_selector_chooses_the_k_of_its_inputs():
+  sel = power_of_choice()
+  inp = inputs_for(10, None, loss=np.arange(10.0))
+  state = sel.init(10, None)
+  for k in (2, 5):
+    chosen, _ = sel.select(state, jax.random.PRNGKey(0), inp._replace(k=k), jnp.ones(10, bool))
+    assert int(chosen.sum()) == k

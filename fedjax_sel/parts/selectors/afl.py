@@ -16,11 +16,11 @@ with its update, as Plato's first release did), so valuing costs no extra forwar
 
 Examples:
   >>> import jax, jax.numpy as jnp
-  >>> sel = afl_selector(2)
+  >>> sel = afl_selector()
   >>> state = sel.init(4, None)
   >>> state.valuation.tolist()  # No client valued yet: the K are drawn uniformly.
   [-inf, -inf, -inf, -inf]
-  >>> inputs = RoundInputs.create(jnp.array([10, 40, 20, 30]))
+  >>> inputs = RoundInputs.create(jnp.array([10, 40, 20, 30]), k=2)
   >>> chosen, state = sel.select(state, jax.random.PRNGKey(0), inputs, inputs.available)
   >>> int(chosen.sum())
   2
@@ -64,34 +64,30 @@ def afl_probabilities(valuation: jax.Array, mask: jax.Array, alpha1: float,
   return weight / jnp.maximum(jnp.sum(weight), 1e-30)
 
 
-def afl_selector(k: int, alpha1: float = 0.75, alpha2: float = 0.01, alpha3: float = 0.1,
+def afl_selector(alpha1: float = 0.75, alpha2: float = 0.01, alpha3: float = 0.1,
                  valuation: str = "paper") -> Selector:
   """AFL for K clients.
 
   Args:
-    k: K.
     alpha1: share of the lowest-valued clients left out of the weighted draw, in [0, 1).
     alpha2: softmax temperature on the valuations, >= 0.
     alpha3: share of the K drawn uniformly, in [0, 1].
     valuation: "paper" (`sqrt(m_k)` times the mean loss) or "plato" (the mean loss over
       `sqrt(m_k)`).
   """
-  if k < 1:
-    raise ValueError(f"clients per round must be >= 1, got {k}")
   if not (0.0 <= alpha1 < 1.0 and alpha2 >= 0.0 and 0.0 <= alpha3 <= 1.0):
     raise ValueError(f"AFL needs alpha1 in [0, 1), alpha2 >= 0, alpha3 in [0, 1]; got "
                      f"alpha1={alpha1}, alpha2={alpha2}, alpha3={alpha3}")
   if valuation not in VALUATIONS:
     raise ValueError(f"afl valuation must be one of {VALUATIONS}, got {valuation!r}")
-  weighted = int(np.floor((1.0 - alpha3) * k))
 
   def select(state, key, inputs: RoundInputs, mask):
-    del inputs
+    weighted = int(np.floor((1.0 - alpha3) * inputs.k))
     probs = afl_probabilities(state.valuation, mask, alpha1, alpha2)
     k_weighted, k_uniform = jax.random.split(key)
     first = draw_without_replacement(k_weighted, probs, mask & (probs > 0), weighted)
     rest = draw_without_replacement(k_uniform, jnp.ones(mask.shape), mask & ~first,
-                                    k - jnp.sum(first))
+                                    inputs.k - jnp.sum(first))
     return first | rest, state
 
   def observe(state, inputs: RoundInputs, outcome: RoundOutcome):
@@ -105,7 +101,7 @@ def afl_selector(k: int, alpha1: float = 0.75, alpha2: float = 0.01, alpha3: flo
   return Selector(init=lambda n, params: AFLState(jnp.full((n,), -jnp.inf, jnp.float32)),
                   select=select, observe=observe,
                   report=lambda state: {"valued": jnp.sum(jnp.isfinite(state.valuation))},
-                  spec={"name": "afl", "k": k, "alpha1": alpha1, "alpha2": alpha2,
+                  spec={"name": "afl", "alpha1": alpha1, "alpha2": alpha2,
                         "alpha3": alpha3, "valuation": valuation})
 
 
@@ -124,4 +120,5 @@ class AFLSettings:
 @registry.register("selector", "afl", AFLSettings)
 def _afl(settings: AFLSettings, context: registry.BuildContext) -> Selector:
   """AFL: softmax over loss valuations, the lowest left out, a uniform share."""
-  return afl_selector(context.k, **dataclasses.asdict(settings))
+  del context
+  return afl_selector(**dataclasses.asdict(settings))

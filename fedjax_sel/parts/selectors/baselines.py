@@ -1,13 +1,16 @@
 """Selectors: pure functions over client-state arrays that pick at most K clients from a mask.
 
 Each factory returns a `Selector(init, select, needs)`; `select(state, key, inputs, mask)` returns a
-`[N]` bool mask with `min(K, |mask|)` clients, all inside `mask`.
+`[N]` bool mask with `min(K, |mask|)` clients, all inside `mask`, K being `inputs.k` (the engine's:
+no factory takes K).
 
 Examples:
   >>> import jax, jax.numpy as jnp
-  >>> sel = random_selector(2)
+  >>> from fedjax_sel.parts.types import RoundInputs
+  >>> sel = random_selector()
   >>> mask = jnp.array([True, False, True, True])
-  >>> chosen, _ = sel.select(sel.init(4, None), jax.random.PRNGKey(0), None, mask)
+  >>> inputs = RoundInputs.create(jnp.ones(4), k=2)
+  >>> chosen, _ = sel.select(sel.init(4, None), jax.random.PRNGKey(0), inputs, mask)
   >>> int(chosen.sum()), bool((chosen <= mask).all())
   (2, True)
 """
@@ -36,16 +39,13 @@ def top_k_mask(scores: jax.Array, mask: jax.Array, k: int) -> jax.Array:
   return jnp.zeros(scores.shape, bool).at[idx].max(take)
 
 
-def random_selector(k: int) -> Selector:
+def random_selector() -> Selector:
   """Uniform sample of K clients without replacement from the mask (RS)."""
-  if k < 1:
-    raise ValueError(f"clients per round must be >= 1, got {k}")
 
   def select(state, key, inputs, mask):
-    del inputs
-    return top_k_mask(jax.random.uniform(key, mask.shape), mask, k), state
+    return top_k_mask(jax.random.uniform(key, mask.shape), mask, inputs.k), state
 
-  return Selector(init=lambda n, params: (), select=select, spec={"name": "random", "k": k})
+  return Selector(init=lambda n, params: (), select=select, spec={"name": "random"})
 
 
 POC_VARIANTS = ("pow", "cpow", "rpow")
@@ -66,19 +66,23 @@ class PowerOfChoiceState(NamedTuple):
   candidates: jax.Array
 
 
-def power_of_choice(k: int, d: int | None = None, variant: str = "pow") -> Selector:
+def poc_candidates(d: int | None, k: int) -> int:
+  """Power-of-choice's d for K clients: `d`, or 2K when None; a ValueError when below K."""
+  d = 2 * k if d is None else d
+  if d < k:
+    raise ValueError(f"power-of-choice needs K <= d, got K={k}, d={d}")
+  return d
+
+
+def power_of_choice(d: int | None = None, variant: str = "pow") -> Selector:
   """Power-of-choice (docs/papers/filfl.md, 'Selectors after the filter'): d candidates drawn with
   probability p_k = m_k / sum m, then the K with the highest loss at w_t (ties to the lower index).
 
   Args:
-    k: K.
-    d: candidates (default 2K), >= K.
+    d: candidates (default 2K), >= K (checked when the round is traced).
     variant: "pow" (loss on the full local data), "cpow" (loss on one mini-batch) or "rpow" (the
       stale loss from the client's last participation, +inf if it never took part).
   """
-  d = 2 * k if d is None else d
-  if k < 1 or d < k:
-    raise ValueError(f"power-of-choice needs 1 <= K <= d, got K={k}, d={d}")
   if variant not in POC_VARIANTS:
     raise ValueError(f"poc_variant must be one of {POC_VARIANTS}, got {variant!r}")
   stat = {"pow": "loss", "cpow": "batch_loss", "rpow": None}[variant]
@@ -86,16 +90,16 @@ def power_of_choice(k: int, d: int | None = None, variant: str = "pow") -> Selec
   def select(state, key, inputs, mask):
     del state
     candidates = weighted_sample_without_replacement(
-        key, inputs.num_examples.astype(jnp.float32), mask, d)
+        key, inputs.num_examples.astype(jnp.float32), mask, poc_candidates(d, inputs.k))
     loss = inputs.clients.last_loss if stat is None else inputs.stats[stat]
-    return top_k_mask(loss, candidates, k), PowerOfChoiceState(candidates)
+    return top_k_mask(loss, candidates, inputs.k), PowerOfChoiceState(candidates)
 
   # Only the d candidates evaluate the model (the engine charges the loss to them alone).
   return Selector(init=lambda n, params: PowerOfChoiceState(jnp.zeros((n,), bool)),
                   select=select, needs=(stat,) if stat else (),
                   report=lambda state: {"evaluated": state.candidates},
                   costs=lambda state: PartCosts(evaluated=state.candidates),
-                  spec={"name": "poc", "k": k, "d": d, "variant": variant})
+                  spec={"name": "poc", "d": d, "variant": variant})
 
 
 def facility_location_greedy(proxies: jax.Array, ground: jax.Array, k: int) -> jax.Array:
@@ -151,7 +155,7 @@ class DivFLState(NamedTuple):
   gradient_samples: jax.Array
 
 
-def divfl(k: int, proxy: str = "gradient") -> Selector:
+def divfl(proxy: str = "gradient") -> Selector:
   """DivFL (docs/papers/filfl.md, 'Selectors after the filter'): a stale table of gradient proxies
   for all N clients, greedy facility location over the mask.
 
@@ -164,8 +168,6 @@ def divfl(k: int, proxy: str = "gradient") -> Selector:
   clients whose gradient was used (`gradient_samples`, the clients' cost: all clients at round 0,
   the trained ones after).
   """
-  if k < 1:
-    raise ValueError(f"clients per round must be >= 1, got {k}")
   if proxy not in DIVFL_PROXIES:
     raise ValueError(f"divfl_proxy must be one of {DIVFL_PROXIES}, got {proxy!r}")
 
@@ -186,7 +188,7 @@ def divfl(k: int, proxy: str = "gradient") -> Selector:
     every = jnp.arange(n, dtype=jnp.int32)
     table = jax.lax.cond(fill, lambda: stacked_rows(inputs.gradients(every)),
                          lambda: state.table)
-    return facility_location_greedy(table, mask, k), DivFLState(
+    return facility_location_greedy(table, mask, inputs.k), DivFLState(
         table, jnp.where(fill, n, 0).astype(jnp.int32),
         jnp.where(fill, jnp.sum(inputs.num_examples), 0).astype(jnp.float32))
 
@@ -213,7 +215,7 @@ def divfl(k: int, proxy: str = "gradient") -> Selector:
                                         "gradient_samples": state.gradient_samples},
                   costs=lambda state: PartCosts(gradients_computed=state.gradients_computed,
                                                 gradient_samples=state.gradient_samples),
-                  spec={"name": "divfl", "k": k, "proxy": proxy})
+                  spec={"name": "divfl", "proxy": proxy})
 
 
 def all_selector() -> Selector:
@@ -263,8 +265,8 @@ def group_random_selector(groups, sizes: tuple[int, ...]) -> Selector:
 @registry.register("selector", "random")
 def _random(settings, context: registry.BuildContext) -> Selector:
   """Uniform K clients without replacement (RS)."""
-  del settings
-  return random_selector(context.k)
+  del settings, context
+  return random_selector()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,7 +287,8 @@ class PowerOfChoiceSettings:
 @registry.register("selector", "poc", PowerOfChoiceSettings)
 def _poc(settings: PowerOfChoiceSettings, context: registry.BuildContext) -> Selector:
   """Power of choice: d candidates by data size, the K with the highest loss."""
-  return power_of_choice(context.k, **dataclasses.asdict(settings))
+  del context
+  return power_of_choice(**dataclasses.asdict(settings))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,4 +303,5 @@ class DivFLSettings:
 @registry.register("selector", "divfl", DivFLSettings)
 def _divfl(settings: DivFLSettings, context: registry.BuildContext) -> Selector:
   """DivFL: facility location over the clients' gradients."""
-  return divfl(context.k, **dataclasses.asdict(settings))
+  del context
+  return divfl(**dataclasses.asdict(settings))

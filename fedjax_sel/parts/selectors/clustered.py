@@ -166,17 +166,14 @@ class ClusteredState(NamedTuple):
   fallback: jax.Array
 
 
-def clustered_selector(k: int, algorithm: str = "similarity", metric: str = "arccos") -> Selector:
-  """Clustered sampling for K draws.
+def clustered_selector(algorithm: str = "similarity", metric: str = "arccos") -> Selector:
+  """Clustered sampling for K draws (one per distribution).
 
   Args:
-    k: K, the draws (one per distribution).
     algorithm: "size" (Algorithm 1) or "similarity" (Algorithm 2).
     metric: Algorithm 2's dissimilarity: "arccos" (the authors' default), "L1" or "L2"
       (squared).
   """
-  if k < 1:
-    raise ValueError(f"clients per round must be >= 1, got {k}")
   if algorithm not in ("size", "similarity"):
     raise ValueError(f"clustered algorithm must be size or similarity, got {algorithm!r}")
   if metric not in METRICS:
@@ -189,6 +186,7 @@ def clustered_selector(k: int, algorithm: str = "similarity", metric: str = "arc
                           jnp.asarray(False))
 
   def select(state, key, inputs: RoundInputs, mask):
+    k = inputs.k
     p = data_shares(inputs.num_examples, mask)
     rows = size_distributions(p, mask, k)
     fallback = jnp.asarray(False)
@@ -215,15 +213,15 @@ def clustered_selector(k: int, algorithm: str = "similarity", metric: str = "arc
                   sampling_weights=lambda state: state.weights,
                   report=lambda state: {"distinct": jnp.sum(state.weights > 0),
                                         "fallback": state.fallback},
-                  spec={"name": f"clustered_{algorithm}", "k": k,
+                  spec={"name": f"clustered_{algorithm}",
                         **({"metric": metric} if similarity else {})})
 
 
 @registry.register("selector", "clustered_size")
 def _clustered_size(settings, context: registry.BuildContext) -> Selector:
   """Clustered sampling, Algorithm 1: K distributions by sample size, one draw each."""
-  del settings
-  return clustered_selector(context.k, "size")
+  del settings, context
+  return clustered_selector("size")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,4 +237,5 @@ class ClusteredSimilaritySettings:
 def _clustered_similarity(settings: ClusteredSimilaritySettings,
                           context: registry.BuildContext) -> Selector:
   """Clustered sampling, Algorithm 2: Ward clusters of the clients' last updates."""
-  return clustered_selector(context.k, "similarity", settings.metric)
+  del context
+  return clustered_selector("similarity", settings.metric)

@@ -73,18 +73,15 @@ class DeltaState(NamedTuple):
   weights: jax.Array
 
 
-def delta_selector(k: int, variant: str = "practical", beta: float = 0.5) -> Selector:
+def delta_selector(variant: str = "practical", beta: float = 0.5) -> Selector:
   """DELTA sampling of K draws with replacement, reweighted to be unbiased.
 
   Args:
-    k: K draws per round.
     variant: "practical" (trained clients refresh their mass) or "full" (every available
       client's full gradient each round).
     beta: the weight of diversity against gradient norm (practical) or data share (full), in
       [0, 1] (the authors' 0.5).
   """
-  if k < 1:
-    raise ValueError(f"clients per round must be >= 1, got {k}")
   if variant not in VARIANTS:
     raise ValueError(f"delta variant must be one of {VARIANTS}, got {variant!r}")
   if not 0.0 <= beta <= 1.0:
@@ -103,7 +100,7 @@ def delta_selector(k: int, variant: str = "practical", beta: float = 0.5) -> Sel
       probs = full_probabilities(grads, share, mask, beta)
     else:
       probs = state.probs
-    p, counts, weights = reweighted_draws(key, probs, share, mask, k)
+    p, counts, weights = reweighted_draws(key, probs, share, mask, inputs.k)
     return counts > 0, DeltaState(probs, p, weights)
 
   def observe(state, inputs: RoundInputs, outcome: RoundOutcome):
@@ -121,7 +118,7 @@ def delta_selector(k: int, variant: str = "practical", beta: float = 0.5) -> Sel
                   sampling_weights=lambda state: state.weights,
                   report=lambda state: {"max_probability": jnp.max(state.drawn),
                                         "distinct": jnp.sum(state.weights > 0)},
-                  spec={"name": "delta", "k": k, "variant": variant, "beta": beta})
+                  spec={"name": "delta", "variant": variant, "beta": beta})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,4 +134,5 @@ class DeltaSettings:
 @registry.register("selector", "delta", DeltaSettings)
 def _delta(settings: DeltaSettings, context: registry.BuildContext) -> Selector:
   """DELTA: diverse clients sampled with replacement, unbiased weights."""
-  return delta_selector(context.k, settings.variant, settings.beta)
+  del context
+  return delta_selector(settings.variant, settings.beta)

@@ -67,19 +67,18 @@ def exp3_delta(num_clients: int, rounds: int, bound: float, eta: float) -> float
                                                                 * bound ** 2))
 
 
-def exp3_selector(k: int, rounds: int, eta: float = 0.4, bound: float = 1.0,
+def exp3_selector(rounds: int, eta: float = 0.4, bound: float = 1.0,
                   feedback: str = "update_norm") -> Selector:
   """EXP3 sampling of K draws with replacement, reweighted to be unbiased.
 
   Args:
-    k: K draws per round.
     rounds: T, the rounds of the run (in the step size delta).
     eta: the uniform share of the distribution, in (0, 1].
     bound: L, a bound on the feedback, > 0.
     feedback: "update_norm" (lambda_k ||w^k - w_t||) or "loss" (the mean training loss).
   """
-  if k < 1 or rounds < 1:
-    raise ValueError(f"exp3 needs K >= 1 and rounds >= 1, got K={k}, rounds={rounds}")
+  if rounds < 1:
+    raise ValueError(f"exp3 needs rounds >= 1, got {rounds}")
   if not (0.0 < eta <= 1.0 and bound > 0.0):
     raise ValueError(f"exp3 needs eta in (0, 1] and bound > 0, got eta={eta}, bound={bound}")
   if feedback not in FEEDBACKS:
@@ -92,7 +91,8 @@ def exp3_selector(k: int, rounds: int, eta: float = 0.4, bound: float = 1.0,
 
   def select(state, key, inputs: RoundInputs, mask):
     p, counts, weights = reweighted_draws(key, exp3_probabilities(state.weight, eta),
-                                          data_shares(inputs.num_examples, mask), mask, k)
+                                          data_shares(inputs.num_examples, mask), mask,
+                                          inputs.k)
     return counts > 0, state._replace(probs=p, weights=weights)
 
   def observe(state, inputs: RoundInputs, outcome: RoundOutcome):
@@ -117,7 +117,7 @@ def exp3_selector(k: int, rounds: int, eta: float = 0.4, bound: float = 1.0,
                   sampling_weights=lambda state: state.weights,
                   report=lambda state: {"max_probability": jnp.max(state.probs),
                                         "distinct": jnp.sum(state.weights > 0)},
-                  spec={"name": "exp3", "k": k, "rounds": rounds, "eta": eta, "bound": bound,
+                  spec={"name": "exp3", "rounds": rounds, "eta": eta, "bound": bound,
                         "feedback": feedback})
 
 
@@ -135,4 +135,4 @@ class EXP3Settings:
 @registry.register("selector", "exp3", EXP3Settings)
 def _exp3(settings: EXP3Settings, context: registry.BuildContext) -> Selector:
   """EXP3 bandit sampling with replacement, unbiased weights (FedLab's sampler)."""
-  return exp3_selector(context.k, max(context.rounds, 1), **dataclasses.asdict(settings))
+  return exp3_selector(max(context.rounds, 1), **dataclasses.asdict(settings))

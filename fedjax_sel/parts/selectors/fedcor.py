@@ -197,10 +197,8 @@ class FedCorConfig:
                                        "default) or keep it at 0.")
 
 
-def fedcor_selector(k: int, seed: int = 0, config: FedCorConfig = FedCorConfig()) -> Selector:
+def fedcor_selector(seed: int = 0, config: FedCorConfig = FedCorConfig()) -> Selector:
   """FedCor for K clients; the embedding starts from `seed` (`randn(D, N) / sqrt(D)`)."""
-  if k < 1:
-    raise ValueError(f"clients per round must be >= 1, got {k}")
   registry.check_values(config)
   cfg = config
   rows = cfg.history + 1
@@ -249,8 +247,8 @@ def fedcor_selector(k: int, seed: int = 0, config: FedCorConfig = FedCorConfig()
     p = data_shares(inputs.num_examples, mask)
     rand = random_round(t)
     chosen = jax.lax.cond(
-        rand, lambda: top_k_mask(jax.random.uniform(key, mask.shape), mask, k),
-        lambda: greedy_select(x, p, discount, mask, k))
+        rand, lambda: top_k_mask(jax.random.uniform(key, mask.shape), mask, inputs.k),
+        lambda: greedy_select(x, p, discount, mask, inputs.k))
     discount = jnp.where(rand, discount, jnp.where(chosen, discount * cfg.beta, discount))
     return chosen, FedCorState(x, mu, values, observed, epochs, discount,
                                jnp.where(rand, loss, state.prev_loss),
@@ -261,10 +259,10 @@ def fedcor_selector(k: int, seed: int = 0, config: FedCorConfig = FedCorConfig()
                   report=lambda state: {"fitted": state.fitted,
                                         "history": jnp.sum(jnp.any(state.observed, axis=1))},
                   costs=lambda state: PartCosts(evaluated=state.evaluated),
-                  spec={"name": "fedcor", "k": k, "seed": seed, **dataclasses.asdict(cfg)})
+                  spec={"name": "fedcor", "seed": seed, **dataclasses.asdict(cfg)})
 
 
 @registry.register("selector", "fedcor", FedCorConfig)
 def _fedcor(settings: FedCorConfig, context: registry.BuildContext) -> Selector:
   """FedCor: a Gaussian process of loss changes, greedy posterior-variance selection."""
-  return fedcor_selector(context.k, context.seed, settings)
+  return fedcor_selector(context.seed, settings)

@@ -67,11 +67,10 @@ class FedCSState(NamedTuple):
   deadline: jax.Array
 
 
-def fedcs_selector(k: int, compute, transfer, deadline_s: float, request: float = 0.1) -> Selector:
+def fedcs_selector(compute, transfer, deadline_s: float, request: float = 0.1) -> Selector:
   """FedCS for at most K clients.
 
   Args:
-    k: K, the most clients kept.
     compute: `[N]` expected compute seconds per round (t_UD).
     transfer: `[N]` seconds to move one model copy (t_UL, and the broadcast).
     deadline_s: the round's deadline in seconds (T_round), > 0.
@@ -80,13 +79,10 @@ def fedcs_selector(k: int, compute, transfer, deadline_s: float, request: float 
   """
   compute = np.asarray(compute, np.float32)
   transfer = np.asarray(transfer, np.float32)
-  if k < 1:
-    raise ValueError(f"clients per round must be >= 1, got {k}")
   if not (math.isfinite(deadline_s) and deadline_s > 0):
     raise ValueError(f"fedcs deadline must be a finite number of seconds > 0, got {deadline_s}")
   if not 0.0 < request <= 1.0:
     raise ValueError(f"fedcs request must be in (0, 1], got {request}")
-  asked = max(k, math.ceil(request * compute.shape[0]))
 
   def init(n, params):
     del params
@@ -96,16 +92,16 @@ def fedcs_selector(k: int, compute, transfer, deadline_s: float, request: float 
     return FedCSState(jnp.asarray(compute), jnp.asarray(transfer), jnp.float32(deadline_s))
 
   def select(state, key, inputs: RoundInputs, mask):
-    del inputs
+    asked = max(inputs.k, math.ceil(request * compute.shape[0]))
     candidates = top_k_mask(jax.random.uniform(key, mask.shape), mask, asked)
     # The greedy over the asked clients alone (O(asked^2), not O(N^2)).
     ids = jnp.nonzero(candidates, size=asked, fill_value=0)[0]
     live = jnp.arange(asked) < jnp.sum(candidates)
-    kept = fedcs_greedy(live, state.compute[ids], state.transfer[ids], state.deadline, k)
+    kept = fedcs_greedy(live, state.compute[ids], state.transfer[ids], state.deadline, inputs.k)
     return jnp.zeros(mask.shape, bool).at[ids].max(kept & live), state
 
   return Selector(init=init, select=select,
-                  spec={"name": "fedcs", "k": k, "deadline_s": float(deadline_s),
+                  spec={"name": "fedcs", "deadline_s": float(deadline_s),
                         "request": request})
 
 
@@ -133,4 +129,4 @@ def _fedcs(settings: FedCSSettings, context: registry.BuildContext) -> Selector:
   """FedCS: greedy deadline-aware selection with sequential uploads, on the clock."""
   times = context_times(context, "fedcs")
   deadline = settings.deadline_s or default_deadline(context, times.round)
-  return fedcs_selector(context.k, times.compute, times.transfer, deadline, settings.request)
+  return fedcs_selector(times.compute, times.transfer, deadline, settings.request)

@@ -73,26 +73,28 @@ class OCSState(NamedTuple):
   cohort: jax.Array
 
 
-def ocs_selector(k: int, budget: float, steps: int = 4) -> Selector:
-  """Optimal client sampling: a cohort of K trains, about `budget` of them upload.
+def ocs_selector(budget: float = 3.0 / 32.0, steps: int = 4) -> Selector:
+  """Optimal client sampling: a cohort of K trains, about `budget` K of them upload.
 
   Args:
-    k: K, the cohort (every cohort client trains; at most K upload).
-    budget: m, the expected uploads, in (0, K].
+    budget: the expected uploads m as a share of the cohort of K (every cohort client trains;
+      at most K upload), in (0, 1]: m = budget K (at least `math.ulp(1.0)`).
     steps: AOCS's rescaling steps (the authors' j_max, 4).
   """
-  if k < 1 or steps < 1:
-    raise ValueError(f"ocs needs K >= 1 and steps >= 1, got K={k}, steps={steps}")
-  if not 0.0 < budget <= k:
-    raise ValueError(f"ocs budget (expected uploads) must be in (0, K = {k}], got {budget}")
+  if steps < 1:
+    raise ValueError(f"ocs needs steps >= 1, got {steps}")
+  if not 0.0 < budget <= 1.0:
+    raise ValueError(f"ocs budget (expected uploads per cohort client) must be in (0, 1], got "
+                     f"{budget}")
 
   def select(state, key, inputs: RoundInputs, mask):
     del state
+    uploads = max(budget * inputs.k, math.ulp(1.0))
     k_cohort, k_draw = jax.random.split(key)
-    cohort = top_k_mask(jax.random.uniform(k_cohort, mask.shape), mask, k)
+    cohort = top_k_mask(jax.random.uniform(k_cohort, mask.shape), mask, inputs.k)
     norms, samples = engine_input(inputs, "update_norms", "ocs")(cohort)
     share = data_shares(inputs.num_examples, cohort)
-    probs = aocs_probabilities(share * norms, cohort, budget, steps)
+    probs = aocs_probabilities(share * norms, cohort, uploads, steps)
     chosen = cohort & (jax.random.uniform(k_draw, mask.shape) < probs)
     weights = jnp.where(chosen, share / jnp.maximum(probs, 1e-30), 0.0)
     # The uploaders' training is charged with the round's; the rest of the cohort's here.
@@ -109,7 +111,7 @@ def ocs_selector(k: int, budget: float, steps: int = 4) -> Selector:
                                         "cohort": state.cohort},
                   costs=lambda state: PartCosts(gradients_computed=state.cohort,
                                                 gradient_samples=state.samples),
-                  spec={"name": "ocs", "k": k, "budget": budget, "steps": steps})
+                  spec={"name": "ocs", "budget": budget, "steps": steps})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,4 +127,5 @@ class OCSSettings:
 @registry.register("selector", "ocs", OCSSettings)
 def _ocs(settings: OCSSettings, context: registry.BuildContext) -> Selector:
   """Optimal client sampling: a trained cohort uploads by its update norms, unbiased weights."""
-  return ocs_selector(context.k, max(settings.budget * context.k, math.ulp(1.0)), settings.steps)
+  del context
+  return ocs_selector(settings.budget, settings.steps)

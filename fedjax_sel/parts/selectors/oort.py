@@ -43,9 +43,9 @@ weighted draws without replacement are Gumbel top-k with the round's selection k
 Examples:
   >>> import jax, jax.numpy as jnp
   >>> from fedjax_sel.parts.types import RoundInputs
-  >>> sel = oort_selector(2)
+  >>> sel = oort_selector()
   >>> state = sel.init(4, None)
-  >>> inputs = RoundInputs.create(jnp.array([10, 40, 20, 30]))
+  >>> inputs = RoundInputs.create(jnp.array([10, 40, 20, 30]), k=2)
   >>> chosen, state = sel.select(state, jax.random.PRNGKey(0), inputs, jnp.ones(4, bool))
   >>> int(chosen.sum())
   2
@@ -240,17 +240,14 @@ def plan(cfg: OortConfig, k: int, state: OortState, inputs: RoundInputs, mask) -
                   jnp.where(pool, weight, 0.0), new_state)
 
 
-def oort_selector(k: int, durations=None, config: OortConfig = OortConfig()) -> Selector:
+def oort_selector(durations=None, config: OortConfig = OortConfig()) -> Selector:
   """Oort's training selector for K clients.
 
   Args:
-    k: K.
     durations: optional `[N]` expected seconds per client for the first rounds (e.g. from a
       `system.SystemProfile`); later rounds use what the clock measured. Default: all equal.
     config: `OortConfig` (FedScale's defaults).
   """
-  if k < 1:
-    raise ValueError(f"clients per round must be >= 1, got {k}")
   registry.check_values(config)
   given = None if durations is None else np.asarray(durations, np.float32)
   if given is not None and not np.all(np.isfinite(given) & (given > 0)):
@@ -269,14 +266,14 @@ def oort_selector(k: int, durations=None, config: OortConfig = OortConfig()) -> 
                      preferred=jnp.float32(jnp.inf))
 
   def select(state, key, inputs, mask):
-    p = plan(config, k, state, inputs, mask)
+    p = plan(config, inputs.k, state, inputs, mask)
     k_exploit, k_explore, k_fill = jax.random.split(key, 3)
     exploit = draw_without_replacement(k_exploit, p.scores, p.candidates, p.exploit_len)
     explore = draw_without_replacement(k_explore, p.explore_weight, p.explore_pool & ~exploit,
                              p.explore_len)
     chosen = exploit | explore
     fill = draw_without_replacement(k_fill, jnp.ones(mask.shape, jnp.float32), mask & ~chosen,
-                          k - jnp.sum(chosen))
+                          inputs.k - jnp.sum(chosen))
     return chosen | fill, p.state._replace(last_exploit=exploit, preferred=p.preferred)
 
   def observe(state, inputs: RoundInputs, outcome: RoundOutcome):
@@ -299,7 +296,7 @@ def oort_selector(k: int, durations=None, config: OortConfig = OortConfig()) -> 
             "preferred_duration": state.preferred}
 
   return Selector(init=init, select=select, observe=observe, report=report,
-                  spec={"name": "oort", "k": k, **dataclasses.asdict(config),
+                  spec={"name": "oort", **dataclasses.asdict(config),
                         "durations": "given" if given is not None else "equal"})
 
 
@@ -309,7 +306,7 @@ def oort_selector(k: int, durations=None, config: OortConfig = OortConfig()) -> 
 def _oort(settings: OortConfig, context: registry.BuildContext) -> Selector:
   """Oort: statistical utility and duration, explored and exploited (FedScale's getTopK); its
   first durations from the clients' system profile and data sizes, when the run has a clock."""
-  return oort_selector(context.k, _durations(context), settings)
+  return oort_selector(_durations(context), settings)
 
 
 def _durations(context: registry.BuildContext):
@@ -325,18 +322,17 @@ PYRAMIDFL_CONFIG = OortConfig(exploration_decay=0.95, exploration_min=0.2, round
                               variant="pyramidfl")
 
 
-def pyramidfl_selector(k: int, durations=None) -> Selector:
+def pyramidfl_selector(durations=None) -> Selector:
   """PyramidFL's selection (Li et al., MobiCom 2022): Oort's ranking with its fork's rules and
   its defaults (`PYRAMIDFL_CONFIG`: exploration decay 0.95 to 0.2, round threshold 10, pacer
   delta 10, clip bound 0.98, cut-off utility 0.7); its per-client local iterations and update
   dropout act after selection and are not part of it."""
-  return oort_selector(k, durations, PYRAMIDFL_CONFIG)._replace(
-      spec={"name": "pyramidfl", "k": k,
-            "durations": "given" if durations is not None else "equal"})
+  return oort_selector(durations, PYRAMIDFL_CONFIG)._replace(
+      spec={"name": "pyramidfl", "durations": "given" if durations is not None else "equal"})
 
 
 @registry.register("selector", "pyramidfl", requires=("clock",))
 def _pyramidfl(settings, context: registry.BuildContext) -> Selector:
   """PyramidFL: Oort's utility ranking with its fork's rules and defaults, on the clock."""
   del settings
-  return pyramidfl_selector(context.k, _durations(context))
+  return pyramidfl_selector(_durations(context))

@@ -12,8 +12,8 @@ Examples:
   >>> import jax, jax.numpy as jnp
   >>> from fedjax_sel.parts.types import RoundInputs
   >>> later = lambda r: jnp.array([True, False, True, False])
-  >>> inputs = RoundInputs.create(jnp.ones(4), available_at=later)
-  >>> sel = refl_selector(2, accuracy=1.0)
+  >>> inputs = RoundInputs.create(jnp.ones(4), available_at=later, k=2)
+  >>> sel = refl_selector(accuracy=1.0)
   >>> chosen, _ = sel.select(sel.init(4, None), jax.random.PRNGKey(0), inputs,
   ...                        jnp.array([True, True, True, True]))
   >>> chosen.tolist()
@@ -39,16 +39,13 @@ class REFLState(NamedTuple):
   priority: jax.Array
 
 
-def refl_selector(k: int, accuracy: float = 0.9) -> Selector:
+def refl_selector(accuracy: float = 0.9) -> Selector:
   """REFL's least-available-first selection of K clients.
 
   Args:
-    k: K.
     accuracy: the availability predictor's accuracy, in (0, 1]: each round a random
       `1 - accuracy` share of the priority clients and of the others is not considered.
   """
-  if k < 1:
-    raise ValueError(f"clients per round must be >= 1, got {k}")
   if not 0.0 < accuracy <= 1.0:
     raise ValueError(f"refl accuracy must be in (0, 1], got {accuracy}")
 
@@ -66,15 +63,15 @@ def refl_selector(k: int, accuracy: float = 0.9) -> Selector:
       return group & (rank < count)
 
     priority, others = kept(leaving), kept(staying)
-    first = top_k_mask(jax.random.uniform(k_first, mask.shape), priority, k)
-    need = k - jnp.sum(first)
+    first = top_k_mask(jax.random.uniform(k_first, mask.shape), priority, inputs.k)
+    need = inputs.k - jnp.sum(first)
     u_rest = jnp.where(others, jax.random.uniform(k_rest, mask.shape), jnp.inf)
     rest = others & (jnp.argsort(jnp.argsort(u_rest)) < need)
     return first | rest, REFLState(priority)
 
   return Selector(init=lambda n, params: REFLState(jnp.zeros((n,), bool)), select=select,
                   report=lambda state: {"priority": jnp.sum(state.priority)},
-                  spec={"name": "refl", "k": k, "accuracy": accuracy})
+                  spec={"name": "refl", "accuracy": accuracy})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,4 +86,5 @@ class REFLSettings:
 @registry.register("selector", "refl", REFLSettings, requires=("availability",))
 def _refl(settings: REFLSettings, context: registry.BuildContext) -> Selector:
   """REFL: the clients whose availability ends first, from the availability model."""
-  return refl_selector(context.k, settings.accuracy)
+  del context
+  return refl_selector(settings.accuracy)

@@ -15,8 +15,8 @@ counted once in a plain average), the baseline that unbiased sampling papers com
 
 Examples:
   >>> import jax, jax.numpy as jnp
-  >>> sel = md_selector(3)
-  >>> inputs = RoundInputs.create(jnp.array([10, 0, 30, 60]))
+  >>> sel = md_selector()
+  >>> inputs = RoundInputs.create(jnp.array([10, 0, 30, 60]), k=3)
   >>> chosen, state = sel.select(sel.init(4, None), jax.random.PRNGKey(0), inputs,
   ...                            jnp.ones(4, bool))
   >>> float(state.weights.sum()), bool(chosen[1])
@@ -92,32 +92,26 @@ def draw_without_replacement(key: jax.Array, weights: jax.Array, mask: jax.Array
   return mask & (rank < count)
 
 
-def md_selector(k: int) -> Selector:
+def md_selector() -> Selector:
   """MD sampling: K clients drawn with replacement from the mask with probability
   p_k = m_k / sum m, the aggregate the plain mean over the K draws (a client drawn twice trains
-  once and counts twice: c_k = draws / K).
-
-  Args:
-    k: K, the draws per round (fewer distinct clients when a client is drawn twice).
-  """
-  if k < 1:
-    raise ValueError(f"clients per round must be >= 1, got {k}")
+  once and counts twice: c_k = draws / K; fewer distinct clients when a client is drawn twice)."""
 
   def select(state, key, inputs: RoundInputs, mask):
     del state
     p = data_shares(inputs.num_examples, mask)
-    counts = draws_from(key, p, k)
+    counts = draws_from(key, p, inputs.k)
     counts = jnp.where(jnp.any(mask), counts, 0)
-    return counts > 0, SampledState(counts.astype(jnp.float32) / k)
+    return counts > 0, SampledState(counts.astype(jnp.float32) / inputs.k)
 
   return Selector(init=lambda n, params: SampledState(jnp.zeros((n,), jnp.float32)),
                   select=select, sampling_weights=lambda state: state.weights,
                   report=lambda state: {"distinct": jnp.sum(state.weights > 0)},
-                  spec={"name": "md", "k": k})
+                  spec={"name": "md"})
 
 
 @registry.register("selector", "md")
 def _md(settings, context: registry.BuildContext) -> Selector:
   """MD sampling: K draws with replacement by data size, each draw weighted 1/K (FedProx)."""
-  del settings
-  return md_selector(context.k)
+  del settings, context
+  return md_selector()

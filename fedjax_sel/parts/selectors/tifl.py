@@ -76,12 +76,10 @@ class TiFLState(NamedTuple):
   evaluated: jax.Array
 
 
-def tifl_selector(k: int, latency, rounds: int, num_tiers: int = 5,
-                  interval: int = 10) -> Selector:
+def tifl_selector(latency, rounds: int, num_tiers: int = 5, interval: int = 10) -> Selector:
   """TiFL for K clients.
 
   Args:
-    k: K.
     latency: `[N]` each client's profiled round latency (seconds).
     rounds: T, the run's rounds (credits `ceil(T / M)` per tier).
     num_tiers: M, at most N.
@@ -89,8 +87,8 @@ def tifl_selector(k: int, latency, rounds: int, num_tiers: int = 5,
   """
   latency = np.asarray(latency, np.float32)
   n = latency.shape[0]
-  if k < 1 or rounds < 1 or interval < 1:
-    raise ValueError(f"tifl needs K, rounds and interval >= 1, got {k}, {rounds}, {interval}")
+  if rounds < 1 or interval < 1:
+    raise ValueError(f"tifl needs rounds and interval >= 1, got {rounds}, {interval}")
   if not 1 <= num_tiers <= n:
     raise ValueError(f"tifl tiers must be in 1..N = {n}, got {num_tiers}")
   tiers = latency_tiers(latency, num_tiers)
@@ -120,14 +118,14 @@ def tifl_selector(k: int, latency, rounds: int, num_tiers: int = 5,
     p = jnp.where(jnp.sum(p) > 0, p, live.astype(jnp.float32))
     tier = jax.random.categorical(k_tier, jnp.log(p))
     chosen = top_k_mask(jax.random.uniform(k_clients, mask.shape), mask & (state.tiers == tier),
-                        k)
+                        inputs.k)
     return chosen, state._replace(probs=probs, credits=state.credits.at[tier].add(-1),
                                   accuracy=accuracy, tier=tier, evaluated=mask & update)
 
   return Selector(init=init, select=select, needs=("accuracy",),
                   report=lambda state: {"tier": state.tier},
                   costs=lambda state: PartCosts(evaluated=state.evaluated),
-                  spec={"name": "tifl", "k": k, "rounds": rounds, "tiers": num_tiers,
+                  spec={"name": "tifl", "rounds": rounds, "tiers": num_tiers,
                         "interval": interval})
 
 
@@ -149,5 +147,4 @@ class TiFLSettings:
 def _tifl(settings: TiFLSettings, context: registry.BuildContext) -> Selector:
   """TiFL: latency tiers, one tier a round chosen by accuracy and credits."""
   times = context_times(context, "tifl")
-  return tifl_selector(context.k, times.round, max(context.rounds, 1), settings.tiers,
-                       settings.interval)
+  return tifl_selector(times.round, max(context.rounds, 1), settings.tiers, settings.interval)

@@ -10,13 +10,14 @@ largest full-batch gradient norms ||grad F_k(w_t)||, the `grad_norm` stat). The 
 uniform mean of the m local models: `aggregators.fedavg("uniform")`.
 
 All selectors are pure and jit-able and work on any mask, so they compose with every filter,
-participation rule and aggregator.
+participation rule and aggregator; m is the run's K, which they read from `inputs.k`.
 
 Examples:
   >>> import jax, jax.numpy as jnp
   >>> from fedjax_sel.parts.types import RoundInputs
-  >>> sel = entropy_selector(2, eps=0.0)
-  >>> inputs = RoundInputs.create(jnp.ones(4), stats={"entropy": jnp.array([0.1, 0.6, 0.3, 0.6])})
+  >>> sel = entropy_selector(eps=0.0)
+  >>> inputs = RoundInputs.create(jnp.ones(4), stats={"entropy": jnp.array([0.1, 0.6, 0.3, 0.6])},
+  ...                             k=2)
   >>> chosen, state = sel.select(sel.init(4, None), jax.random.PRNGKey(0), inputs,
   ...                            jnp.ones(4, bool))
   >>> jnp.flatnonzero(chosen).tolist(), bool(state.explored)
@@ -39,11 +40,6 @@ METHODS = {"entropy_eps": "Entropy+Eps-Greedy", "entropy": "Entropy Based", "ran
            "grad_norm": "Gradient Norm"}
 
 
-def _check_m(m: int) -> None:
-  if m < 1:
-    raise ValueError(f"clients per round m must be >= 1, got {m}")
-
-
 class EntropyState(NamedTuple):
   """`eps`: the exploration probability (a state value, so runs of one program may differ in
   it); `explored`: whether the last round explored."""
@@ -52,34 +48,32 @@ class EntropyState(NamedTuple):
   explored: jax.Array
 
 
-def entropy_selector(m: int, eps: float = 0.1) -> Selector:
+def entropy_selector(eps: float = 0.1) -> Selector:
   """Epsilon-greedy top-m on the mean predictive entropy (state: `EntropyState`)."""
-  _check_m(m)
   if not 0.0 <= eps <= 1.0:
     raise ValueError(f"exploration probability eps must be in [0, 1], got {eps}")
 
   def select(state, key, inputs, mask):
     k_coin, k_pick = jax.random.split(key)
     explored = jax.random.uniform(k_coin) < state.eps
-    at_random = top_k_mask(jax.random.uniform(k_pick, mask.shape), mask, m)
-    greedy = top_k_mask(inputs.stats["entropy"], mask, m)
+    at_random = top_k_mask(jax.random.uniform(k_pick, mask.shape), mask, inputs.k)
+    greedy = top_k_mask(inputs.stats["entropy"], mask, inputs.k)
     return jnp.where(explored, at_random, greedy), EntropyState(state.eps, explored)
 
   return Selector(init=lambda n, params: EntropyState(jnp.float32(eps), jnp.asarray(False)),
                   select=select, needs=("entropy",),
-                  spec={"name": "entropy", "m": m, "eps": float(eps)})
+                  spec={"name": "entropy", "eps": float(eps)})
 
 
-def grad_norm_selector(m: int) -> Selector:
+def grad_norm_selector() -> Selector:
   """The m clients with the largest full-batch gradient norm at w_t (ties to the lower index)."""
-  _check_m(m)
 
   def select(state, key, inputs, mask):
     del key
-    return top_k_mask(inputs.stats["grad_norm"], mask, m), state
+    return top_k_mask(inputs.stats["grad_norm"], mask, inputs.k), state
 
   return Selector(init=lambda n, params: (), select=select, needs=("grad_norm",),
-                  spec={"name": "grad_norm", "m": m})
+                  spec={"name": "grad_norm"})
 
 
 # --- Registered names (fedjax_sel.registry) ------------------------------------------------------
@@ -96,11 +90,12 @@ class EntropySettings:
 @registry.register("selector", "entropy", EntropySettings)
 def _entropy(settings: EntropySettings, context: registry.BuildContext) -> Selector:
   """UACS-FL: eps-greedy top K by predictive entropy."""
-  return entropy_selector(context.k, settings.explore_prob)
+  del context
+  return entropy_selector(settings.explore_prob)
 
 
 @registry.register("selector", "grad_norm")
 def _grad_norm(settings, context: registry.BuildContext) -> Selector:
   """Top K by the norm of the full-batch gradient."""
-  del settings
-  return grad_norm_selector(context.k)
+  del settings, context
+  return grad_norm_selector()
