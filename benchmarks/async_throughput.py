@@ -15,10 +15,10 @@ from __future__ import annotations
 
 
 import optax
-from absl import app, flags
+from absl import flags
 
 import fedjax_sel as fs
-from benchmarks.common import markdown_table, median_step_time, write_results
+from benchmarks.common import launch, markdown_table, median_step_time, write_results
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("ns", ["1000", "10000"], "Population sizes N.")
@@ -35,7 +35,7 @@ def simulators(n: int, model_name: str, concurrency: int | None, seeds=(0,)):
   profile = fs.lognormal_profiles(n)
   spec = None if concurrency is None else fs.fedbuff(concurrency)
   return [fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=10),
-                       fs.uniform_availability(n, n // 2), fs.random_selector(K), fs.fedavg(), K,
+                       fs.uniform_availability(n, n // 2), fs.random_selector(), fs.fedavg(), K,
                        seed=s, system_profile=profile, asynchrony=spec) for s in seeds]
 
 
@@ -67,4 +67,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  launch(main)

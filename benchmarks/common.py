@@ -12,10 +12,19 @@ import time
 from collections.abc import Callable
 
 import jax
-from absl import flags
+from absl import app, flags
+
+from fedjax_sel.host.compilation import use_persistent_cache
 
 flags.DEFINE_bool("quick", False, "Smoke run: a tiny grid in seconds (no table for publishing).")
 flags.DEFINE_string("out", "benchmarks/results", "Folder of the JSON / markdown results.")
+
+
+def launch(main: Callable[[list[str]], object]) -> None:
+  """Runs a benchmark's `main` under absl with JAX's persistent compilation cache on, as the
+  launchers' entry path turns it on (`fedjax_sel.use_persistent_cache`)."""
+  use_persistent_cache()
+  app.run(main)
 
 
 def python_with(module: str, python: str | None, default: str) -> str | None:

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
 
 import fedjax_sel as fs
-from benchmarks.common import markdown_table, median_time, peak_gflops, write_results
+from benchmarks.common import launch, markdown_table, median_time, peak_gflops, write_results
 from fedjax_sel.client.compiled_cost import flops
 from fedjax_sel.models import per_example_loss
 from fedjax_sel.parts.filters import filfl as filtering
@@ -128,4 +128,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  launch(main)

@@ -206,6 +206,7 @@ def ours_round(args):
   from benchmarks.round_throughput import make_pool
   from fedjax_sel.client.local_training import auto_chunk_size, default_memory_budget, step_cost
   from fedjax_sel.data.federated import device_pool
+  fs.use_persistent_cache()  # As the launchers: a later worker loads the compiled round.
   shape, classes = SHAPES[args.model]
   k = args.clients
   pool = make_pool(k, args.samples, shape, classes, args.seed)

@@ -33,9 +33,9 @@ import statistics
 import subprocess
 import sys
 
-from absl import app, flags
+from absl import flags
 
-from benchmarks.common import markdown_table, peak_gflops, python_with, write_results
+from benchmarks.common import launch, markdown_table, peak_gflops, python_with, write_results
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["leaf_cnn", "cifar_cnn", "resnet18"], "Models to run.")
@@ -151,4 +151,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  launch(main)

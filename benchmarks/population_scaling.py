@@ -32,7 +32,7 @@ import time
 import numpy as np
 from absl import app, flags
 
-from benchmarks.common import markdown_table, write_results
+from benchmarks.common import launch, markdown_table, write_results
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("ns", ["1000", "10000", "100000", "1000000"], "Population sizes N.")
@@ -157,4 +157,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  launch(main)

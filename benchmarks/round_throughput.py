@@ -26,10 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from absl import app, flags
+from absl import flags
 
 import fedjax_sel as fs
-from benchmarks.common import markdown_table, median_time, peak_gflops, write_results
+from benchmarks.common import launch, markdown_table, median_time, peak_gflops, write_results
 from benchmarks.peer_worker import SHAPES, make_data, torch_fedavg, torch_net
 from fedjax_sel.client.compiled_cost import planned_bytes
 from fedjax_sel.client.local_training import auto_chunk_size, default_memory_budget, step_cost
@@ -150,7 +150,7 @@ def scan_rounds_rows(quick: bool) -> list[dict]:
   for name in ("logreg", "mlp"):
     model = fs.build_model(name, data.feature_shape, data.num_classes)
     sim = fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=16),
-                       fs.uniform_availability(50, 20), fs.random_selector(10), fs.fedavg(), 10, 0)
+                       fs.uniform_availability(50, 20), fs.random_selector(), fs.fedavg(), 10, 0)
     state = sim.init()
 
     def per_round():
@@ -226,4 +226,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  launch(main)

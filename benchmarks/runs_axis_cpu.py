@@ -23,9 +23,9 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
-from benchmarks.common import markdown_table, median_time, peak_gflops, write_results
+from benchmarks.common import launch, markdown_table, median_time, peak_gflops, write_results
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("reps", 30, "Timed calls per formulation (median).")
@@ -116,4 +116,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  launch(main)

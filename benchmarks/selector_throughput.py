@@ -31,10 +31,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from absl import app, flags
+from absl import flags
 
 import fedjax_sel as fs
-from benchmarks.common import markdown_table, median_step_time, median_time, write_results
+from benchmarks.common import launch, markdown_table, median_step_time, median_time, write_results
 from fedjax_sel import registry
 from fedjax_sel.client.system import lognormal_profiles
 from fedjax_sel.parts.types import ClientState, RoundInputs, RoundOutcome, Stats
@@ -190,4 +190,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  launch(main)

@@ -32,10 +32,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from absl import app, flags
+from absl import flags
 
 import fedjax_sel as fs
-from benchmarks.common import markdown_table, peak_gflops, write_results
+from benchmarks.common import launch, markdown_table, peak_gflops, write_results
 from benchmarks.user_cnns import SimpleCNN, UserCifarCNN, flax_pool
 from fedjax_sel import models
 from fedjax_sel.data.federated import split_clients
@@ -94,7 +94,7 @@ def main(argv):
   for name, (model, _) in models_by_name.items():
     sims[name] = fs.Simulator(model, data, lambda lr: optax.sgd(lr),
                               fs.LocalHParams(batch_size=FLAGS.batch_size),
-                              fs.uniform_availability(k, k), fs.random_selector(k), fs.fedavg(), k,
+                              fs.uniform_availability(k, k), fs.random_selector(), fs.fedavg(), k,
                               seed=0)
     states[name], metrics = sims[name].step(sims[name].init())  # Compiles.
     jax.block_until_ready(metrics)
@@ -124,4 +124,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  launch(main)

@@ -5,8 +5,8 @@ The flat namespace below is the public API (every part factory included, as opta
 transform). The modules are grouped by layer; each layer imports only the layers before it in this
 list:
 
-- `registry` (every part by kind and name, with its settings) and `keys` (PRNG keys from seed,
-  round and client id).
+- `version`, `registry` (every part by kind and name, with its settings) and `keys` (PRNG keys
+  from seed, round and client id).
 - `data/` (pools, partitioners, sources, stores) and `models/` (flax modules, the `Model` bundle).
 - `parts/`: the round's parts, pure functions over client-state arrays: `types` (the part types,
   their costs), `availability`, `selectors/` (`baselines`: random, power of choice, DivFL, all,
@@ -20,9 +20,12 @@ list:
   step).
 - `host/`: the host side of a run: `runner` (the loop, records, resume), `checkpoint`,
   `folder_lock`, `tracking` (TensorBoard), `plotting`, `compilation` (the persistent cache).
-"""
 
-__version__ = "0.3.0"  # Before the imports: the runner writes it into checkpoint fingerprints.
+Importing the package changes no JAX setting and writes nothing: JAX's persistent compilation
+cache, which lets a second process load a program instead of compiling it, is turned on by the
+launchers and benchmarks, and by a library user with
+`fedjax_sel.use_persistent_cache()` before the first compilation.
+"""
 
 from fedjax_sel.client.evaluation import ClientMetrics, client_gradients, client_metrics
 from fedjax_sel.client.local_training import (LocalHParams, LocalResult, local_train,
@@ -34,7 +37,7 @@ from fedjax_sel.engine.placement import Capacity
 from fedjax_sel.engine.runs import RunBatch
 from fedjax_sel.engine.simulator import (Costs, EngineState, LrSchedule, Simulator, constant_lr,
                                          step_decay_lr)
-from fedjax_sel.host.compilation import default_cache
+from fedjax_sel.host.compilation import use_persistent_cache
 from fedjax_sel.host.runner import run, run_batch, summary_table
 from fedjax_sel.models import MODELS, Model, build_model
 from fedjax_sel.parts.aggregators import (coordinate_median, fedasl, fedavg, krum, trimmed_mean,
@@ -55,10 +58,7 @@ from fedjax_sel.parts.server_optimizers import (ServerOptimizer, fedadagrad, fed
                                                 fedyogi, server_sgd)
 from fedjax_sel.parts.types import (AggregateInputs, Aggregator, ClientState, Filter, PartCosts,
                                     Participation, RoundInputs, RoundOutcome, Selector, everyone)
-
-# JAX's persistent compilation cache, on for library users as for the launchers
-# ($FEDJAX_SEL_CACHE_DIR moves it, =off disables it; a cache folder set before wins).
-default_cache()
+from fedjax_sel.version import __version__
 
 __all__ = [
     # Parts: types, availability, selectors, filters, rules, aggregators, server optimizers.
@@ -81,5 +81,5 @@ __all__ = [
     "FederatedDataset", "MODELS", "Model", "build_model", "SystemProfile", "lognormal_profiles",
     # Engine and host.
     "Capacity", "Costs", "EngineState", "LrSchedule", "Simulator", "constant_lr", "step_decay_lr",
-    "RunBatch", "run", "run_batch", "summary_table",
+    "RunBatch", "run", "run_batch", "summary_table", "use_persistent_cache", "__version__",
 ]

@@ -3,10 +3,10 @@
 `use_persistent_cache()` points JAX's persistent compilation cache at the user's cache folder, so a
 second process running the same program loads it instead of compiling it: `$FEDJAX_SEL_CACHE_DIR`
 when set (`off` disables the cache), else `$XDG_CACHE_HOME/fedjax_sel/jax` or
-`~/.cache/fedjax_sel/jax`. Importing `fedjax_sel` turns it on (`default_cache`) unless the
-process chose a cache folder of its own, so library users get it too; the launchers, benchmarks
-and tests call it first thing. Every program is
-kept (`MIN_COMPILE_SECS` = 0: JAX's default of 1 s would leave out a small model's evaluation and
+`~/.cache/fedjax_sel/jax`. Importing `fedjax_sel` leaves JAX's settings alone: the launchers'
+entry path (`experiments.launch.cli`), the benchmarks and the tests call it first thing, and a
+library user calls `fedjax_sel.use_persistent_cache()` before the first compilation. Every program
+is kept (`MIN_COMPILE_SECS` = 0: JAX's default of 1 s would leave out a small model's evaluation and
 initializer, which a second process then compiles again), and JAX never caches programs with
 host callbacks, so the round has none. The engine's own programs go further: its executable store,
 the cache folder's `executables/` (`engine/executables.py`), keeps them compiled, and a later
@@ -46,13 +46,6 @@ def cache_dir() -> str | None:
     return None if explicit.strip().lower() in ("", "off", "0", "none") else explicit
   base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
   return os.path.join(base, "fedjax_sel", "jax")
-
-
-def default_cache() -> str | None:
-  """`use_persistent_cache()` unless JAX's cache folder is set already (the user's choice wins);
-  the folder in use, or None."""
-  current = jax.config.jax_compilation_cache_dir
-  return current if current else use_persistent_cache()
 
 
 def use_persistent_cache(path: str | None = None) -> str | None:

@@ -36,10 +36,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sel import __version__
 from fedjax_sel.engine.simulator import EngineState, Simulator, to_host
 from fedjax_sel.host import checkpoint, folder_lock, telemetry
 from fedjax_sel.parts.types import describe
+from fedjax_sel.version import __version__
 
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_FILE = "checkpoint.msgpack"
