@@ -14,7 +14,8 @@ config, fingerprints and the docs' tables read the registry, so a new method is 
 
   @registry.register("selector", "top_loss", TopLossSettings)
   def top_loss(settings, context):
-    return my_selector(context.k, settings.temperature)
+    del context  # A selector reads K from its inputs (`inputs.k`).
+    return my_selector(settings.temperature)
 
 Parts can be registered from outside the package: `lookup("selector", "my_pkg.parts:top_loss")`
 imports `my_pkg.parts` (whose import registers its parts) and finds `top_loss` among them; a

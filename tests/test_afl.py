@@ -10,10 +10,10 @@ from fedjax_sel.parts.types import ClientState, RoundInputs, RoundOutcome
 from tests.references import afl as plato
 
 
-def inputs_for(counts):
+def inputs_for(counts, k):
   n = len(counts)
   return RoundInputs(jnp.int32(1), None, jnp.ones(n, bool), {}, ClientState.create(n),
-                     jnp.asarray(counts), None)
+                     jnp.asarray(counts), None, k=k)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -34,24 +34,24 @@ def test_selection_counts_and_valuations():
   """floor((1 - alpha3) K) clients come from the weighted draw (only valued ones), the rest
   uniformly; a trained client's valuation is the paper's (or Plato's) from its training loss."""
   n, k = 12, 5
-  sel = afl.afl_selector(k, alpha1=0.5, alpha2=1.0, alpha3=0.2)
   counts = np.arange(1, n + 1) * 4
   valuation = jnp.where(jnp.arange(n) < 6, jnp.arange(n, dtype=jnp.float32), -jnp.inf)
   state = afl.AFLState(valuation)
   for alpha1 in (0.5, 0.0):
     # alpha1 = 0.5 leaves out the lowest 6: the 6 unvalued, so all 6 valued clients stay; with
     # alpha1 = 0 likewise: the int(0.8 * 5) = 4 weighted draws come from clients 0..5.
-    sel = afl.afl_selector(k, alpha1=alpha1, alpha2=1.0, alpha3=0.2)
+    sel = afl.afl_selector(alpha1=alpha1, alpha2=1.0, alpha3=0.2)
     probs = afl.afl_probabilities(valuation, jnp.ones(n, bool), alpha1, 1.0)
     assert bool(jnp.all((probs > 0) == (jnp.arange(n) < 6)))
     for t in range(20):
-      chosen, _ = sel.select(state, jax.random.PRNGKey(t), inputs_for(counts), jnp.ones(n, bool))
+      chosen, _ = sel.select(state, jax.random.PRNGKey(t), inputs_for(counts, k),
+                             jnp.ones(n, bool))
       assert int(chosen.sum()) == k and int(chosen[:6].sum()) >= 4
   outcome = RoundOutcome(jnp.array([2, 7]), jnp.array([True, True]), jnp.array([True, True]),
                          jnp.array([0.5, 2.0]), None, None)
   for paper in (True, False):
-    sel = afl.afl_selector(k, valuation="paper" if paper else "plato")
-    new = sel.observe(sel.init(n, None), inputs_for(counts), outcome)
+    sel = afl.afl_selector(valuation="paper" if paper else "plato")
+    new = sel.observe(sel.init(n, None), inputs_for(counts, k), outcome)
     want = [plato.valuation(counts[i], loss, paper) for i, loss in ((2, 0.5), (7, 2.0))]
     np.testing.assert_allclose(np.asarray(new.valuation)[[2, 7]], want, rtol=1e-6)
     assert int(jnp.sum(jnp.isfinite(new.valuation))) == 2
@@ -59,11 +59,11 @@ def test_selection_counts_and_valuations():
 
 def test_first_round_is_uniform():
   """Before any valuation the weighted draw is empty: K uniform clients of the mask."""
-  sel = afl.afl_selector(3)
+  sel = afl.afl_selector()
   mask = jnp.array([True, False, True, True, True, False])
   hits = np.zeros(6)
   for t in range(300):
-    chosen, _ = sel.select(sel.init(6, None), jax.random.PRNGKey(t), inputs_for([5] * 6), mask)
+    chosen, _ = sel.select(sel.init(6, None), jax.random.PRNGKey(t), inputs_for([5] * 6, 3), mask)
     assert int(chosen.sum()) == 3 and bool(jnp.all(chosen <= mask))
     hits += np.asarray(chosen)
   assert np.all(np.abs(hits[[0, 2, 3, 4]] / 300 - 0.75) < 0.1)
@@ -71,6 +71,6 @@ def test_first_round_is_uniform():
 
 def test_refuses_bad_settings():
   with pytest.raises(ValueError, match="alpha1"):
-    afl.afl_selector(3, alpha1=1.0)
+    afl.afl_selector(alpha1=1.0)
   with pytest.raises(ValueError, match="valuation"):
-    afl.afl_selector(3, valuation="sum")
+    afl.afl_selector(valuation="sum")

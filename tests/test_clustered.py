@@ -67,10 +67,10 @@ def test_similarity_distributions_match_algorithm_2(seed):
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
 
 
-def _inputs(counts):
+def _inputs(counts, k):
   n = len(counts)
   return RoundInputs(jnp.int32(0), None, jnp.ones(n, bool), {}, ClientState.create(n),
-                     jnp.asarray(counts), None)
+                     jnp.asarray(counts), None, k=k)
 
 
 def test_rows_are_distributions_with_the_right_column_mass():
@@ -92,18 +92,18 @@ def test_rows_are_distributions_with_the_right_column_mass():
 @pytest.mark.parametrize("algorithm", ["size", "similarity"])
 def test_clustered_sampling_is_unbiased(algorithm):
   counts = np.array([5, 40, 12, 30, 25, 9, 20, 14, 33, 18])
-  sel = clustered.clustered_selector(3, algorithm)
+  sel = clustered.clustered_selector(algorithm)
   table = jax.random.normal(jax.random.PRNGKey(3), (10, 4))
   init = sel.init
   sel = sel._replace(init=lambda n, params: init(n, params)._replace(
       table=table if algorithm == "similarity" else init(n, params).table))
-  assert_unbiased(sel, _inputs(counts), jnp.ones(10, bool).at[4].set(False))
+  assert_unbiased(sel, _inputs(counts, 3), jnp.ones(10, bool).at[4].set(False))
 
 
 def test_a_client_heavier_than_one_kth_falls_back_to_algorithm_1():
-  sel = clustered.clustered_selector(3, "similarity")
+  sel = clustered.clustered_selector("similarity")
   state = sel.init(4, {"w": jnp.zeros(2)})
-  chosen, state = sel.select(state, jax.random.PRNGKey(0), _inputs([50, 10, 10, 10]),
+  chosen, state = sel.select(state, jax.random.PRNGKey(0), _inputs([50, 10, 10, 10], 3),
                              jnp.ones(4, bool))
   assert bool(state.fallback) and bool(chosen[0])
   assert float(state.weights.sum()) == pytest.approx(1.0)

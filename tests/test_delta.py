@@ -24,13 +24,13 @@ def test_practical_update_matches_reweight_prac(seed):
   g = rng.normal(size=(4, dim)).astype(np.float32)
   want = authors.reweight_prac_C1(probs.astype(float), slots.tolist(), g.astype(float),
                                   counts[slots].astype(float), beta=0.5)
-  sel = delta.delta_selector(4)
+  sel = delta.delta_selector()
   state = sel.init(n, None)._replace(probs=jnp.asarray(probs))
   global_params = {"w": jnp.zeros(dim)}
   outcome = RoundOutcome(jnp.asarray(slots), jnp.ones(4, bool), jnp.ones(4, bool), jnp.zeros(4),
                          {"w": jnp.asarray(g)}, None)
   inputs = RoundInputs(jnp.int32(0), global_params, jnp.ones(n, bool), {}, ClientState.create(n),
-                       jnp.asarray(counts), None)
+                       jnp.asarray(counts), None, k=4)
   new = sel.observe(state, inputs, outcome)
   np.testing.assert_allclose(np.asarray(new.probs), want, rtol=1e-5, atol=1e-7)
   assert float(new.probs.sum()) == pytest.approx(1.0, abs=1e-5)
@@ -50,11 +50,11 @@ def test_full_probabilities_match_reweight_prac_theory():
 @pytest.mark.parametrize("variant", delta.VARIANTS)
 def test_delta_is_unbiased(variant):
   counts = np.array([5, 40, 12, 30, 25, 9, 20, 14])
-  sel = delta.delta_selector(3, variant)
+  sel = delta.delta_selector(variant)
   init = sel.init
   sel = sel._replace(init=lambda n, params: init(n, params)._replace(
       probs=jnp.asarray(np.linspace(1.0, 3.0, n) / np.linspace(1.0, 3.0, n).sum(), jnp.float32)))
   grads = {"w": jax.random.normal(jax.random.PRNGKey(1), (8, 3))}
   inputs = RoundInputs(jnp.int32(0), None, jnp.ones(8, bool), Stats(grad=grads),
-                       ClientState.create(8), jnp.asarray(counts), None)
+                       ClientState.create(8), jnp.asarray(counts), None, k=3)
   assert_unbiased(sel, inputs, jnp.ones(8, bool).at[6].set(False))

@@ -37,17 +37,17 @@ def test_weights_and_probabilities_follow_fedlab_over_rounds():
 
 def test_exp3_is_unbiased_with_uneven_weights():
   counts = np.array([5, 40, 12, 30, 25, 9, 20, 14])
-  sel = exp3.exp3_selector(3, rounds=10)
+  sel = exp3.exp3_selector(rounds=10)
   init = sel.init
   sel = sel._replace(init=lambda n, params: init(n, params)._replace(
       weight=jnp.linspace(0.2, 3.0, n)))
   inputs = RoundInputs(jnp.int32(0), None, jnp.ones(8, bool), {}, ClientState.create(8),
-                       jnp.asarray(counts), None)
+                       jnp.asarray(counts), None, k=3)
   assert_unbiased(sel, inputs, jnp.ones(8, bool).at[2].set(False))
 
 
 def test_refuses_bad_settings():
   with pytest.raises(ValueError, match="eta"):
-    exp3.exp3_selector(3, 10, eta=0.0)
+    exp3.exp3_selector(10, eta=0.0)
   with pytest.raises(ValueError, match="feedback"):
-    exp3.exp3_selector(3, 10, feedback="grad")
+    exp3.exp3_selector(10, feedback="grad")

@@ -72,12 +72,12 @@ def test_schedule_of_random_rounds_fits_and_discounts():
   warm-up and after each later random round; other rounds choose greedily and discount."""
   n, k = 10, 3
   cfg = fedcor.FedCorConfig(warmup=2, interval=3, history=5, beta=0.5)
-  sel = fedcor.fedcor_selector(k, seed=0, config=cfg)
+  sel = fedcor.fedcor_selector(seed=0, config=cfg)
   state = sel.init(n, None)
   rng = np.random.default_rng(0)
   step = jax.jit(lambda state, key, t, loss: sel.select(state, key, RoundInputs(
       t, None, jnp.ones(n, bool), Stats(loss=loss), ClientState.create(n),
-      jnp.ones(n, jnp.int32), None), jnp.ones(n, bool)))
+      jnp.ones(n, jnp.int32), None, k=k), jnp.ones(n, bool)))
   fitted, greedy = [], []
   for t in range(8):
     loss = jnp.asarray(rng.random(n), jnp.float32)

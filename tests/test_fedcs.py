@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from fedjax_sel.parts.selectors import fedcs
+from fedjax_sel.parts.types import RoundInputs
 from tests.references.fedcs import fedcs_select
 
 
@@ -34,17 +35,18 @@ def test_greedy_matches_the_reference(seed):
 def test_selector_asks_a_share_and_keeps_at_most_k():
   n = 40
   rng = np.random.default_rng(0)
-  sel = fedcs.fedcs_selector(4, rng.uniform(0.5, 3.0, n), rng.uniform(0.05, 0.3, n),
-                             deadline_s=3.0, request=0.25)
+  sel = fedcs.fedcs_selector(rng.uniform(0.5, 3.0, n), rng.uniform(0.05, 0.3, n), deadline_s=3.0,
+                             request=0.25)
   mask = jnp.asarray(rng.random(n) < 0.6)
   state = sel.init(n, None)
   for t in range(10):
-    chosen, _ = sel.select(state, jax.random.PRNGKey(t), None, mask)
+    chosen, _ = sel.select(state, jax.random.PRNGKey(t), RoundInputs.create(jnp.ones(n), k=4),
+                           mask)
     assert 1 <= int(chosen.sum()) <= 4 and bool(jnp.all(chosen <= mask))
 
 
 def test_refuses_bad_settings():
   with pytest.raises(ValueError, match="deadline"):
-    fedcs.fedcs_selector(3, [1.0], [1.0], deadline_s=0.0)
+    fedcs.fedcs_selector([1.0], [1.0], deadline_s=0.0)
   with pytest.raises(ValueError, match="request"):
-    fedcs.fedcs_selector(3, [1.0], [1.0], deadline_s=1.0, request=1.5)
+    fedcs.fedcs_selector([1.0], [1.0], deadline_s=1.0, request=1.5)

@@ -39,8 +39,8 @@ def test_ocs_is_unbiased():
   counts = np.array([5, 40, 12, 30, 25, 9, 20, 14])
   norms = jnp.asarray(np.random.default_rng(0).lognormal(0.0, 1.0, 8), jnp.float32)
   inputs = RoundInputs(jnp.int32(0), None, jnp.ones(8, bool), {}, ClientState.create(8),
-                       jnp.asarray(counts), None, update_norms=_fixed_norms(norms))
-  assert_unbiased(ocs.ocs_selector(8, budget=3.0), inputs, jnp.ones(8, bool).at[3].set(False))
+                       jnp.asarray(counts), None, update_norms=_fixed_norms(norms), k=8)
+  assert_unbiased(ocs.ocs_selector(budget=3.0 / 8.0), inputs, jnp.ones(8, bool).at[3].set(False))
 
 
 def test_the_cohort_trains_and_uploaders_send_that_update(small_data):
@@ -49,7 +49,7 @@ def test_the_cohort_trains_and_uploaders_send_that_update(small_data):
   model = fs.build_model("logreg", small_data.feature_shape, small_data.num_classes)
   n = small_data.num_clients
   sim = fs.Simulator(model, small_data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
-                     fs.uniform_availability(n, n), ocs.ocs_selector(4, budget=2.0), fs.fedavg(),
+                     fs.uniform_availability(n, n), ocs.ocs_selector(budget=0.5), fs.fedavg(),
                      4, 0, lr_schedule=fs.constant_lr(0.1))
   state = sim.init()
   new_state, metrics = sim.step(state)

@@ -149,13 +149,13 @@ def test_draws_follow_the_scores_and_fill_k():
   """One exploited client drawn among the candidates lands on each with probability proportional
   to its score; every selection holds K feasible clients."""
   cfg = oort.OortConfig(exploration_factor=0.3 / 0.98 * 1.0, exploration_min=0.3, variant="paper")
-  sel = oort.oort_selector(2, config=cfg)
+  sel = oort.oort_selector(config=cfg)
   state = sel.init(N, None)
   state = state._replace(count=jnp.ones(N, jnp.int32),
                reward=jnp.asarray(np.linspace(1.0, 16.0, N), jnp.float32))
   feasible = jnp.asarray(np.arange(N) < 8)
   inputs = RoundInputs(jnp.int32(4), None, feasible, {}, ClientState.create(N),
-                       jnp.asarray(SIZES), None)
+                       jnp.asarray(SIZES), None, k=2)
   p = oort.plan(cfg, 2, state, inputs, feasible)
   assert int(p.exploit_len) == 1  # int(2 * 0.7).
   draw = jax.jit(jax.vmap(lambda key: sel.select(state, key, inputs, feasible)))
@@ -173,7 +173,7 @@ def test_oort_runs_in_the_engine_with_the_clock():
   model = fs.build_model("logreg", data.feature_shape, data.num_classes)
   expected = np.asarray(data.train.counts) / profile.speed
   sim = fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=16),
-                     fs.uniform_availability(20, 20), oort.oort_selector(5, expected),
+                     fs.uniform_availability(20, 20), oort.oort_selector(expected),
                      fs.fedavg(), 5, 0, system_profile=profile)
   state = sim.init()
   for _ in range(6):
@@ -187,6 +187,6 @@ def test_oort_runs_in_the_engine_with_the_clock():
 
 def test_bad_oort_settings_are_refused():
   with pytest.raises(ValueError, match=r"cut_off_util must be in"):
-    oort.oort_selector(3, config=oort.OortConfig(cut_off_util=2.0))
+    oort.oort_selector(config=oort.OortConfig(cut_off_util=2.0))
   with pytest.raises(ValueError, match="durations"):
-    oort.oort_selector(3, durations=[1.0, -1.0])
+    oort.oort_selector(durations=[1.0, -1.0])

@@ -11,9 +11,9 @@ from fedjax_sel.parts.types import RoundInputs
 from tests.references import refl as authors
 
 
-def _inputs(later):
+def _inputs(later, k):
   return RoundInputs(jnp.int32(3), None, None, {}, None, None, None,
-                     available_at=lambda r: jnp.asarray(later))
+                     available_at=lambda r: jnp.asarray(later), k=k)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -29,9 +29,9 @@ def test_least_available_first_as_the_authors_plan(seed):
   online = np.flatnonzero(now).tolist()
   priority = (now & ~later).astype(int)
   must, pool, draw = authors.refl_ips_plan(online, priority, k, avail_priority=2)
-  sel = refl.refl_selector(k, accuracy=1.0)
+  sel = refl.refl_selector(accuracy=1.0)
   for t in range(5):
-    chosen, state = sel.select(sel.init(n, None), jax.random.PRNGKey(t), _inputs(later),
+    chosen, state = sel.select(sel.init(n, None), jax.random.PRNGKey(t), _inputs(later, k),
                                jnp.asarray(now))
     ids = set(np.flatnonzero(np.asarray(chosen)).tolist())
     assert np.flatnonzero(np.asarray(state.priority)).tolist() == authors.refl_ips_sets(
@@ -45,9 +45,9 @@ def test_an_imperfect_predictor_leaves_a_share_out():
   n = 12
   now = np.ones(n, bool)
   later = np.arange(n) >= 6  # Clients 0..5 leave.
-  sel = refl.refl_selector(8, accuracy=0.5)
+  sel = refl.refl_selector(accuracy=0.5)
   for t in range(5):
-    chosen, state = sel.select(sel.init(n, None), jax.random.PRNGKey(t), _inputs(later),
+    chosen, state = sel.select(sel.init(n, None), jax.random.PRNGKey(t), _inputs(later, 8),
                                jnp.asarray(now))
     assert int(state.priority.sum()) == 3 and bool(jnp.all(state.priority[6:] == 0))
     assert int(chosen.sum()) == 6 and bool(jnp.all(chosen[:6] == state.priority[:6]))
@@ -55,4 +55,4 @@ def test_an_imperfect_predictor_leaves_a_share_out():
 
 def test_refuses_bad_accuracy():
   with pytest.raises(ValueError, match="accuracy"):
-    refl.refl_selector(3, accuracy=0.0)
+    refl.refl_selector(accuracy=0.0)

@@ -4,17 +4,16 @@ unbiasedness of every reweighted sampler's aggregate."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 import fedjax_sel as fs
 from fedjax_sel.parts.aggregators import sampled_update
 from fedjax_sel.parts.selectors import sampling
 
 
-def inputs_for(counts, **stats):
+def inputs_for(counts, k, **stats):
   n = len(counts)
   return fs.RoundInputs(jnp.int32(0), None, jnp.ones(n, bool), fs.parts.types.Stats(stats),
-                        fs.ClientState.create(n), jnp.asarray(counts), None)
+                        fs.ClientState.create(n), jnp.asarray(counts), None, k=k)
 
 
 def test_md_draw_frequencies_follow_data_shares():
@@ -22,8 +21,8 @@ def test_md_draw_frequencies_follow_data_shares():
   errors); clients outside the mask or without data are never drawn."""
   counts = np.array([10, 0, 30, 60, 100])
   mask = jnp.array([True, True, True, True, False])
-  sel = fs.md_selector(4)
-  inp = inputs_for(counts)
+  sel = fs.md_selector()
+  inp = inputs_for(counts, 4)
   draws = jax.vmap(lambda key: sel.select(sel.init(5, None), key, inp, mask)[1].weights * 4)(
       jax.random.split(jax.random.PRNGKey(0), 4000))
   draws = np.asarray(draws)
@@ -35,9 +34,9 @@ def test_md_draw_frequencies_follow_data_shares():
 
 def test_md_repeated_client_trains_once_and_counts_twice():
   """One client holding all the data is drawn K times: the mask holds it once, its weight is 1."""
-  sel = fs.md_selector(3)
+  sel = fs.md_selector()
   chosen, state = sel.select(sel.init(3, None), jax.random.PRNGKey(1),
-                             inputs_for([0, 5, 0]), jnp.ones(3, bool))
+                             inputs_for([0, 5, 0], 3), jnp.ones(3, bool))
   assert chosen.tolist() == [False, True, False]
   assert state.weights.tolist() == [0.0, 1.0, 0.0]
 
@@ -63,7 +62,7 @@ def assert_unbiased(selector, inputs, mask, draws=4000, dim=3, seed=0):
 def test_md_is_unbiased():
   counts = np.array([5, 40, 12, 0, 80, 3, 20, 9])
   mask = jnp.array([True, True, True, True, True, False, True, True])
-  assert_unbiased(fs.md_selector(3), inputs_for(counts), mask)
+  assert_unbiased(fs.md_selector(), inputs_for(counts, 3), mask)
 
 
 def test_robust_aggregators_ignore_sampling_weights():
@@ -75,9 +74,3 @@ def test_robust_aggregators_ignore_sampling_weights():
   mean, _ = fs.fedavg().apply((), jnp.zeros(1), stack, inp)
   assert median.tolist() == [3.0] and mean.tolist() == [1.25]
   assert fs.fedavg().applies_sampling_weights and not fs.krum().applies_sampling_weights
-
-
-@pytest.mark.parametrize("bad", [0, -2])
-def test_md_refuses_bad_k(bad):
-  with pytest.raises(ValueError, match="clients per round"):
-    fs.md_selector(bad)

@@ -38,13 +38,13 @@ def test_rounds_take_one_tier_spend_credits_and_follow_accuracy():
   likeliest; a tier out of credits is never chosen."""
   n, k = 12, 2
   latency = np.arange(n, dtype=np.float32)  # Tiers {0,1,2}, {3,4,5}, ...
-  sel = tifl.tifl_selector(k, latency, rounds=8, num_tiers=4, interval=2)
+  sel = tifl.tifl_selector(latency, rounds=8, num_tiers=4, interval=2)
   state = sel.init(n, None)
   accuracy = jnp.asarray(np.repeat([0.9, 0.2, 0.6, 0.8], 3), jnp.float32)
   counts = np.zeros(4, int)
   for t in range(8):
     inputs = RoundInputs(jnp.int32(t), None, jnp.ones(n, bool), Stats(accuracy=accuracy),
-                         ClientState.create(n), jnp.ones(n, jnp.int32), None)
+                         ClientState.create(n), jnp.ones(n, jnp.int32), None, k=k)
     chosen, state = sel.select(state, jax.random.PRNGKey(t), inputs, jnp.ones(n, bool))
     ids = np.flatnonzero(np.asarray(chosen))
     assert len(ids) == k and len(set(ids // 3)) == 1

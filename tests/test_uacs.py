@@ -51,8 +51,9 @@ def np_top_m(scores, mask, m):
   return np.sort(order[:m])
 
 
-def stats_inputs(**stats):
-  return RoundInputs(0, None, None, {k: jnp.asarray(v) for k, v in stats.items()}, None, None, None)
+def stats_inputs(m, **stats):
+  return RoundInputs(0, None, None, {k: jnp.asarray(v) for k, v in stats.items()}, None, None, None,
+                     k=m)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -61,10 +62,10 @@ def test_top_m_and_ties_equal_numpy_argsort(seed):
   n, m = 25, 6
   scores = np.round(rng.random(n), 1).astype(np.float32)  # Many ties.
   mask = rng.random(n) < 0.7
-  for sel, stat in ((uacs.entropy_selector(m, eps=0.0), "entropy"),
-                    (uacs.grad_norm_selector(m), "grad_norm")):
+  for sel, stat in ((uacs.entropy_selector(eps=0.0), "entropy"),
+                    (uacs.grad_norm_selector(), "grad_norm")):
     chosen, _ = sel.select(sel.init(n, None), jax.random.PRNGKey(seed),
-                           stats_inputs(**{stat: scores}), jnp.asarray(mask))
+                           stats_inputs(m, **{stat: scores}), jnp.asarray(mask))
     np.testing.assert_array_equal(np.flatnonzero(np.asarray(chosen)), np_top_m(scores, mask, m))
 
 
@@ -73,10 +74,10 @@ def test_exploration_frequency_and_uniformity():
   mask = np.ones(n, bool)
   mask[[0, 5]] = False
   scores = np.arange(n, dtype=np.float32)
-  sel = uacs.entropy_selector(m, eps)
+  sel = uacs.entropy_selector(eps)
   keys = jax.random.split(jax.random.PRNGKey(0), draws)
   chosen, state = jax.jit(jax.vmap(lambda k: sel.select(
-      sel.init(n, None), k, stats_inputs(entropy=scores), jnp.asarray(mask))))(keys)
+      sel.init(n, None), k, stats_inputs(m, entropy=scores), jnp.asarray(mask))))(keys)
   chosen, explored = np.asarray(chosen), np.asarray(state.explored)
   se = np.sqrt(eps * (1 - eps) / draws)
   assert abs(explored.mean() - eps) < 3 * se
@@ -98,9 +99,9 @@ def test_selections_stay_in_mask_with_size_min_m(name):
   for trial in range(20):
     mask = rng.random(n) < rng.uniform(0.05, 1.0)
     m = int(rng.integers(1, n + 1))
-    sel = {"entropy": uacs.entropy_selector(m, 0.5), "grad_norm": uacs.grad_norm_selector(m),
-           "random": random_selector(m)}[name]
-    inputs = stats_inputs(entropy=rng.random(n), grad_norm=rng.random(n))
+    sel = {"entropy": uacs.entropy_selector(0.5), "grad_norm": uacs.grad_norm_selector(),
+           "random": random_selector()}[name]
+    inputs = stats_inputs(m, entropy=rng.random(n), grad_norm=rng.random(n))
     chosen, _ = sel.select(sel.init(n, None), jax.random.PRNGKey(trial), inputs, jnp.asarray(mask))
     chosen = np.asarray(chosen)
     assert (chosen <= mask).all() and chosen.sum() == min(m, mask.sum())
@@ -156,8 +157,8 @@ def test_entropy_selection_costs_and_boundary_picks_in_a_run():
   model = fs.build_model("logreg", data.feature_shape, 2)
   import optax  # pylint: disable=import-outside-toplevel
   counts = np.asarray(data.train.counts)
-  for sel, field in ((uacs.entropy_selector(3, 0.0), "client_eval_samples"),
-                     (uacs.grad_norm_selector(3), "client_grad_samples")):
+  for sel, field in ((uacs.entropy_selector(0.0), "client_eval_samples"),
+                     (uacs.grad_norm_selector(), "client_grad_samples")):
     sim = fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=10),
                        fs.uniform_availability(30, 30), sel, fs.fedavg("uniform"), 3, 0,
                        lr_schedule=fs.constant_lr(0.5))

@@ -19,12 +19,13 @@ class LowestIndexSettings:
 @registry.register("selector", "lowest_index", LowestIndexSettings)
 def lowest_index(settings: LowestIndexSettings, context: registry.BuildContext) -> fs.Selector:
   """The K available clients of lowest index (after `offset` of them)."""
-  k, offset = context.k, settings.offset
+  del context
+  offset = settings.offset
 
   def select(state, key, inputs, mask):
-    del key, inputs
+    del key
     rank = jnp.cumsum(mask) - 1
-    return mask & (rank >= offset) & (rank < offset + k), state
+    return mask & (rank >= offset) & (rank < offset + inputs.k), state
 
   return fs.Selector(init=lambda n, params: (), select=select,
-                     spec={"name": "lowest_index", "k": k, "offset": offset})
+                     spec={"name": "lowest_index", "offset": offset})

@@ -352,8 +352,8 @@ def describe(part) -> dict:
 
   Examples:
     >>> from fedjax_sel.parts.selectors.baselines import power_of_choice
-    >>> describe(power_of_choice(3, d=6))
-    {'name': 'poc', 'k': 3, 'd': 6, 'variant': 'pow'}
+    >>> describe(power_of_choice(d=6))
+    {'name': 'poc', 'd': 6, 'variant': 'pow'}
   """
   if part is None:
     return {"name": "none"}
