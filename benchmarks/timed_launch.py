@@ -28,7 +28,7 @@ def main():
   compile_in = {"set-up": 0.0, "rounds": 0.0, "data": 0.0}
   module = importlib.import_module(module_name)
   import fedjax_sel as fs  # pylint: disable=import-outside-toplevel
-  from experiments.launch import build, job  # pylint: disable=import-outside-toplevel
+  from experiments.launch import build, cli  # pylint: disable=import-outside-toplevel
   imported = time.perf_counter() - START
 
   def timed(owner, name, phase):
@@ -52,7 +52,7 @@ def main():
   from absl import app  # pylint: disable=import-outside-toplevel
   status = 0
   try:
-    app.run(job.cli(module.main), argv=[module_name, *argv])
+    app.run(cli.guarded(module.main), argv=[module_name, *argv])
   except SystemExit as e:
     status = e.code or 0
   total = time.perf_counter() - START

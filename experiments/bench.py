@@ -29,7 +29,7 @@ import sys
 import numpy as np
 from absl import app, flags
 
-from experiments.launch import job as joblib
+from experiments.launch import cli
 from experiments.launch import report
 from fedjax_sel import registry
 from fedjax_sel.host.plotting import mean_std
@@ -345,4 +345,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(joblib.cli(main))
+  cli.launch(main)

@@ -23,7 +23,7 @@ import os
 import numpy as np
 from absl import app, flags
 
-from experiments.launch import job as joblib
+from experiments.launch import cli
 from experiments.launch import report
 from experiments.launch.report import read_job
 from fedjax_sel.host.plotting import mean_std
@@ -174,4 +174,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(joblib.cli(main))
+  cli.launch(main)

@@ -25,8 +25,9 @@ import numpy as np
 from absl import app
 
 import fedjax_sel as fs
-from experiments.launch import build, config, flag_binding, job
+from experiments.launch import build, cli, config, flag_binding
 from experiments.launch.config import option
+from experiments.launch.job import Job
 from experiments.reports import fedalign as fedalign_report
 from fedjax_sel.data.corruption import LABEL_NOISE_MODES, NOISE_PRESETS, noisy_clients
 from fedjax_sel.parts.rules import fedalign
@@ -88,8 +89,10 @@ SWEEPABLE = {"lr": "local.lr", "prox_mu": "local.prox_mu", "eps0": "parts.rule.s
 # Its own participation (full, or per group) and its own noise (--synth_noise): no availability,
 # K or corruption flags.
 NOT_USED = ("clients_per_round", "corrupt_fraction", "corrupt_kinds")
-flag_binding.define(DEFAULTS, exclude=NOT_USED, choose=("server_optimizer", "dataset", "model"),
-                    parts={"rule": ("fedalign",), "aggregator": ("fedavg",)}, sweepable=SWEEPABLE)
+BINDING = flag_binding.define(DEFAULTS, exclude=NOT_USED,
+                              choose=("server_optimizer", "dataset", "model"),
+                              parts={"rule": ("fedalign",), "aggregator": ("fedavg",)},
+                              sweepable=SWEEPABLE)
 
 
 def resolve(cfg: config.JobConfig, given: frozenset) -> config.JobConfig:
@@ -180,10 +183,11 @@ def round_extras(priority):
   return extra
 
 
-def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
+def execute(job: Job) -> None:
+  cfg = job.cfg
   build.check_population(cfg)
   build.check_runs(cfg)
-  job.start(cfg, flag_lines)
+  job.start()
 
   def build_run(spec):
     data, priority = spec.data
@@ -196,13 +200,13 @@ def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
                           eval_mask=priority)
     return sim, round_extras(priority)
 
-  results, _ = job.run_groups(cfg, groups(cfg), lambda seed, g: load(cfg, seed, g), build_run)
-  if job.writer():  # Process 0 of a multi-host run.
+  results, _ = job.run_groups(groups(cfg), lambda seed, g: load(cfg, seed, g), build_run)
+  if job.writes:  # Process 0 of a multi-host run.
     fedalign_report.write_outputs(cfg, results)
 
 
-main = flag_binding.launcher_main(resolve, execute)
+main = cli.launcher_main(BINDING, resolve, execute)
 
 
 if __name__ == "__main__":
-  job.launch(main)
+  cli.launch(main, BINDING)

@@ -23,8 +23,9 @@ import dataclasses
 
 from absl import app
 
-from experiments.launch import build, config, flag_binding, job
+from experiments.launch import build, cli, config, flag_binding
 from experiments.launch.config import option
+from experiments.launch.job import Job
 from experiments.reports import fedsrc as fedsrc_report
 from fedjax_sel.data.builders import source
 
@@ -60,8 +61,9 @@ DEFAULTS = config.updated(
 SWEEPABLE = {"lr": "local.lr", "prox_mu": "local.prox_mu",  # Run values or part state.
              "participation_target": "parts.rule.settings.target",
              "fedsrc_beta": "parts.rule.settings.beta"}
-flag_binding.define(DEFAULTS, choose=("server_optimizer", "availability", "dataset", "model"),
-                    parts={"rule": ("fedsrc",), "aggregator": None}, sweepable=SWEEPABLE)
+BINDING = flag_binding.define(DEFAULTS,
+                              choose=("server_optimizer", "availability", "dataset", "model"),
+                              parts={"rule": ("fedsrc",), "aggregator": None}, sweepable=SWEEPABLE)
 
 
 def _listed(flag: str, values, accepted) -> None:
@@ -84,7 +86,7 @@ def resolve(cfg: config.JobConfig, given: frozenset) -> config.JobConfig:
   if not opts.splits:
     raise app.UsageError(f"--splits must list values among {sorted(SPLITS)}, got none")
   used = {"fedavg" if m == "fedsrc" else m for m in opts.methods} | set(opts.fedsrc_with)
-  for setting, names in flag_binding.setting_owners("aggregator").items():
+  for setting, names in BINDING.setting_owners("aggregator").items():
     if flag_binding.given(setting) and not used & names:
       raise app.UsageError(f"--{setting} is a setting of {'/'.join(sorted(names))}, which no "
                            "method of --methods / --fedsrc_with uses: drop it or add one")
@@ -117,11 +119,12 @@ def load(cfg: config.JobConfig, seed: int, group: str):
   return data, kinds
 
 
-def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
+def execute(job: Job) -> None:
+  cfg = job.cfg
   build.check_corruption(cfg)
   build.check_population(cfg)
   build.check_runs(cfg)
-  job.start(cfg, flag_lines)
+  job.start()
 
   def build_run(spec):
     data, kinds = spec.data
@@ -131,15 +134,15 @@ def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
                           eval_mask=kinds == "good")
     return sim, fedsrc_report.round_extras(cfg, kinds, spec.run.parts.rule is not None, data)
 
-  runs, loaded = job.run_groups(cfg, groups(cfg), lambda seed, g: load(cfg, seed, g), build_run)
+  runs, loaded = job.run_groups(groups(cfg), lambda seed, g: load(cfg, seed, g), build_run)
   results = {g: {name: [(recs, *loaded[(seed, g)]) for seed, recs in zip(cfg.seeds, group)]
                  for name, group in by_name.items()} for g, by_name in runs.items()}
-  if job.writer():  # Process 0 of a multi-host run.
+  if job.writes:  # Process 0 of a multi-host run.
     fedsrc_report.write_outputs(cfg, results)
 
 
-main = flag_binding.launcher_main(resolve, execute)
+main = cli.launcher_main(BINDING, resolve, execute)
 
 
 if __name__ == "__main__":
-  job.launch(main)
+  cli.launch(main, BINDING)

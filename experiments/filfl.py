@@ -25,8 +25,9 @@ import dataclasses
 import numpy as np
 from absl import app
 
-from experiments.launch import build, config, flag_binding, job
+from experiments.launch import build, cli, config, flag_binding
 from experiments.launch.config import option
+from experiments.launch.job import Job
 from experiments.reports import filfl as filfl_report
 from fedjax_sel.data import sources
 
@@ -86,10 +87,10 @@ DEFAULTS = config.updated(
     out_dir="runs/filfl")
 DEFAULTS = dataclasses.replace(DEFAULTS, seeds=(0, 1, 2))
 SWEEPABLE = {"lr": "local.lr", "prox_mu": "local.prox_mu"}
-flag_binding.define(DEFAULTS, choose=("selector", "server_optimizer", "availability", "dataset",
-                                     "model"),
-                    parts={"filter": ("dgf",)},
-                    sweepable=SWEEPABLE)
+BINDING = flag_binding.define(DEFAULTS, choose=("selector", "server_optimizer", "availability",
+                                               "dataset", "model"),
+                              parts={"filter": ("dgf",)},
+                              sweepable=SWEEPABLE)
 
 
 def resolve(cfg: config.JobConfig, given: frozenset) -> config.JobConfig:
@@ -145,9 +146,10 @@ def load(cfg: config.JobConfig, seed: int):
   return data, bad
 
 
-def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
+def execute(job: Job) -> None:
+  cfg = job.cfg
   check(cfg)
-  job.start(cfg, flag_lines)
+  job.start()
 
   def build_run(spec):
     data, bad = spec.data
@@ -158,7 +160,7 @@ def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
     return build.simulator(spec.run, data, spec.seed, model=model, capacity=spec.capacity,
                            eval_mask=~bad), None
 
-  results, loaded = job.run_groups(cfg, [""], lambda seed, _: load(cfg, seed), build_run)
+  results, loaded = job.run_groups([""], lambda seed, _: load(cfg, seed), build_run)
   runs = results[""]
   bad_rows = []
   for name, group in runs.items():
@@ -169,12 +171,12 @@ def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
           ids = np.array(r["filtered_in"], dtype=int)
           bad_rows.append((name, seed, r["round"], len(ids),
                            int(bad[ids].sum()) if len(ids) else 0))
-  if job.writer():  # Process 0 of a multi-host run.
+  if job.writes:  # Process 0 of a multi-host run.
     filfl_report.write_outputs(cfg, runs, bad_rows)
 
 
-main = flag_binding.launcher_main(resolve, execute)
+main = cli.launcher_main(BINDING, resolve, execute)
 
 
 if __name__ == "__main__":
-  job.launch(main)
+  cli.launch(main, BINDING)

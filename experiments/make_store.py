@@ -28,7 +28,7 @@ import time
 from absl import app
 
 import fedjax_sel as fs
-from experiments.launch import build, config, flag_binding, job
+from experiments.launch import build, cli, config, flag_binding
 from experiments.launch.config import option
 from fedjax_sel.data import federated_sqlite, store
 from fedjax_sel.data.builders import SynthSettings, published_store
@@ -49,7 +49,7 @@ class MakeStoreOptions:
 
 
 DEFAULTS = config.JobConfig(launcher="experiments.make_store", options=MakeStoreOptions())
-flag_binding.define(DEFAULTS, exclude=tuple(
+BINDING = flag_binding.define(DEFAULTS, exclude=tuple(
     f for section in config.SECTIONS for f in config.field_names(section) if f not in USED),
     choose=("dataset",), replay=False)
 
@@ -71,7 +71,7 @@ def _published(cfg: config.JobConfig, out: str, seed: int) -> fs.FederatedDatase
 
 def main(argv):
   del argv
-  cfg = flag_binding.job_config()
+  cfg = BINDING.job_config()
   opts = cfg.options
   out = opts.store_out
   if out is None:
@@ -100,4 +100,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(job.cli(main))
+  cli.launch(main, BINDING)

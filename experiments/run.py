@@ -30,12 +30,13 @@ import dataclasses
 
 
 import fedjax_sel as fs
-from experiments.launch import build, config, flag_binding, job, report
+from experiments.launch import build, cli, config, flag_binding, report
+from experiments.launch.job import Job
 from fedjax_sel import registry
 
 DEFAULTS = config.JobConfig()
 SWEEPABLE = {"lr": "local.lr", "prox_mu": "local.prox_mu"}  # --sweep NAME: config field.
-flag_binding.define(DEFAULTS, choose=registry.KINDS, sweepable=SWEEPABLE)
+BINDING = flag_binding.define(DEFAULTS, choose=registry.KINDS, sweepable=SWEEPABLE)
 
 
 AGGREGATION = {"fedavg": "FedAvg", "median": "Median", "trimmed_mean": "Trimmed mean",
@@ -76,12 +77,13 @@ def resolve(cfg: config.JobConfig, given: frozenset) -> config.JobConfig:
   return dataclasses.replace(cfg, methods=(config.Method("", label(cfg)),))
 
 
-def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
+def execute(job: Job) -> None:
   """Runs the job `cfg` (every check before any data, every data error before any training)."""
+  cfg = job.cfg
   build.check_population(cfg)
   build.check_runs(cfg)
   build.check_corruption(cfg)
-  job.start(cfg, flag_lines)
+  job.start()
 
   def load(seed, group):
     del group
@@ -98,8 +100,8 @@ def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
     return build.simulator(spec.run, data, spec.seed, capacity=spec.capacity,
                            eval_mask=eval_mask), None
 
-  groups = job.run_groups(cfg, [""], load, build_run)[0][""]
-  if not job.writer():  # Process 0 of a multi-host run writes the files.
+  groups = job.run_groups([""], load, build_run)[0][""]
+  if not job.writes:  # Process 0 of a multi-host run writes the files.
     return
   report.write_summary(cfg, fs.summary_table([(f"{group} seed {s}", r)
                                               for group, runs in groups.items()
@@ -113,8 +115,8 @@ def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
     print(f"figure: {path}")
 
 
-main = flag_binding.launcher_main(resolve, execute)
+main = cli.launcher_main(BINDING, resolve, execute)
 
 
 if __name__ == "__main__":
-  job.launch(main)
+  cli.launch(main, BINDING)

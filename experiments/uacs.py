@@ -23,8 +23,9 @@ import os
 import numpy as np
 from absl import app
 
-from experiments.launch import build, config, flag_binding, job
+from experiments.launch import build, cli, config, flag_binding
 from experiments.launch.config import option
+from experiments.launch.job import Job
 from experiments.reports import uacs as uacs_report
 from fedjax_sel import registry
 from fedjax_sel.data.boundary import SCENARIOS, BoundaryShape, boundary_dataset, check_config
@@ -55,10 +56,10 @@ DEFAULTS = config.updated(
     local_epochs=1, batch_size=10, lr=0.5, weighting="uniform", out_dir="runs/uacs")
 SWEEPABLE = {"lr": "local.lr", "prox_mu": "local.prox_mu",
              "explore_prob": "parts.selector.settings.explore_prob"}
-flag_binding.define(DEFAULTS, exclude=("corrupt_fraction", "corrupt_kinds"),
-                    choose=("server_optimizer", "availability", "dataset", "model"),
-                    parts={"selector": ("entropy",), "aggregator": ("fedavg",)},
-                    sweepable=SWEEPABLE)
+BINDING = flag_binding.define(DEFAULTS, exclude=("corrupt_fraction", "corrupt_kinds"),
+                              choose=("server_optimizer", "availability", "dataset", "model"),
+                              parts={"selector": ("entropy",), "aggregator": ("fedavg",)},
+                              sweepable=SWEEPABLE)
 SELECTORS = {"entropy_eps": None,  # The job's selector: entropy with --explore_prob.
              "entropy": config.part("selector", "entropy", explore_prob=0.0),
              "random": config.part("selector", "random"),
@@ -117,9 +118,10 @@ def load(cfg: config.JobConfig, scenario, seed: int):
   return boundary_dataset(uacs_report.boundary_config(cfg, scenario), seed)
 
 
-def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
+def execute(job: Job) -> None:
+  cfg = job.cfg
   chosen = check(cfg)
-  job.start(cfg, flag_lines)
+  job.start()
   scenario_of = {uacs_report.group_name(s): s for s in chosen}
   finals, sims = {}, {}
 
@@ -141,18 +143,18 @@ def execute(cfg: config.JobConfig, flag_lines: list[str]) -> None:
           f"N={data.num_clients}, boundary clients {np.flatnonzero(is_boundary).tolist()}")
     return sim, extra
 
-  results, loaded = job.run_groups(cfg, list(scenario_of),
+  results, loaded = job.run_groups(list(scenario_of),
                                    lambda seed, g: load(cfg, scenario_of[g], seed), build_run)
   for key, (sim, folder) in sims.items():  # Runs that finished earlier: their final model.
     if key not in finals:
       state, _ = checkpoint.load(os.path.join(folder, CHECKPOINT_FILE), sim.init())
       finals[key] = (sim.model, state.params)
-  if job.writer():  # Process 0 of a multi-host run.
+  if job.writes:  # Process 0 of a multi-host run.
     uacs_report.write_outputs(cfg, results, loaded, finals, chosen)
 
 
-main = flag_binding.launcher_main(resolve, execute)
+main = cli.launcher_main(BINDING, resolve, execute)
 
 
 if __name__ == "__main__":
-  job.launch(main)
+  cli.launch(main, BINDING)

@@ -1118,7 +1118,7 @@ def test_a_failed_check_of_a_cached_program_names_the_cache_folder(tmp_path, mon
   """XLA's assertion on a program loaded from the persistent cache (two swapped entries stopped a
   job with a raw AssertionError) ends the launcher in one line naming the cache folder and what
   to do (issue 37)."""
-  from experiments.launch import job  # pylint: disable=import-outside-toplevel
+  from experiments.launch import cli  # pylint: disable=import-outside-toplevel
   monkeypatch.setenv("FEDJAX_SEL_CACHE_DIR", str(tmp_path / "cache"))
 
   def main(argv):
@@ -1128,7 +1128,7 @@ def test_a_failed_check_of_a_cached_program_names_the_cache_folder(tmp_path, mon
   before = jax.config.jax_compilation_cache_dir
   try:
     with pytest.raises(SystemExit) as exit_info:
-      job.cli(main)(["launcher"])
+      cli.guarded(main)(["launcher"])
   finally:  # The cache folder of this test process stays what it was.
     jax.config.update("jax_compilation_cache_dir", before)
   message = str(exit_info.value.code)

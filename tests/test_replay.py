@@ -93,8 +93,8 @@ module_name = sys.argv[1]
 launcher = importlib.import_module(module_name)
 FLAGS = flags.FLAGS
 FLAGS([module_name])
-base = config.to_dict(flag_binding.job_config(launcher.resolve))
-bound = flag_binding._bound()
+bound = launcher.BINDING
+base = config.to_dict(bound.job_config(launcher.resolve))
 owners = {flag: o[0][:2] for flag, o in bound.settings.items()}
 kinds = {v: k for k, v in flag_binding.PART_FLAG.items()}
 unchanged = []
@@ -131,7 +131,7 @@ for name in sorted(f.name for f in FLAGS.flags_by_module_dict()[module_name]):
     args.append(f"--{flag_binding.PART_FLAG[kind]}={part}")
   FLAGS(args)
   try:
-    changed = config.to_dict(flag_binding.job_config(launcher.resolve)) != base
+    changed = config.to_dict(bound.job_config(launcher.resolve)) != base
   except Exception:  # A refused value is read too: the config saw it.
     changed = True
   if not changed:

@@ -3,14 +3,15 @@
 A launcher calls `define(defaults, ...)` once, at import, with its default `JobConfig`: absl flags
 are declared from the config fields it uses (help text, type, accepted values and bounds as the
 fields state them, defaults from `defaults`), from the settings of the parts it uses
-(`fedjax_sel.registry`) and from its own options dataclass. `job_config(resolve)` reads them back
-into one `JobConfig`: the flags given on the command line over `--config=<out_dir>/config.json`
-(a finished job's resolved config: it replays the job exactly) or over the launcher's defaults.
+(`fedjax_sel.registry`) and from its own options dataclass, and it keeps the `Binding` returned.
+`binding.job_config(resolve)` reads them back into one `JobConfig`: the flags given on the command
+line over `--config=<out_dir>/config.json` (a finished job's resolved config: it replays the job
+exactly) or over the launcher's defaults.
 This module and the launchers' entry points are the only readers of `FLAGS`. Since a field and its
 flag share one name, an error about a field names its flag without parsing any text.
 
-A setting flag of a part the job does not use is refused. `flag_lines(cfg)` is the job's flagfile
-(`flags.txt`): `--flagfile=<out_dir>/flags.txt` replays it too.
+A setting flag of a part the job does not use is refused. `binding.flag_lines(cfg)` is the job's
+flagfile (`flags.txt`): `--flagfile=<out_dir>/flags.txt` replays it too.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from typing import Any
 from absl import app, flags
 
 from experiments.launch import config as cfglib
-from experiments.launch import distributed, job
 from fedjax_sel import registry
 
 FLAGS = flags.FLAGS
@@ -54,9 +54,10 @@ PART_HELP = {
 NOT_REPLAYED = ("resume", "overwrite", "config")  # A replay decides these itself.
 
 
-@dataclasses.dataclass
-class _Bound:
-  """What `define` declared: the launcher's defaults and the flags of each config field."""
+@dataclasses.dataclass(frozen=True)
+class Binding:
+  """What `define` declared for a launcher: its defaults and the flags of each config field, and
+  the reading of those flags back into its job (the launcher keeps it; no module state does)."""
 
   defaults: cfglib.JobConfig
   fields: dict[str, tuple[str, Any]]  # flag -> (section or "options", type hint)
@@ -64,8 +65,21 @@ class _Bound:
   settings: dict[str, list[tuple[str, str, str]]]  # flag -> [(kind, part, field)]
   sweepable: dict[str, str]
 
+  def job_config(self, resolve: Resolve | None = None) -> cfglib.JobConfig:
+    """The job the command line describes (`_job_config`)."""
+    return _job_config(self, resolve)
 
-_BOUND: _Bound | None = None
+  def flag_lines(self, cfg: cfglib.JobConfig) -> list[str]:
+    """The job's flagfile (`_flag_lines`)."""
+    return _flag_lines(self, cfg)
+
+  def short_help(self, doc: str) -> str:
+    """The launcher's --help (`_short_help`)."""
+    return _short_help(self, doc)
+
+  def setting_owners(self, kind: str) -> dict[str, set[str]]:
+    """The parts each setting flag of `kind` sets (`_setting_owners`)."""
+    return _setting_owners(self, kind)
 
 
 def _base_type(hint) -> Any:
@@ -115,7 +129,7 @@ def _import_named_modules() -> None:
 
 def define(defaults: cfglib.JobConfig, *, exclude: tuple[str, ...] = (),
            choose: tuple[str, ...] = (), parts: dict[str, tuple[str, ...] | None] | None = None,
-           sweepable: dict[str, str] | None = None, replay: bool = True) -> None:
+           sweepable: dict[str, str] | None = None, replay: bool = True) -> Binding:
   """Declares a launcher's flags, with `defaults` (its default job) as their defaults.
 
   Args:
@@ -126,8 +140,10 @@ def define(defaults: cfglib.JobConfig, *, exclude: tuple[str, ...] = (),
       one); kinds in `choose` default to every registered part.
     sweepable: `--sweep` names -> config field paths (no `--sweep` without them).
     replay: define `--config` (a job's config.json to run again).
+
+  Returns:
+    The `Binding` of these flags to the config, which reads them back.
   """
-  global _BOUND  # pylint: disable=global-statement
   _import_named_modules()
   fields = {}
   sections = [(s, cls, getattr(defaults, s)) for s, cls in cfglib.SECTIONS.items()]
@@ -172,7 +188,7 @@ def define(defaults: cfglib.JobConfig, *, exclude: tuple[str, ...] = (),
   if replay:
     flags.DEFINE_string("config", None, "A job's config.json (in its --out_dir): run that job "
                         "again exactly; flags given beside it override its values.")
-  _BOUND = _Bound(defaults, fields, tuple(choose), settings, dict(sweepable or {}))
+  return Binding(defaults, fields, tuple(choose), settings, dict(sweepable or {}))
 
 
 HELP_GROUPS = {"data": "Data", "local": "Local training", "engine": "Rounds",
@@ -183,11 +199,10 @@ HELP_GROUPS = {"data": "Data", "local": "Local training", "engine": "Rounds",
                "distributed": "Several hosts"}
 
 
-def short_help(doc: str) -> str:
-  """The launcher's help: its docstring, then each flag it declares in one line (name, the first
-  sentence of its help, its default), grouped by what it configures; `--helpfull` gives absl's
-  full listing."""
-  bound = _bound()
+def _short_help(bound: Binding, doc: str) -> str:
+  """The launcher's help: its docstring, then each flag `bound` declares in one line (name, the
+  first sentence of its help, its default), grouped by what it configures; `--helpfull` gives
+  absl's full listing."""
   groups: dict[str, list[str]] = {group: [] for group in HELP_GROUPS}
   groups["job"] = []
   owners = {flag: "parts" for flag in bound.settings}
@@ -207,12 +222,6 @@ def short_help(doc: str) -> str:
       lines += [f"{HELP_GROUPS.get(group, 'The job')}:", *entries, ""]
   lines.append("--helpfull lists every flag with its whole help (absl's listing).")
   return "\n".join(lines)
-
-
-def _bound() -> _Bound:
-  if _BOUND is None:
-    raise RuntimeError("flag_binding.define(...) was not called by this launcher")
-  return _BOUND
 
 
 # --- Reading the flags back ---------------------------------------------------------------------
@@ -235,9 +244,9 @@ def given(flag: str) -> bool:
   return flag in FLAGS and FLAGS[flag].present
 
 
-def setting_owners(kind: str) -> dict[str, set[str]]:
-  """{setting flag: the names of the parts of `kind` it sets} of this launcher's flags."""
-  return {flag: {n for _, n, _ in owners} for flag, owners in _bound().settings.items()
+def _setting_owners(bound: Binding, kind: str) -> dict[str, set[str]]:
+  """{setting flag: the names of the parts of `kind` it sets} of the launcher's flags."""
+  return {flag: {n for _, n, _ in owners} for flag, owners in bound.settings.items()
           if owners[0][0] == kind}
 
 
@@ -259,9 +268,9 @@ def part_settings(kind: str, name: str, cfg: cfglib.JobConfig | None = None) -> 
   return entry.settings(**values)
 
 
-def _part(kind: str, base: cfglib.Part | None, cfg: cfglib.JobConfig) -> cfglib.Part | None:
+def _part(bound: Binding, kind: str, base: cfglib.Part | None,
+          cfg: cfglib.JobConfig) -> cfglib.Part | None:
   """The part of `kind`: the chosen one (its flag, else `base`'s) with its settings."""
-  bound = _bound()
   flag = PART_FLAG[kind]
   name = base.name if base is not None else NONE
   if kind in bound.choices and given(flag):
@@ -344,12 +353,11 @@ def _check_value(flag: str, value: Any, meta: dict) -> None:
 Resolve = Callable[[cfglib.JobConfig, frozenset], cfglib.JobConfig]
 
 
-def job_config(resolve: Resolve | None = None) -> cfglib.JobConfig:
+def _job_config(bound: Binding, resolve: Resolve | None = None) -> cfglib.JobConfig:
   """The job the command line describes: the given flags over `--config`'s job or the launcher's
   defaults, then `resolve(cfg, given)` (the launcher's presets, the defaults its parts need and
   its methods; `given`: the flags set on the command line, every field with `--config`), checked.
   """
-  bound = _bound()
   base = bound.defaults
   from_file = "config" in FLAGS and FLAGS.config is not None
   if from_file:
@@ -366,7 +374,7 @@ def job_config(resolve: Resolve | None = None) -> cfglib.JobConfig:
   for flag, (section, hint) in bound.fields.items():
     if given(flag):
       cfg = cfglib.replace(cfg, f"{section}.{flag}", _convert(flag, hint, FLAGS[flag].value))
-  parts = {kind: _part(kind, getattr(cfg.parts, kind), cfg) for kind in registry.KINDS}
+  parts = {kind: _part(bound, kind, getattr(cfg.parts, kind), cfg) for kind in registry.KINDS}
   cfg = dataclasses.replace(cfg, parts=cfglib.PartsConfig(**parts))
   if given("seeds"):
     cfg = dataclasses.replace(cfg, seeds=seeds())
@@ -378,16 +386,15 @@ def job_config(resolve: Resolve | None = None) -> cfglib.JobConfig:
   if resolve is not None:
     check_values(cfg)  # Before the launcher's own resolution computes with them.
     cfg = resolve(cfg, frozenset(explicit))
-  cfg = _given_settings(cfg)
+  cfg = _given_settings(bound, cfg)
   check_values(cfg)
   return cfg
 
 
-def _given_settings(cfg: cfglib.JobConfig) -> cfglib.JobConfig:
+def _given_settings(bound: Binding, cfg: cfglib.JobConfig) -> cfglib.JobConfig:
   """The setting flags given on the command line over the final parts (a preset may have chosen
   another part; the flags win over its settings). A given setting of a part that is not chosen
   is refused."""
-  bound = _bound()
   for kind in bound.choices:
     chosen = getattr(cfg.parts, kind)
     name = NONE if chosen is None else chosen.name
@@ -405,22 +412,8 @@ def _given_settings(cfg: cfglib.JobConfig) -> cfglib.JobConfig:
   return cfg
 
 
-def launcher_main(resolve: Resolve, execute: Callable[[cfglib.JobConfig, list[str]], None]):
-  """A launcher's `main(argv)`: its job from the command line (`job_config(resolve)`), the
-  multi-host join, then `execute(cfg, flag_lines(cfg))`."""
-  def main(argv):
-    del argv
-    cfg = job_config(resolve)
-    distributed.join(cfg.distributed)
-    job.begin()
-    execute(cfg, flag_lines(cfg))
-    job.finish()
-  return main
-
-
-def _flag_values(cfg: cfglib.JobConfig) -> dict[str, Any]:
-  """The value of each of this launcher's flags that `cfg` holds."""
-  bound = _bound()
+def _flag_values(bound: Binding, cfg: cfglib.JobConfig) -> dict[str, Any]:
+  """The value of each of the launcher's flags that `cfg` holds."""
   values = {flag: cfglib.get(cfg, f"{section}.{flag}")
             for flag, (section, _) in bound.fields.items()}
   held = [getattr(cfg.parts, kind) for kind in registry.KINDS]
@@ -439,12 +432,12 @@ def _flag_values(cfg: cfglib.JobConfig) -> dict[str, Any]:
   return values
 
 
-def flag_lines(cfg: cfglib.JobConfig) -> list[str]:
+def _flag_lines(bound: Binding, cfg: cfglib.JobConfig) -> list[str]:
   """The resolved job `cfg` as `--name=value` lines (absl's flagfile format): the job's flagfile,
   `--flagfile=<out_dir>/flags.txt` replays it (a later `--out_dir` overriding). Settings of parts
   the job does not use, and fields at None, are left out (they keep their defaults)."""
   lines = []
-  for name, value in sorted(_flag_values(cfg).items()):
+  for name, value in sorted(_flag_values(bound, cfg).items()):
     if name in NOT_REPLAYED or value is None:
       continue
     if isinstance(value, bool):

@@ -1,19 +1,17 @@
 """The host side of a job: its folder, provenance and manifest, and running its runs.
 
-A launcher builds its `JobConfig` (`flag_binding`), calls `start(cfg, flag_lines)` (the output
-folder checked and locked, `flags.txt`, `config.json` and `run_info.json` written), builds a
-`Run` per (method, swept value, seed) and hands each method's runs to `run_all`, which advances
-them as one batch. Nothing here reads the command line.
+A launcher's entry path (`cli`) builds its `JobConfig` (`flag_binding`) and hands the launcher a
+`Job`: `job.start()` checks and locks the output folder and writes `flags.txt`, `config.json` and
+`run_info.json`; `job.run_groups(...)` builds a `Run` per (method, swept value, seed) and advances
+each method's runs as one batch (`Job.run_all`); the job's manifest and its stopped runs live on
+the `Job`, not in this module. Nothing here reads the command line.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
-import logging
 import os
-import re
 import socket
 import sys
 import time
@@ -49,18 +47,25 @@ FINGERPRINT_NAMES = {"seed": "--seeds", "lr_base": "--lr", "prox_mu_value": "--p
                      "part_server_optimizer": "--server_opt",
                      "part_availability": "--availability", "part_dataset": "--dataset",
                      "part_model": "--model"}
-_JOBS: dict[str, list[dict]] = {}  # out_dir -> the runs recorded in its manifest.
 
 
 class Run(NamedTuple):
-  """One run of a job: its simulator, folder under the job's out_dir, progress label, optional
+  """One run of a job: its simulator, folder under the job's out_dir, method (its group and
+  method label, e.g. "scenario1 Random"), seed, swept value's tag ("NAME=V" or ""), optional
   per-round `extra(state, record) -> dict`, and its fingerprint settings (`settings(cfg)`)."""
 
   sim: fs.Simulator
   path: tuple[str, ...]
-  label: str
+  method: str
+  seed: int
+  tag: str = ""
   extra: Callable | None = None
   settings: dict | None = None
+
+  @property
+  def label(self) -> str:
+    """Its progress label, "<method> s<seed> <tag> "."""
+    return " ".join(p for p in (self.method, f"s{self.seed}", self.tag) if p) + " "
 
 
 def settings(run: cfglib.JobConfig) -> dict:
@@ -160,26 +165,6 @@ def _earlier_starts(path: str) -> list[dict]:
   return [*last.pop("earlier", []), last] if isinstance(last, dict) else []
 
 
-def record_runs(cfg: cfglib.JobConfig, runs: list[Run]) -> None:
-  """Adds `runs` to `<out_dir>/job.json`, the job's manifest: per run its launcher, label, seed,
-  swept value and folder (relative to the out_dir)."""
-  out = cfg.output.out_dir
-  job = _JOBS.setdefault(os.path.abspath(out), [])
-  for r in runs:
-    tag = next((p for p in r.path if "=" in p), None)
-    job.append({"launcher": cfg.launcher, "label": r.label.strip(), "seed": r.sim.seed,
-                "sweep": tag, "folder": os.path.join(*r.path)})
-  _write_manifest(out)
-
-
-def _write_manifest(out: str) -> None:
-  """`<out>/job.json` as this process has recorded the job's runs (process 0 writes it)."""
-  if writer():
-    os.makedirs(out, exist_ok=True)
-    write_text(os.path.join(out, JOB_FILE),
-               json.dumps({"runs": _JOBS[os.path.abspath(out)]}, indent=1) + "\n")
-
-
 @contextlib.contextmanager
 def trackers(cfg: cfglib.JobConfig, runs: list[Run], folders: list[str]):
   """With --tensorboard and / or --wandb, the writers of each run folder (process 0 only): yields
@@ -196,7 +181,7 @@ def trackers(cfg: cfglib.JobConfig, runs: list[Run], folders: list[str]):
         own.append(_tracker("--tensorboard", lambda f=folder: tracking.TensorBoardWriter(f)))
       if out.wandb:
         own.append(_tracker("--wandb", lambda r=run, f=folder: tracking.WandbWriter(
-            f, r.label.strip(), {**(r.settings or {}), "seed": r.sim.seed}, out.wandb_project,
+            f, r.label.strip(), {**(r.settings or {}), "seed": r.seed}, out.wandb_project,
             out.wandb_mode)))
     yield [_fan_out(own) for own in writers]
   finally:
@@ -229,40 +214,6 @@ def failure(error: Exception) -> str:
           + ". Rerun with the flags it was started with, or start afresh with --overwrite")
 
 
-def run_all(cfg: cfglib.JobConfig, runs: list[Run]) -> list[list[dict]]:
-  """Runs a method's runs for --rounds, each keeping its own folder, metrics, checkpoint and
-  resume: with --batch_runs and the device store as one `RunBatch` (one compiled call per round
-  for all of them), else one after another; with --resume, runs added to the job (a seed, a swept
-  value) start as a batch of their own while the others resume. A run that diverges stops alone:
-  the others finish, its records so far are returned and it is marked stopped in job.json
-  (`finish` then exits 1 after the launcher's summary). A refused resume or a foreign checkpoint
-  exits with the message (status 1)."""
-  record_runs(cfg, runs)
-  out = cfg.output
-  done = len(_JOBS[os.path.abspath(out.out_dir)]) - len(runs)
-  method = re.sub(r"\s+s\d+(?=\s|$).*", "", runs[0].label).strip()
-  each = ", ".join(r.label[len(method):].strip() for r in runs)  # "s0 lr=0.05, s1 lr=0.05, ..."
-  print(f"-- runs {done + 1}-{done + len(runs)} of the job: {method}: {each}", flush=True)
-  folders = [os.path.join(out.out_dir, *r.path) for r in runs]
-  batched = out.batch_runs and len(runs) > 1 and not any(r.sim.on_host for r in runs)
-  if not batched:
-    batches = [[i] for i in range(len(runs))]
-  elif out.resume:  # Runs added to the job start as a batch of their own.
-    held = [_holds_checkpoint(f) for f in folders]
-    batches = [b for b in ([i for i, h in enumerate(held) if h == group] for group in (True, False))
-               if b]
-  else:
-    batches = [list(range(len(runs)))]
-  results = {}
-  for batch in batches:
-    records = _run_batch(cfg, [runs[i] for i in batch], [folders[i] for i in batch])
-    for i, recs, stopped in zip(batch, *records):
-      results[i] = recs
-      if stopped:
-        _mark_stopped(cfg, done + i, runs[i].label.strip(), stopped)
-  return [results[i] for i in range(len(runs))]
-
-
 def _run_batch(cfg: cfglib.JobConfig, runs: list[Run], folders: list[str]
                ) -> tuple[list[list[dict]], list[str | None]]:
   """`runs` advanced together: (each run's records, why each stopped or None)."""
@@ -285,32 +236,6 @@ def _run_batch(cfg: cfglib.JobConfig, runs: list[Run], folders: list[str]
 def _holds_checkpoint(folder: str) -> bool:
   path = os.path.join(folder, CHECKPOINT_FILE)
   return os.path.exists(path) or os.path.exists(checkpoint_previous(path))
-
-
-_STOPPED: list[str] = []  # Why each stopped run of this process's job stopped.
-
-
-def _mark_stopped(cfg: cfglib.JobConfig, position: int, label: str, message: str) -> None:
-  """Marks the job's run at `position` stopped in job.json and remembers it for `finish`."""
-  _JOBS[os.path.abspath(cfg.output.out_dir)][position]["stopped"] = message
-  _STOPPED.append(f"{label}: {message}")
-  print(f"run {label} stopped: {message}", flush=True)
-  _write_manifest(cfg.output.out_dir)
-
-
-def begin() -> None:
-  """Forgets the stopped runs of a previous job run in this process."""
-  _STOPPED.clear()
-
-
-def finish() -> None:
-  """Exits with status 1 naming the runs that stopped (after the launcher wrote its summary and
-  figures of what finished)."""
-  stopped = list(_STOPPED)
-  _STOPPED.clear()
-  if stopped:
-    sys.exit("error: " + "; ".join(stopped) + ". The other runs finished; the summary holds "
-             "every run's rounds up to where it stopped (job.json marks the stopped runs)")
 
 
 class RunSpec(NamedTuple):
@@ -342,46 +267,131 @@ BuildRun = Callable[[RunSpec], tuple[fs.Simulator, Callable | None]]
 Load = Callable[[int, str], tuple]
 
 
-def run_groups(cfg: cfglib.JobConfig, groups: list[str], load: Load, build_run: BuildRun
-               ) -> tuple[dict[str, dict[str, list[list[dict]]]], dict[tuple[int, str], tuple]]:
-  """Runs the job: every group's data loaded first (every data error before any training), then
-  per group each method's runs (swept values x seeds) as one batch (`run_all`).
+class Job:
+  """One job: its config, its flagfile lines, the runs its manifest (`<out_dir>/job.json`) records
+  and why any of them stopped. The launchers' entry path (`cli.launcher_main`) makes it, the
+  launcher's `execute(job)` starts and runs it, and `finish` ends it."""
 
-  Args:
-    cfg: the job.
-    groups: the launcher's groups of runs (data splits, scenarios, noise levels), each with its
-      own data; [""] for one group without a folder level of its own.
-    load: `(seed, group) -> (dataset, ...)`, the data of a seed's runs in a group.
-    build_run: `RunSpec -> (simulator, per-round extra or None)`.
+  def __init__(self, cfg: cfglib.JobConfig, flag_lines: list[str]):
+    self.cfg = cfg
+    self.flag_lines = flag_lines
+    self.manifest: list[dict] = []  # Per run: launcher, label, method, seed, sweep, folder.
+    self.stopped: list[str] = []  # "<label>: why" of each run that stopped.
 
-  Returns:
-    ({group: {`RunSpec.name`: the records of each seed's run}}, {(seed, group): loaded data}).
-  """
-  loaded = {(s, g): load(s, g) for g in groups for s in cfg.seeds}
-  results = {}
-  for group in groups:
-    capacity = fs.Capacity.of([loaded[(s, group)][0] for s in cfg.seeds])
-    out = {}
-    for method in cfg.methods:
-      runs, names = [], []
-      for m, value, run in cfg.runs():
-        if m is not method:
-          continue
-        tag = "" if value is None else cfg.sweep.tag(value)
-        for seed in cfg.seeds:
-          spec = RunSpec(group, method, run, seed, tag, loaded[(seed, group)], capacity)
-          try:
-            sim, extra = build_run(spec)
-          except (ValueError, TypeError) as e:  # The library's refusal, before any compute.
-            raise app.UsageError(f"{spec.name} seed {seed}: {e}") from e
-          label = " ".join(p for p in (group, method.label, f"s{seed}", tag) if p) + " "
-          runs.append(Run(sim, spec.path, label, extra, settings(run)))
-        names.append(spec.name)
-      records = run_all(cfg, runs)
-      n = len(cfg.seeds)
-      out.update({name: records[i * n:(i + 1) * n] for i, name in enumerate(names)})
-    results[group] = out
-  return results, loaded
+  @property
+  def writes(self) -> bool:
+    """Whether this process writes the job's files (`writer`)."""
+    return writer()
+
+  def start(self) -> None:
+    """Checks and locks the job's folder and writes its provenance (`start`)."""
+    start(self.cfg, self.flag_lines)
+
+  def record_runs(self, runs: list[Run]) -> None:
+    """Adds `runs` to the job's manifest, `<out_dir>/job.json`: per run its launcher, label,
+    method (without seed and swept value), seed, swept value and folder (relative to the
+    out_dir)."""
+    for r in runs:
+      self.manifest.append({"launcher": self.cfg.launcher, "label": r.label.strip(),
+                            "method": r.method, "seed": r.seed, "sweep": r.tag or None,
+                            "folder": os.path.join(*r.path)})
+    self._write_manifest()
+
+  def _write_manifest(self) -> None:
+    """`job.json` as this process has recorded the job's runs (process 0 writes it)."""
+    if writer():
+      out = self.cfg.output.out_dir
+      os.makedirs(out, exist_ok=True)
+      write_text(os.path.join(out, JOB_FILE), json.dumps({"runs": self.manifest}, indent=1) + "\n")
+
+  def _mark_stopped(self, position: int, label: str, message: str) -> None:
+    """Marks the job's run at `position` stopped in job.json and remembers it for `finish`."""
+    self.manifest[position]["stopped"] = message
+    self.stopped.append(f"{label}: {message}")
+    print(f"run {label} stopped: {message}", flush=True)
+    self._write_manifest()
+
+  def finish(self) -> None:
+    """Exits with status 1 naming the runs that stopped (after the launcher wrote its summary and
+    figures of what finished)."""
+    if self.stopped:
+      sys.exit("error: " + "; ".join(self.stopped) + ". The other runs finished; the summary "
+               "holds every run's rounds up to where it stopped (job.json marks the stopped runs)")
+
+  def run_all(self, runs: list[Run]) -> list[list[dict]]:
+    """Runs a method's runs for --rounds, each keeping its own folder, metrics, checkpoint and
+    resume: with --batch_runs and the device store as one `RunBatch` (one compiled call per
+    round for all of them), else one after another; with --resume, runs added to the job (a
+    seed, a swept value) start as a batch of their own while the others resume. A run that
+    diverges stops alone: the others finish, its records so far are returned and it is marked
+    stopped in job.json (`finish` then exits 1 after the launcher's summary). A refused resume or
+    a foreign checkpoint exits with the message (status 1)."""
+    cfg = self.cfg
+    self.record_runs(runs)
+    out = cfg.output
+    done = len(self.manifest) - len(runs)
+    each = ", ".join(r.label[len(r.method):].strip() for r in runs)  # "s0 lr=0.05, s1 ..."
+    print(f"-- runs {done + 1}-{done + len(runs)} of the job: {runs[0].method}: {each}",
+          flush=True)
+    folders = [os.path.join(out.out_dir, *r.path) for r in runs]
+    batched = out.batch_runs and len(runs) > 1 and not any(r.sim.on_host for r in runs)
+    if not batched:
+      batches = [[i] for i in range(len(runs))]
+    elif out.resume:  # Runs added to the job start as a batch of their own.
+      held = [_holds_checkpoint(f) for f in folders]
+      batches = [b for b in ([i for i, h in enumerate(held) if h == group]
+                             for group in (True, False)) if b]
+    else:
+      batches = [list(range(len(runs)))]
+    results = {}
+    for batch in batches:
+      records = _run_batch(cfg, [runs[i] for i in batch], [folders[i] for i in batch])
+      for i, recs, stopped in zip(batch, *records):
+        results[i] = recs
+        if stopped:
+          self._mark_stopped(done + i, runs[i].label.strip(), stopped)
+    return [results[i] for i in range(len(runs))]
+
+  def run_groups(self, groups: list[str], load: Load, build_run: BuildRun
+                 ) -> tuple[dict[str, dict[str, list[list[dict]]]], dict[tuple[int, str], tuple]]:
+    """Runs the job: every group's data loaded first (every data error before any training),
+    then per group each method's runs (swept values x seeds) as one batch (`run_all`).
+
+    Args:
+      groups: the launcher's groups of runs (data splits, scenarios, noise levels), each with its
+        own data; [""] for one group without a folder level of its own.
+      load: `(seed, group) -> (dataset, ...)`, the data of a seed's runs in a group.
+      build_run: `RunSpec -> (simulator, per-round extra or None)`.
+
+    Returns:
+      ({group: {`RunSpec.name`: the records of each seed's run}}, {(seed, group): loaded data}).
+    """
+    cfg = self.cfg
+    loaded = {(s, g): load(s, g) for g in groups for s in cfg.seeds}
+    results = {}
+    for group in groups:
+      capacity = fs.Capacity.of([loaded[(s, group)][0] for s in cfg.seeds])
+      out = {}
+      for method in cfg.methods:
+        runs, names = [], []
+        for m, value, run in cfg.runs():
+          if m is not method:
+            continue
+          tag = "" if value is None else cfg.sweep.tag(value)
+          for seed in cfg.seeds:
+            spec = RunSpec(group, method, run, seed, tag, loaded[(seed, group)], capacity)
+            try:
+              sim, extra = build_run(spec)
+            except (ValueError, TypeError) as e:  # The library's refusal, before any compute.
+              raise app.UsageError(f"{spec.name} seed {seed}: {e}") from e
+            label = " ".join(p for p in (group, method.label) if p)
+            runs.append(Run(sim, spec.path, label, seed, tag, extra, settings(run)))
+          names.append(spec.name)
+        records = self.run_all(runs)
+        n = len(cfg.seeds)
+        out.update({name: records[i * n:(i + 1) * n] for i, name in enumerate(names)})
+      results[group] = out
+    return results, loaded
 
 
 @contextlib.contextmanager
@@ -393,50 +403,3 @@ def _exit_on_failure(label: str):
   except DataError as e:  # A host store's rows are checked as a round first reads them.
     sys.exit(f"error: {label.strip()}: {e}; the rounds before it are kept. Fix the data (or "
              "write the store again with experiments.make_store) and rerun with --resume")
-
-
-def launch(main) -> None:
-  """Runs a launcher's `main` (`app.run(cli(main))`); `--help` (or `-h`) prints its short,
-  grouped help (`flag_binding.short_help`) and exits 0."""
-  if any(a in ("--help", "-h", "-?", "--helpshort") for a in sys.argv[1:]):
-    from experiments.launch import flag_binding  # pylint: disable=import-outside-toplevel
-    print(flag_binding.short_help(sys.modules["__main__"].__doc__ or ""))
-    sys.exit(0)
-  app.run(cli(main))
-
-
-def cli(main):
-  """`main` for `app.run`: a UsageError prints its message and where to find help (absl would
-  print the help of every flag first), exit status 1; a file that cannot be written (a full disk)
-  or a path that is not what it must be (a missing parent folder, a folder where a file goes)
-  prints one line naming it, exit status 1."""
-  def wrapped(argv):
-    from fedjax_sel.host.compilation import use_persistent_cache  # pylint: disable=import-outside-toplevel
-    cache = use_persistent_cache()  # $FEDJAX_SEL_CACHE_DIR moves it; =off disables it.
-    # JAX logs every accelerator backend it looks for and does not find (libtpu on a CPU host).
-    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
-    try:
-      return main(argv)
-    except app.UsageError as e:
-      sys.stderr.write(f"error: {e}\nRun with --help for the flags.\n")
-      sys.exit(1)
-    except KeyboardInterrupt:
-      sys.stderr.write("\ninterrupted: every finished round is in its run's metrics.jsonl and "
-                       "each run continues from its last checkpoint (every --checkpoint_every "
-                       "rounds): run the same command, or --config=<out_dir>/config.json, with "
-                       "--resume\n")
-      sys.exit(130)
-    except OSError as e:  # A full disk, or a path that is not what it must be: name the file.
-      full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
-      if not (full or e.filename):
-        raise
-      where = f"{'cannot write ' if full else ''}{e.filename}: " if e.filename else ""
-      sys.exit(f"error: {where}{e.strerror or e}")
-    except AssertionError as e:  # XLA's check of a loaded program (a foreign cache entry).
-      if cache is None:
-        raise
-      sys.exit(f"error: a compiled program failed XLA's checks ({e or 'assertion'}); a program "
-               f"loaded from the compilation cache at {cache} may be corrupted or another "
-               "program's: delete that folder (it is rebuilt as jobs compile), or run with "
-               "FEDJAX_SEL_CACHE_DIR=off. Finished rounds are kept: rerun with --resume")
-  return wrapped

@@ -11,7 +11,6 @@ import glob
 import json
 import math
 import os
-import re
 
 import numpy as np
 from absl import app
@@ -103,8 +102,7 @@ def read_job(folder: str) -> dict[str, list[list[dict]]]:
     with open(manifest, encoding="utf-8") as f:
       runs = json.load(f)["runs"]
     # A run that stopped (diverged) is its own row: "(stopped)" after its method's label.
-    entries = [(re.sub(r"\s+s\d+(?=\s|$)", "", r["label"]) + (" (stopped)" if r.get("stopped")
-                                                            else ""),
+    entries = [(_method_of(r) + (" (stopped)" if r.get("stopped") else ""),
                 os.path.join(folder, r["folder"])) for r in runs]
   else:
     paths = sorted(glob.glob(os.path.join(folder, "**", "metrics.jsonl"), recursive=True))
@@ -122,6 +120,15 @@ def read_job(folder: str) -> dict[str, list[list[dict]]]:
   if not methods:
     raise app.UsageError(f"{folder}: no job.json and no metrics.jsonl under it")
   return methods
+
+
+def _method_of(run: dict) -> str:
+  """A manifest entry's method and swept value, e.g. "FedAvg lr=0.1": its `method` and `sweep`
+  (a manifest written before runs recorded their method: its label without the seed's word)."""
+  method = run.get("method")
+  if method is None:
+    return " ".join(w for w in run["label"].split() if w != f"s{run['seed']}")
+  return " ".join(p for p in (method, run["sweep"]) if p)
 
 
 def first_reach(records: list[dict], metric: str, target: float):

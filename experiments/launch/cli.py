@@ -1,0 +1,90 @@
+"""The one entry path of every launcher: `python -m experiments.<launcher>` runs `launch(main)`.
+
+A launcher with a job config declares its flags (`BINDING = flag_binding.define(DEFAULTS, ...)`)
+and writes `resolve(cfg, given)` and `execute(job)`; `launcher_main` makes its `main`:
+
+  main = cli.launcher_main(BINDING, resolve, execute)
+  if __name__ == "__main__":
+    cli.launch(main, BINDING)
+
+`launch` prints the short, grouped `--help`, turns JAX's persistent compilation cache on, and
+turns a usage error, a full disk or an interrupt into one line and an exit status (`guarded`).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import sys
+from collections.abc import Callable
+
+from absl import app
+
+from experiments.launch import distributed, flag_binding
+from experiments.launch import config as cfglib
+from experiments.launch.job import Job
+from fedjax_sel.host.compilation import use_persistent_cache
+
+HELP = ("--help", "-h", "-?", "--helpshort")
+
+
+def launch(main: Callable[[list[str]], None],
+           binding: flag_binding.Binding | None = None) -> None:
+  """Runs a launcher's `main` with absl (`app.run(guarded(main))`); with the launcher's
+  `binding`, `--help` (or `-h`) prints its short, grouped help and exits 0."""
+  if binding is not None and any(a in HELP for a in sys.argv[1:]):
+    print(binding.short_help(sys.modules["__main__"].__doc__ or ""))
+    sys.exit(0)
+  app.run(guarded(main))
+
+
+def launcher_main(binding: flag_binding.Binding, resolve: flag_binding.Resolve,
+                  execute: Callable[[Job], None]) -> Callable[[list[str]], None]:
+  """A launcher's `main(argv)`: its job from the command line (`binding.job_config(resolve)`),
+  the multi-host join, then `execute(job)` and `job.finish()` (exit 1 if a run stopped)."""
+  def main(argv):
+    del argv
+    cfg: cfglib.JobConfig = binding.job_config(resolve)
+    distributed.join(cfg.distributed)
+    job = Job(cfg, binding.flag_lines(cfg))
+    execute(job)
+    job.finish()
+  return main
+
+
+def guarded(main: Callable[[list[str]], None]) -> Callable[[list[str]], None]:
+  """`main` for `app.run`, JAX's persistent compilation cache turned on first
+  (`fedjax_sel.use_persistent_cache`; importing the library turns nothing on). A UsageError
+  prints its message and where to find help (absl would print the help of every flag first),
+  exit status 1; a file that cannot be written (a full disk) or a path that is not what it must
+  be (a missing parent folder, a folder where a file goes) prints one line naming it, exit
+  status 1."""
+  def wrapped(argv):
+    cache = use_persistent_cache()  # $FEDJAX_SEL_CACHE_DIR moves it; =off disables it.
+    # JAX logs every accelerator backend it looks for and does not find (libtpu on a CPU host).
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+    try:
+      return main(argv)
+    except app.UsageError as e:
+      sys.stderr.write(f"error: {e}\nRun with --help for the flags.\n")
+      sys.exit(1)
+    except KeyboardInterrupt:
+      sys.stderr.write("\ninterrupted: every finished round is in its run's metrics.jsonl and "
+                       "each run continues from its last checkpoint (every --checkpoint_every "
+                       "rounds): run the same command, or --config=<out_dir>/config.json, with "
+                       "--resume\n")
+      sys.exit(130)
+    except OSError as e:  # A full disk, or a path that is not what it must be: name the file.
+      full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
+      if not (full or e.filename):
+        raise
+      where = f"{'cannot write ' if full else ''}{e.filename}: " if e.filename else ""
+      sys.exit(f"error: {where}{e.strerror or e}")
+    except AssertionError as e:  # XLA's check of a loaded program (a foreign cache entry).
+      if cache is None:
+        raise
+      sys.exit(f"error: a compiled program failed XLA's checks ({e or 'assertion'}); a program "
+               f"loaded from the compilation cache at {cache} may be corrupted or another "
+               "program's: delete that folder (it is rebuilt as jobs compile), or run with "
+               "FEDJAX_SEL_CACHE_DIR=off. Finished rounds are kept: rerun with --resume")
+  return wrapped
