@@ -147,8 +147,8 @@ def execute(job: Job) -> None:
                                    lambda seed, g: load(cfg, scenario_of[g], seed), build_run)
   for key, (sim, folder) in sims.items():  # Runs that finished earlier: their final model.
     if key not in finals:
-      state, _ = checkpoint.load(os.path.join(folder, CHECKPOINT_FILE), sim.init())
-      finals[key] = (sim.model, state.params)
+      state, _ = checkpoint.load(os.path.join(folder, CHECKPOINT_FILE), sim.initial_state())
+      finals[key] = (sim.config.model, state.params)
   if job.writes:  # Process 0 of a multi-host run.
     uacs_report.write_outputs(cfg, results, loaded, finals, chosen)
 

@@ -14,10 +14,14 @@ list:
   `aggregators`, `server_optimizers`, `asynchronous` (FedBuff's and FedAsync's server rules).
 - `client/`: what one client computes: `local_training`, `evaluation`, `chunking`,
   `compiled_cost` (XLA's memory and FLOP counts), `system` (speeds, bandwidths, the clock).
-- `engine/`: `round` (the round as pure stages), `signature` and `programs` (the compiled
-  programs, shared by signature), `placement` (where the clients' data live), `simulator` (the
-  `Simulator`), `runs` (runs as a batch axis), `asynchronous` (the asynchronous mode's server
-  step).
+- `engine/`: build, then run. `description` (`RoundConfig`, the round's static description),
+  `checks` and `run_spec` (`build_run`: a run's arguments checked and built into a `RunSpec`),
+  `state` (what a round reads and carries); the round's stages, each a module returning
+  NamedTuples: `stats`, `selection`, `training`, `cohort`, `costs`, `aggregation`, `metrics`,
+  composed by `round` (and by `asynchronous`, the asynchronous mode's server step);
+  `contracts`, `evaluation`; `signature`, `executables` and `programs` (the compiled programs,
+  shared by signature); `capacity` and `placement` (where the clients' data live), `runs` (runs
+  as a batch axis) and `simulator` (the `Simulator` facade).
 - `host/`: the host side of a run: `runner` (the loop, records, resume), `checkpoint`,
   `folder_lock`, `tracking` (TensorBoard), `plotting`, `compilation` (the persistent cache).
 
@@ -33,10 +37,12 @@ from fedjax_sel.client.local_training import (LocalHParams, LocalResult, local_t
 from fedjax_sel.client.system import SystemProfile, lognormal_profiles
 from fedjax_sel.data.builders import DATASETS, DatasetSpec, build_dataset
 from fedjax_sel.data.federated import ClientPool, FederatedDataset
-from fedjax_sel.engine.placement import Capacity
+from fedjax_sel.engine.capacity import Capacity
+from fedjax_sel.engine.description import LrSchedule, RoundConfig, constant_lr, step_decay_lr
+from fedjax_sel.engine.run_spec import RunSpec, build_run
 from fedjax_sel.engine.runs import RunBatch
-from fedjax_sel.engine.simulator import (Costs, EngineState, LrSchedule, Simulator, constant_lr,
-                                         step_decay_lr)
+from fedjax_sel.engine.simulator import Simulator
+from fedjax_sel.engine.state import Costs, EngineState
 from fedjax_sel.host.compilation import use_persistent_cache
 from fedjax_sel.host.runner import run, run_batch, summary_table
 from fedjax_sel.models import MODELS, Model, build_model
@@ -80,6 +86,7 @@ __all__ = [
     "local_train", "steps_per_client", "DATASETS", "DatasetSpec", "build_dataset", "ClientPool",
     "FederatedDataset", "MODELS", "Model", "build_model", "SystemProfile", "lognormal_profiles",
     # Engine and host.
-    "Capacity", "Costs", "EngineState", "LrSchedule", "Simulator", "constant_lr", "step_decay_lr",
-    "RunBatch", "run", "run_batch", "summary_table", "use_persistent_cache", "__version__",
+    "Capacity", "Costs", "EngineState", "LrSchedule", "RoundConfig", "RunSpec", "Simulator",
+    "build_run", "constant_lr", "step_decay_lr", "RunBatch", "run", "run_batch", "summary_table",
+    "use_persistent_cache", "__version__",
 ]

@@ -10,7 +10,7 @@ import pytest
 
 import fedjax_sel as fs
 from fedjax_sel.client.system import SystemProfile, client_times
-from fedjax_sel.engine import round as rnd
+from fedjax_sel.engine.training import train_slots
 from fedjax_sel.host import checkpoint
 from tests.references import async_events
 
@@ -68,7 +68,7 @@ def reference(sim, steps, spec):
   def train(t, client, w):
     params = jax.tree.unflatten(treedef, [jnp.asarray(x, jnp.float32) for x in w])
     mask = jnp.zeros(N, bool).at[client].set(True)
-    _, _, res = rnd.train_slots(cfg, params, arrays, run, mask, 1, jnp.int32(t), run.lr)
+    _, _, res = train_slots(cfg, params, arrays, run, mask, 1, jnp.int32(t), run.lr)
     return [np.asarray(x[0], np.float64) for x in jax.tree.leaves(res.params)], float(
         res.samples[0])
 
@@ -131,8 +131,8 @@ def test_c_equal_k_without_staleness_is_synchronous_fedavg(data):
   prof = fs.lognormal_profiles(N, seed=1)
   model = fs.build_model("logreg", data.feature_shape, data.num_classes)
   sync = fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=10),
-                      avail, fs.random_selector(k), fs.fedavg(), k, seed=0, system_profile=prof)
-  asyn = simulator(data, fs.fedbuff(k, staleness="constant"), k, selector=fs.random_selector(k),
+                      avail, fs.random_selector(), fs.fedavg(), k, seed=0, system_profile=prof)
+  asyn = simulator(data, fs.fedbuff(k, staleness="constant"), k, selector=fs.random_selector(),
                    prof=prof, avail=avail)
   s_state, a_state = sync.init(), asyn.init()
   for t in range(4):
@@ -151,10 +151,10 @@ def test_batched_runs_equal_sequential_ones(data):
   spec = fs.fedbuff(7, window_s=0.03)
   model = fs.build_model("logreg", data.feature_shape, data.num_classes)
   sims = [fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=10),
-                       fs.uniform_availability(N, AVAILABLE, period=1), fs.random_selector(3),
+                       fs.uniform_availability(N, AVAILABLE, period=1), fs.random_selector(),
                        fs.fedavg(), 3, seed=s, system_profile=profile(False), asynchrony=spec)
           for s in (0, 1)]
-  batch = fs.RunBatch(sims)
+  batch = fs.RunBatch([sim.spec for sim in sims])
   states = batch.init()
   for _ in range(4):
     states, _ = batch.step(states)
@@ -199,7 +199,7 @@ def test_refusals_name_the_argument(data, kw, needle):
   model = fs.build_model("logreg", data.feature_shape, data.num_classes)
   with pytest.raises(ValueError, match=needle):
     fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=10),
-                 fs.uniform_availability(N, AVAILABLE), fs.random_selector(3), fs.fedavg(), 3,
+                 fs.uniform_availability(N, AVAILABLE), fs.random_selector(), fs.fedavg(), 3,
                  seed=0, **args)
 
 

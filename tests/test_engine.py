@@ -14,7 +14,7 @@ import optax
 import pytest
 
 import fedjax_sel as fs
-from fedjax_sel.engine import round as round_lib
+from fedjax_sel.engine.stats import batch_loss
 from fedjax_sel.models import example_metrics
 from fedjax_sel.parts.types import AggregateInputs
 from tests.conftest import batch_norm_mlp
@@ -26,7 +26,7 @@ def make_sim(data, seed=0, k=3, n=6, model=None, aggregator=None, selector=None,
   model = model or fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(16,))
   return fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
                       fs.uniform_availability(data.num_clients, n, period=2),
-                      selector or fs.random_selector(k), aggregator or fs.fedavg(), k, seed,
+                      selector or fs.random_selector(), aggregator or fs.fedavg(), k, seed,
                       lr_schedule=fs.constant_lr(0.1), **kw)
 
 
@@ -49,16 +49,16 @@ def test_round_matches_hand_composed_round(small_data, batch_norm, streamed, sam
   training, or averaged from the stacked models). After MD sampling the aggregate is the global
   model moved by each drawn client's update times its draws / K."""
   aggregator = fs.fedavg() if streamed else fs.fedavg()._replace(linear_weights=None)
-  selector = fs.md_selector(3) if sampler == "md" else None
+  selector = fs.md_selector() if sampler == "md" else None
   sim = make_sim(small_data, seed=1, model=batch_norm_mlp() if batch_norm else None,
                  aggregator=aggregator, selector=selector)
-  assert sim.stream == streamed
+  assert sim.config.stream == streamed
   state = sim.init()
   new_state, metrics = sim.step(state)
-  avail = sim.availability.sample(1, 0)
+  avail = sim.config.availability.sample(1, 0)
   inputs = fs.RoundInputs(jnp.int32(0), None, avail, {}, None,
-                          jnp.asarray(small_data.train.counts), None)
-  chosen, sel_state = sim.selector.select(sim.selector.init(small_data.num_clients, None),
+                          jnp.asarray(small_data.train.counts), None, k=3)
+  chosen, sel_state = sim.config.selector.select(sim.config.selector.init(small_data.num_clients, None),
                                           fs.keys.round_key(1, 0, fs.keys.SELECT), inputs, avail)
   ids = np.flatnonzero(np.asarray(chosen))
   keys = fs.keys.client_keys(fs.keys.round_key(1, 0, fs.keys.TRAIN), jnp.asarray(ids, jnp.int32))
@@ -66,7 +66,7 @@ def test_round_matches_hand_composed_round(small_data, batch_norm, streamed, sam
   models, weights = [], []
   for slot, k in enumerate(ids):
     x, y = small_data.train.client(int(k))
-    p, _, _ = reference_client(sim.model, optax.sgd(0.1), sim.local, state.params, x, y,
+    p, _, _ = reference_client(sim.config.model, optax.sgd(0.1), sim.config.local, state.params, x, y,
                                keys[slot], small_data.train.max_count)
     models.append(p)
     weights.append(len(y))
@@ -94,7 +94,7 @@ def test_four_devices_equal_one(tmp_path):
       model = fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(16,))
       sim = fs.Simulator(model, data, lambda lr: optax.sgd(lr, 0.9),
                          fs.LocalHParams(4, 2, prox_mu=0.1), fs.uniform_availability(10, 8, 2),
-                         fs.random_selector(5), fs.fedavg(), 5, 0)
+                         fs.random_selector(), fs.fedavg(), 5, 0)
       state = sim.init()
       for _ in range(3):
         state, m = sim.step(state)
@@ -113,11 +113,11 @@ def test_four_devices_equal_one(tmp_path):
 
 
 def test_random_selector_invariants():
-  sel = fs.random_selector(4)
+  sel = fs.random_selector()
   for trial in range(20):
     key = jax.random.PRNGKey(trial)
     mask = jax.random.bernoulli(jax.random.fold_in(key, 1), 0.3, (15,))
-    chosen, _ = sel.select((), key, None, mask)
+    chosen, _ = sel.select((), key, fs.RoundInputs.create(jnp.ones(15), k=4), mask)
     assert bool(jnp.all(chosen <= mask))
     assert int(chosen.sum()) == min(4, int(mask.sum()))
 
@@ -217,10 +217,10 @@ def test_streamed_linear_aggregate_equals_stacked_aggregate(small_data):
   def sim(aggregator):
     return fs.Simulator(model, small_data, lambda lr: optax.sgd(lr),
                         fs.LocalHParams(4, chunk_size=2), fs.uniform_availability(10, 8, 2),
-                        fs.random_selector(5), aggregator, 5, 0)
+                        fs.random_selector(), aggregator, 5, 0)
   streamed, stacked = sim(fs.fedavg("examples")), sim(fs.fedavg("examples")._replace(
       linear_weights=None))
-  assert streamed.stream and not stacked.stream
+  assert streamed.config.stream and not stacked.config.stream
   a, b = streamed.init(), stacked.init()
   for _ in range(3):
     a, ma = streamed.step(a)
@@ -233,13 +233,13 @@ def test_streamed_linear_aggregate_equals_stacked_aggregate(small_data):
 def test_batch_loss_stat_matches_per_client_loop(small_data):
   sim = make_sim(small_data)
   params = sim.init().params
-  got = np.asarray(jax.jit(lambda p, a: round_lib.batch_loss(sim.config, p, a.train, 4, sim.seed,
-                                                            jnp.arange(10)))(params, sim.arrays))
-  loss = jax.jit(lambda x, y: fs.models.per_example_loss(sim.model, params, x, y))
-  key = fs.keys.round_key(sim.seed, 4, fs.keys.STATS)
+  got = np.asarray(jax.jit(lambda p, a: batch_loss(sim.config, p, a.train, 4, sim.spec.seed,
+                                                    jnp.arange(10)))(params, sim.arrays))
+  loss = jax.jit(lambda x, y: fs.models.per_example_loss(sim.config.model, params, x, y))
+  key = fs.keys.round_key(sim.spec.seed, 4, fs.keys.STATS)
   for k in range(small_data.num_clients):
     x, y = small_data.train.client(k)
-    u = np.asarray(jax.random.uniform(jax.random.fold_in(key, k), (sim.local.batch_size,)))
+    u = np.asarray(jax.random.uniform(jax.random.fold_in(key, k), (sim.config.local.batch_size,)))
     idx = np.minimum((u * len(y)).astype(int), len(y) - 1)
     np.testing.assert_allclose(got[k], float(np.mean(loss(x[idx], y[idx]))), rtol=1e-5)
 
@@ -253,7 +253,7 @@ def test_a_run_with_dropout_repeats_and_resumes_bit_for_bit(tmp_path):
   def sim():
     return fs.Simulator(dropout_mlp(), data, lambda lr: optax.sgd(lr),
                         fs.LocalHParams(batch_size=4), fs.uniform_availability(10, 6),
-                        fs.random_selector(3), fs.fedavg(), 3, seed=0)
+                        fs.random_selector(), fs.fedavg(), 3, seed=0)
 
   strip = lambda recs: [{k: v for k, v in r.items() if k != "wall_s"} for r in recs]
   whole = strip(fs.run(sim(), 4, str(tmp_path / "a"), progress=None))

@@ -206,13 +206,13 @@ def test_filfl_round_matches_hand_composition(batch_norm):
   sim = _filfl_sim(data, model=batch_norm_mlp() if batch_norm else None)
   state = sim.init()
   new_state, metrics = sim.step(state)
-  avail = sim.availability.sample(0, 0)
+  avail = sim.config.availability.sample(0, 0)
   slots = jnp.nonzero(avail, size=6)[0].astype(jnp.int32)
   keys = keylib.client_keys(keylib.round_key(0, 0, keylib.TRAIN), slots)
-  res = local_train(sim.model, sim.optimizer, sim.local, state.params,
+  res = local_train(sim.config.model, sim.config.optimizer, sim.config.local, state.params,
                     fs.data.device_pool(data.train), slots, jnp.ones(6, bool), keys,
                     jnp.float32(0.1), data.train.max_count)
-  loss_fn = lambda p: jnp.mean(fs.models.per_example_loss(sim.model, p, jnp.asarray(data.public_x),
+  loss_fn = lambda p: jnp.mean(fs.models.per_example_loss(sim.config.model, p, jnp.asarray(data.public_x),
                                                           jnp.asarray(data.public_y)))
   want, _ = reference_algorithm1(loss_fn, res.params, np.ones(6, bool), state.params,
                                  keylib.round_key(0, 0, keylib.FILTER), "dgf", "global", 10.0,
@@ -220,7 +220,7 @@ def test_filfl_round_matches_hand_composition(batch_norm):
   filtered = np.zeros(data.num_clients, bool)
   filtered[np.asarray(slots)[want]] = True
   assert np.asarray(metrics["filtered_in"]).tolist() == filtered.tolist()
-  chosen, _ = sim.selector.select((), keylib.round_key(0, 0, keylib.SELECT), None,
+  chosen, _ = sim.config.selector.select((), keylib.round_key(0, 0, keylib.SELECT), None,
                                   jnp.asarray(filtered))
   picked = [i for i, c in enumerate(np.asarray(slots)) if chosen[c]]
   expected = jax.tree.map(lambda a: jnp.mean(a[np.array(picked)], axis=0), res.params)
@@ -251,7 +251,7 @@ def test_filfl_round_without_filtering_trains_the_selected_clients():
   assert bool(m0["filter_round"]) and not bool(m1["filter_round"])
   slots = jnp.array([0, 3, 5], jnp.int32)
   keys = keylib.client_keys(keylib.round_key(0, 1, keylib.TRAIN), slots)
-  res = local_train(model, sim.optimizer, sim.local, first.params, fs.data.device_pool(data.train),
+  res = local_train(model, sim.config.optimizer, sim.config.local, first.params, fs.data.device_pool(data.train),
                     slots, jnp.ones(3, bool), keys, jnp.float32(0.1), data.train.max_count)
   expected = jax.tree.map(lambda a: jnp.mean(a, axis=0), res.params)
   chex.assert_trees_all_close(second.params, expected, atol=1e-5)

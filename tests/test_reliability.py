@@ -19,7 +19,7 @@ import pytest
 
 import fedjax_sel as fs
 from fedjax_sel.data import sources
-from fedjax_sel.engine import round as round_lib
+from fedjax_sel.engine.contracts import ContractError
 from fedjax_sel.host import runner
 from fedjax_sel.host import checkpoint
 from fedjax_sel.parts.aggregators import coordinate_median
@@ -473,7 +473,7 @@ def test_a_trimmed_mean_that_trims_nobody_warns():
 def test_a_model_too_large_for_memory_is_refused_from_its_shapes():
   """Refused from the shapes, before anything is allocated (it used to hang), with the
   estimate."""
-  from fedjax_sel.engine.simulator import check_model_fits  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.engine.checks import check_model_fits  # pylint: disable=import-outside-toplevel
   model = fs.build_model("mlp", (8, 8, 1), 10, hidden=(1000, 1000))
   assert check_model_fits(model, memory=2**30) == 4 * (64 * 1000 + 1000 + 1000 * 1000 + 1000
                                                        + 1000 * 10 + 10)
@@ -503,7 +503,7 @@ def test_power_of_choice_charges_only_its_candidates():
   data = ragged_dataset([20, 12, 9, 15, 30, 11])
   sim = make_sim(data, selector=power_of_choice(2, d=3, variant="pow"))
   state, metrics = sim.step(sim.init())
-  candidates = np.array(sim.selector.report(state.selector_state)["evaluated"])
+  candidates = np.array(sim.config.selector.report(state.selector_state)["evaluated"])
   assert candidates.sum() == 3
   assert float(metrics["cost"]["client_eval_samples"]) == float(
       np.asarray(data.train.counts)[candidates].sum())
@@ -747,7 +747,7 @@ def test_part_breaking_its_contract_stops_the_run_naming_it(tmp_path, name, kw, 
   """The round refuses a broken mask: the run stops in round 0 naming the part, and no round's
   record or checkpoint is written."""
   del name
-  with pytest.raises(round_lib.ContractError, match=needle) as info:
+  with pytest.raises(ContractError, match=needle) as info:
     fs.run(make_sim(**kw), 2, str(tmp_path), progress=None)
   assert "broken" in str(info.value)
   assert not (tmp_path / "checkpoint.msgpack").exists()
@@ -774,7 +774,7 @@ def test_filter_keeping_unavailable_clients_stops_the_run():
   keep_all = fs.Filter(init=lambda n, params: (), apply=lambda s, key, inputs, mask, local: (
       jnp.ones_like(mask), s, {}), spec={"name": "keeps_everyone"})
   sim = make_sim(data, filter=keep_all)
-  with pytest.raises(round_lib.ContractError, match="round 0: the filter 'keeps_everyone' kept "
+  with pytest.raises(ContractError, match="round 0: the filter 'keeps_everyone' kept "
                      "clients that are not available"):
     sim.step(sim.init())
 
@@ -784,7 +784,7 @@ def test_batched_runs_name_the_run_that_broke_a_contract():
   bad = _selector(_top(3), {"name": "three"})
   sims = [make_sim(data, seed=s, selector=bad) for s in (0, 1)]
   batch = fs.RunBatch(sims)
-  with pytest.raises(round_lib.ContractError, match="round 0, run 0: the selector 'three'"):
+  with pytest.raises(ContractError, match="round 0, run 0: the selector 'three'"):
     batch.step(batch.init())
 
 
@@ -1118,7 +1118,7 @@ def test_a_failed_check_of_a_cached_program_names_the_cache_folder(tmp_path, mon
   """XLA's assertion on a program loaded from the persistent cache (two swapped entries stopped a
   job with a raw AssertionError) ends the launcher in one line naming the cache folder and what
   to do (issue 37)."""
-  from experiments.launch import cli  # pylint: disable=import-outside-toplevel
+  from experiments.launch import job  # pylint: disable=import-outside-toplevel
   monkeypatch.setenv("FEDJAX_SEL_CACHE_DIR", str(tmp_path / "cache"))
 
   def main(argv):
@@ -1128,7 +1128,7 @@ def test_a_failed_check_of_a_cached_program_names_the_cache_folder(tmp_path, mon
   before = jax.config.jax_compilation_cache_dir
   try:
     with pytest.raises(SystemExit) as exit_info:
-      cli.guarded(main)(["launcher"])
+      job.cli(main)(["launcher"])
   finally:  # The cache folder of this test process stays what it was.
     jax.config.update("jax_compilation_cache_dir", before)
   message = str(exit_info.value.code)

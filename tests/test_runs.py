@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+import jax
 import numpy as np
 import optax
 import pytest
@@ -38,12 +39,12 @@ def _datasets():
 
 
 def _sims(method, datasets, values):
-  """One `Simulator` per (dataset, run value) of `method`, padded to one capacity."""
+  """One built run (`RunSpec`) per (dataset, run value) of `method`, padded to one capacity."""
   cap = fs.Capacity.of(datasets)
   sims = []
   for seed, (data, value) in enumerate(zip(datasets, values)):
     model = fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(8,))
-    kw, selector, lr, local = {}, fs.random_selector(3), 0.1, fs.LocalHParams(batch_size=4)
+    kw, selector, lr, local = {}, fs.random_selector(), 0.1, fs.LocalHParams(batch_size=4)
     if method == "fedavg":
       lr, local = value, local._replace(prox_mu=value)  # FedProx mu 0 beside mu > 0 runs.
     elif method == "filfl_dgf":
@@ -56,11 +57,11 @@ def _sims(method, datasets, values):
                                                    warmup_fraction=0.25)
       kw["eval_mask"] = priority
     elif method == "uacs_entropy":
-      selector = uacs.entropy_selector(3, eps=value)
+      selector = uacs.entropy_selector(eps=value)
     elif method == "fedsrc":
       kw["participation"] = fedsrc.fedsrc_rule(fedsrc.FedSRCConfig(target=value, beta=value / 2,
                                                                    decision_stat="loss"))
-    sims.append(fs.Simulator(model, data, lambda lr: optax.sgd(lr), local,
+    sims.append(fs.build_run(model, data, lambda lr: optax.sgd(lr), local,
                              fs.uniform_availability(10, 6, period=3), selector,
                              fs.fedavg(), 3, seed, lr_schedule=fs.constant_lr(lr), capacity=cap,
                              **kw))
@@ -96,15 +97,18 @@ def test_batched_runs_equal_the_same_runs_one_by_one(method):
 
 
 def test_a_batch_uploads_each_runs_data_once():
-  """Building a run uploads nothing; a RunBatch places its runs' data on the device once,
-  stacked, and the runs' own copies are never made."""
-  sims = _sims("fedavg", _datasets(), METHODS["fedavg"])
-  batch = fs.RunBatch(sims)
-  assert all("arrays" not in sim.placement.__dict__ for sim in sims)
-  for i, sim in enumerate(sims):
+  """Building a run uploads nothing (a `RunSpec` holds host data only); a RunBatch places its
+  runs' data on the device once, stacked, padded as each run's own placement pads them."""
+  from fedjax_sel.engine.placement import DevicePlacement  # pylint: disable=import-outside-toplevel
+  specs = _sims("fedavg", _datasets(), METHODS["fedavg"])
+  assert not any(isinstance(leaf, jax.Array) for spec in specs for leaf in jax.tree.leaves(
+      (spec.data.train.x, spec.data.train.y)))
+  batch = fs.RunBatch(specs)
+  for i, spec in enumerate(specs):
+    host = DevicePlacement(spec).host
     got = np.asarray(batch.arrays.train.x[i])
-    assert got.shape == sim.placement.host.train.x.shape
-    np.testing.assert_array_equal(got, np.asarray(sim.placement.host.train.x, np.float32))
+    assert got.shape == host.train.x.shape
+    np.testing.assert_array_equal(got, np.asarray(host.train.x, np.float32))
 
 
 def test_a_second_seed_compiles_no_new_round():
@@ -112,7 +116,7 @@ def test_a_second_seed_compiles_no_new_round():
   cap = fs.Capacity.of([a, b])
   make = lambda data, seed: fs.Simulator(
       fs.build_model("mlp", data.feature_shape, 4, hidden=(8,)), data, lambda lr: optax.sgd(lr),
-      fs.LocalHParams(batch_size=4), fs.uniform_availability(10, 6), fs.random_selector(3),
+      fs.LocalHParams(batch_size=4), fs.uniform_availability(10, 6), fs.random_selector(),
       fs.fedavg(), 3, seed, lr_schedule=fs.step_decay_lr(0.1 * (seed + 1), 0.5, 2), capacity=cap)
   fs.run(make(a, 0), 2, progress=None)
   with CompileLog() as log:
@@ -136,7 +140,7 @@ def test_a_second_process_loads_the_round_untraced_and_runs_it_the_same(tmp_path
       with CompileLog() as log:
         sim = fs.Simulator(fs.build_model("mlp", data.feature_shape, 10), data,
                            lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=16),
-                           fs.uniform_availability(12, 6), fs.random_selector(3), fs.fedavg(), 3, 0)
+                           fs.uniform_availability(12, 6), fs.random_selector(), fs.fedavg(), 3, 0)
         state, metrics = sim.step(sim.init())
       print("loaded", log.loaded, "round compiles", log.count("step"))
       print("loss", repr(float(metrics["local_train_loss"])), "params", repr(float(sum(
@@ -160,9 +164,10 @@ def test_a_diverging_run_stops_alone(tmp_path):
   nothing after; the others run to the end; the error names it."""
   datasets = _datasets()
   sims = _sims("fedavg", datasets, (0.05, 0.1, 0.0))
-  sims[2] = fs.Simulator(sims[2].model, datasets[2], sims[2].optimizer,
-                         fs.LocalHParams(batch_size=4), sims[2].availability,
-                         fs.random_selector(3), fs.fedavg(), 3, 2,
+  config = sims[2].config
+  sims[2] = fs.build_run(config.model, datasets[2], config.optimizer,
+                         fs.LocalHParams(batch_size=4), config.availability,
+                         fs.random_selector(), fs.fedavg(), 3, 2,
                          lr_schedule=fs.constant_lr(1e9), capacity=sims[0].capacity)
   dirs = [str(tmp_path / f"run{i}") for i in range(3)]
   with pytest.raises(NonFiniteError, match="run 2: round") as err:
@@ -203,8 +208,9 @@ def test_batched_job_resumes_from_one_round_after_a_torn_save(tmp_path):
 def test_runs_that_do_not_share_a_program_are_refused_naming_what_differs():
   datasets = _datasets()[:2]
   sims = _sims("fedavg", datasets, (0.1, 0.1))
-  other = fs.Simulator(sims[1].model, datasets[1], sims[1].optimizer, sims[1].local,
-                       sims[1].availability, fs.random_selector(2), fs.fedavg(), 2, 1,
+  config = sims[1].config
+  other = fs.build_run(config.model, datasets[1], config.optimizer, config.local,
+                       config.availability, fs.power_of_choice(), fs.fedavg(), 3, 1,
                        capacity=sims[0].capacity)
   with pytest.raises(ValueError, match="run 1 does not share run 0's program: .*selector"):
     fs.RunBatch([sims[0], other])
@@ -223,8 +229,11 @@ def test_a_batched_filtering_round_costs_what_its_runs_cost_one_by_one():
   from fedjax_sel.engine.runs import _batched_step  # pylint: disable=import-outside-toplevel
   sims = _sims("filfl_dgf", _datasets(), (0, 0, 0))
   batch = fs.RunBatch(sims, runs_chunk=3)
+  from fedjax_sel.engine.description import keyed  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.engine.placement import place  # pylint: disable=import-outside-toplevel
   one = jax.jit(programs.step, static_argnums=0).lower(
-      sims[0].keyed, sims[0].init(), sims[0].arrays, sims[0].run_values).compile()
+      keyed(sims[0].config), sims[0].initial_state(), place(sims[0]).arrays,
+      sims[0].run_values).compile()
   batched = jax.jit(_batched_step, static_argnums=0).lower(
       batch.keyed, batch.init(), batch.arrays, batch.run_values).compile()
   assert flops(batched) <= 1.05 * 3 * flops(one), (flops(batched), flops(one))

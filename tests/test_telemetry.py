@@ -46,7 +46,7 @@ def test_records_count_participation_and_client_accuracy(small_data, tmp_path):
   for k in range(small_data.num_clients):
     x, y = small_data.test.client(k)
     if len(y):
-      acc.append(np.mean(np.argmax(np.asarray(sim.model.apply(state.params, x)), -1) == y))
+      acc.append(np.mean(np.argmax(np.asarray(sim.config.model.apply(state.params, x)), -1) == y))
   acc = np.array(acc)
   spread = last["client_test_accuracy"]
   assert spread["mean"] == pytest.approx(acc.mean(), abs=1e-6)

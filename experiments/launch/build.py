@@ -489,10 +489,11 @@ def engine_options(cfg: cfglib.JobConfig) -> dict:
 
 
 def simulator(run: cfglib.JobConfig, data: fs.FederatedDataset, seed: int, *, model=None,
-              capacity=None, **overrides) -> fs.Simulator:
-  """The `Simulator` of one run: its config's model, local training, availability and parts on
-  `data`, padded to `capacity` (the job's runs then share one compiled round); `overrides`
-  replace any `Simulator` argument (a launcher's own selector, rule, ...)."""
+              capacity=None, **overrides) -> fs.RunSpec:
+  """The built run (`fs.build_run`: checked, nothing uploaded) of one run: its config's model,
+  local training, availability and parts on `data`, padded to `capacity` (the job's runs then
+  share one compiled round); `overrides` replace any `build_run` argument (a launcher's own
+  selector, rule, ...)."""
   model = model if model is not None else model_for(run, data)
   options = {**engine_options(run), "capacity": capacity}
   profile = options["system_profile"]
@@ -508,4 +509,4 @@ def simulator(run: cfglib.JobConfig, data: fs.FederatedDataset, seed: int, *, mo
               lr_schedule=lr_schedule(run), **options)
   args.update({name: make() for name, make in made.items() if name not in overrides})
   args.update(overrides)
-  return fs.Simulator(**args)
+  return fs.build_run(**args)

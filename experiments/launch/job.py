@@ -50,11 +50,11 @@ FINGERPRINT_NAMES = {"seed": "--seeds", "lr_base": "--lr", "prox_mu_value": "--p
 
 
 class Run(NamedTuple):
-  """One run of a job: its simulator, folder under the job's out_dir, method (its group and
-  method label, e.g. "scenario1 Random"), seed, swept value's tag ("NAME=V" or ""), optional
+  """One run of a job: its built run (`fs.RunSpec`), folder under the job's out_dir, method (its
+  group and method label, e.g. "scenario1 Random"), seed, swept value's tag ("NAME=V" or ""), optional
   per-round `extra(state, record) -> dict`, and its fingerprint settings (`settings(cfg)`)."""
 
-  sim: fs.Simulator
+  spec: fs.RunSpec
   path: tuple[str, ...]
   method: str
   seed: int
@@ -223,7 +223,7 @@ def _run_batch(cfg: cfglib.JobConfig, runs: list[Run], folders: list[str]
   label = os.path.commonprefix([r.label for r in runs]).rsplit(" ", 1)[0].strip()
   label = runs[0].label if len(runs) == 1 else (f"{label} ({len(runs)} runs) " if label else
                                                 f"({len(runs)} runs) ")
-  batch = fs.RunBatch([r.sim for r in runs]) if len(runs) > 1 else OneRun(runs[0].sim)
+  batch = fs.RunBatch([r.spec for r in runs]) if len(runs) > 1 else OneRun(runs[0].spec)
   try:
     with _exit_on_failure(label), trackers(cfg, runs, folders) as on_records:
       return (fs.run_batch(batch, cfg.engine.rounds, folders, label=label,
@@ -263,7 +263,7 @@ class RunSpec(NamedTuple):
     return tuple(p for p in (self.group, self.method.key, self.tag, f"seed{self.seed}") if p)
 
 
-BuildRun = Callable[[RunSpec], tuple[fs.Simulator, Callable | None]]
+BuildRun = Callable[[RunSpec], tuple[fs.RunSpec, Callable | None]]
 Load = Callable[[int, str], tuple]
 
 
@@ -334,7 +334,7 @@ class Job:
     print(f"-- runs {done + 1}-{done + len(runs)} of the job: {runs[0].method}: {each}",
           flush=True)
     folders = [os.path.join(out.out_dir, *r.path) for r in runs]
-    batched = out.batch_runs and len(runs) > 1 and not any(r.sim.on_host for r in runs)
+    batched = out.batch_runs and len(runs) > 1 and not any(r.spec.on_host for r in runs)
     if not batched:
       batches = [[i] for i in range(len(runs))]
     elif out.resume:  # Runs added to the job start as a batch of their own.

@@ -34,7 +34,7 @@ Example:
   >>> data = build_dataset(DatasetSpec("digits", num_clients=20), seed=0)
   >>> sim = Simulator(build_model("logreg", data.feature_shape, data.num_classes), data,
   ...                 lambda lr: optax.sgd(lr), LocalHParams(batch_size=10),
-  ...                 uniform_availability(20, 20), random_selector(2), fedavg(), 2, seed=0,
+  ...                 uniform_availability(20, 20), random_selector(), fedavg(), 2, seed=0,
   ...                 system_profile=lognormal_profiles(20), asynchrony=fedbuff(6))
   >>> state, metrics = sim.step(sim.init())
   >>> int(metrics["concurrency"]), int(metrics["num_aggregated"]), int(metrics["staleness_max"])
@@ -50,7 +50,14 @@ import jax.numpy as jnp
 
 from fedjax_sel import keys as keylib
 from fedjax_sel.client.system import client_times
-from fedjax_sel.engine import round as rnd
+from fedjax_sel.engine.aggregation import server_step, update_clients
+from fedjax_sel.engine.contracts import check_mask
+from fedjax_sel.engine.costs import selector_gradients, stat_costs
+from fedjax_sel.engine.description import RoundConfig
+from fedjax_sel.engine.metrics import RoundFacts, mean_loss, round_metrics
+from fedjax_sel.engine.state import Costs, DataArrays, EngineState, RunValues
+from fedjax_sel.engine.stats import round_inputs
+from fedjax_sel.engine.training import per_client, train_slots
 from fedjax_sel.parts import asynchronous as rules
 from fedjax_sel.parts.types import AggregateInputs, RoundInputs, RoundOutcome
 
@@ -122,7 +129,7 @@ class _Refill(NamedTuple):
   broken_over: jax.Array
 
 
-def refill(config: rnd.RoundConfig, fl: InFlight, selector_state, inputs: RoundInputs, arrays,
+def refill(config: RoundConfig, fl: InFlight, selector_state, inputs: RoundInputs, arrays,
            run, lr) -> _Refill:
   """Step 1: fill the free slots with clients the selector chooses, each trained from w_t."""
   spec, k, n = config.asynchrony, config.k, inputs.available.shape[0]
@@ -141,14 +148,14 @@ def refill(config: rnd.RoundConfig, fl: InFlight, selector_state, inputs: RoundI
     key = jnp.where(r.calls == 0, base_key,
                     jax.random.fold_in(jax.random.fold_in(base_key, REFILL), r.calls))
     chosen, sel_state = config.selector.select(r.selector_state, key, inputs, candidates)
-    rnd.check_mask(config, "selector", "its choice", chosen, n)
+    check_mask(config, "selector", "its choice", chosen, n)
     outside = jnp.sum(chosen & ~candidates).astype(jnp.int32)
     over = jnp.maximum(jnp.sum(chosen).astype(jnp.int32) - k, 0)
     chosen &= candidates
     free = ~fl.active
     chosen = _at_most(chosen, jnp.sum(free), jax.random.fold_in(key, keylib.SELECT), k)
-    slots, valid, res = rnd.train_slots(config, params, arrays, run, chosen, k, t, lr)
-    times = client_times(config.clock, rnd.per_client(chosen, slots, valid, res.samples), 0.0, 0.0,
+    slots, valid, res = train_slots(config, params, arrays, run, chosen, k, t, lr)
+    times = client_times(config.clock, per_client(chosen, slots, valid, res.samples), 0.0, 0.0,
                          2.0 * jnp.zeros((n,), jnp.float32).at[slots].max(valid))
     # Slot i of the training goes into the i-th free slot of the table.
     place = jnp.nonzero(free, size=k, fill_value=spec.concurrency)[0]
@@ -175,7 +182,7 @@ def refill(config: rnd.RoundConfig, fl: InFlight, selector_state, inputs: RoundI
   return jax.lax.while_loop(wanted, call, start)
 
 
-def available_at_finish(config: rnd.RoundConfig, fl: InFlight, seed) -> jax.Array:
+def available_at_finish(config: RoundConfig, fl: InFlight, seed) -> jax.Array:
   """`[C]` bool: each slot's client is available at its finish time's index. The availability
   model is evaluated once per distinct index among the active slots (a few per step: finish
   times lie close together), not once per slot."""
@@ -200,7 +207,7 @@ class _Events(NamedTuple):
   now: jax.Array
 
 
-def events(config: rnd.RoundConfig, fl: InFlight, seed) -> _Events:
+def events(config: RoundConfig, fl: InFlight, seed) -> _Events:
   """Step 2: the in-flight slots in order of (finish time, client id); each is an arrival when
   its client is available at its finish time's index, else a drop; the events up to the K-th
   arrival are this step's (`[C]` masks), and the clock moves to the last one's time."""
@@ -215,15 +222,15 @@ def events(config: rnd.RoundConfig, fl: InFlight, seed) -> _Events:
   return _Events(consumed, consumed & arrives, consumed & ~arrives, now)
 
 
-def async_step(config: rnd.RoundConfig, state: rnd.EngineState, arrays: rnd.DataArrays,
-               run: rnd.RunValues, stats=None) -> tuple[rnd.EngineState, dict]:
+def async_step(config: RoundConfig, state: EngineState, arrays: DataArrays,
+               run: RunValues, stats=None) -> tuple[EngineState, dict]:
   """One server step: `(state of version t, ...) -> (state of version t + 1, metrics)`."""
-  spec, k = config.asynchrony, config.k
+  spec = config.asynchrony
   t, params, fl = state.round, state.params, state.inflight
   n = arrays.counts.shape[1]
   lr = run.lr * config.lr_factor(t)
   here = window(spec, fl.now)
-  base = rnd.round_inputs(config, state, arrays, run, stats)
+  base = round_inputs(config, state, arrays, run, stats)
   # Availability by simulated time; a part that looks r rounds ahead looks r windows ahead.
   inputs = base._replace(
       available=config.availability.sample(run.seed, here),
@@ -243,7 +250,7 @@ def async_step(config: rnd.RoundConfig, state: rnd.EngineState, arrays: rnd.Data
       AggregateInputs(ev.arrived, num_examples, fl.loss))
   anyone = jnp.any(ev.arrived)
   aggregate = jax.tree.map(lambda a, w: jnp.where(anyone, a, w), aggregate, params)
-  new_params, server_state = rnd.server_step(config, state,
+  new_params, server_state = server_step(config, state,
                                              rules.mix(spec, params, aggregate, ev.arrived,
                                                        weights))
 
@@ -256,63 +263,40 @@ def async_step(config: rnd.RoundConfig, state: rnd.EngineState, arrays: rnd.Data
   part_state = config.participation.observe(state.participation_state, inputs, outcome)
   did = jnp.zeros((n,), bool).at[fl.client].max(ev.arrived)
   left = jnp.zeros((n,), bool).at[fl.client].max(ev.consumed)
-  clients = rnd.update_clients(state.clients, t, left, did, fl.client, ev.arrived, fl.loss)
+  clients = update_clients(state.clients, t, left, did, fl.client, ev.arrived, fl.loss)
 
   evaluated = config.selector.costs(filled.selector_state).evaluated
-  evals, grads, evaluators, _, _ = rnd.stat_costs(config, arrays, avail, filled.dispatched,
+  evals, grads, evaluators, _, _ = stat_costs(config, arrays, avail, filled.dispatched,
                                                   avail if evaluated is None else evaluated)
-  selector_grads, gradients_computed = rnd.selector_gradients(config, sel_state, n)
+  selector_grads, gradients_computed = selector_gradients(config, sel_state, n)
   grads += selector_grads
   elapsed = ev.now - state.inflight.now
-  round_costs = rnd.Costs(
+  round_costs = Costs(
       client_eval_samples=evals, client_grad_samples=grads,
       train_samples=filled.train_samples, uploads=jnp.sum(ev.arrived).astype(jnp.float32),
       downloads=jnp.sum(filled.dispatched | evaluators).astype(jnp.float32),
       server_public_samples=jnp.zeros((), jnp.float32), sim_time_s=elapsed)
   costs = jax.tree.map(jnp.add, state.costs, round_costs)
-  arrived_loss = jnp.where(ev.arrived, fl.loss * fl.samples, 0.0)
-  metrics = {
-      "round": t,
-      "lr": lr,
-      "num_available": jnp.sum(avail),
-      "fewer_than_k_available": jnp.sum(avail) < k,
-      "round_time_s": elapsed,
-      "sim_time_s": ev.now,
-      "stragglers": jnp.zeros((), jnp.int32),
-      "num_filtered": jnp.sum(avail),
-      "num_selected": jnp.sum(filled.dispatched),
-      "num_trained": jnp.sum(filled.dispatched),
-      "num_aggregated": jnp.sum(ev.arrived),
-      "filter_round": jnp.asarray(False),
-      "local_train_loss": jnp.sum(arrived_loss)
-                          / jnp.maximum(jnp.sum(jnp.where(ev.arrived, fl.samples, 0.0)), 1.0),
-      "nonfinite_clients": jnp.zeros((), jnp.int32),
-      "model_finite": rnd.all_finite(new_params),
-      "cost": round_costs._asdict(),
-      "cumulative_cost": costs._asdict(),
-      "filter": {},
-      "selected": filled.dispatched,
-      "trained_clients": did,
-      "aggregated_clients": did,
-      "rule": config.participation.report(part_state),
-      "selector": config.selector.report(sel_state),
-      "gradients_computed": gradients_computed,
-      "contract": {"filter_outside_available": jnp.zeros((), jnp.int32),
-                   "selector_outside_filtered": filled.broken_outside,
-                   "selector_over_k": filled.broken_over,
-                   "rule_outside_selected": jnp.zeros((), jnp.int32)},
-      "staleness_mean": jnp.sum(tau) / jnp.maximum(jnp.sum(ev.arrived), 1),
-      "staleness_max": jnp.max(tau),
-      "dropped": jnp.sum(ev.dropped),
-      "concurrency": concurrency,
-      "selector_calls": filled.calls,
-  }
+  metrics = round_metrics(config, RoundFacts(
+      round=t, lr=lr, available=avail, filtered=avail, selected=filled.dispatched,
+      trained_clients=did, aggregated_clients=did, num_trained=jnp.sum(filled.dispatched),
+      num_aggregated=jnp.sum(ev.arrived), filter_round=jnp.asarray(False),
+      local_train_loss=mean_loss(fl.loss, jnp.where(ev.arrived, fl.samples, 0.0)),
+      nonfinite_clients=jnp.zeros((), jnp.int32), new_params=new_params,
+      round_costs=round_costs, costs=costs, filter_info={},
+      rule_report=config.participation.report(part_state),
+      selector_report=config.selector.report(sel_state), gradients_computed=gradients_computed,
+      broken={"filter_outside_available": jnp.zeros((), jnp.int32),
+              "selector_outside_filtered": filled.broken_outside,
+              "selector_over_k": filled.broken_over,
+              "rule_outside_selected": jnp.zeros((), jnp.int32)},
+      round_time_s=elapsed, stragglers=jnp.zeros((), jnp.int32)))
+  metrics.update(sim_time_s=ev.now,
+                 staleness_mean=jnp.sum(tau) / jnp.maximum(jnp.sum(ev.arrived), 1),
+                 staleness_max=jnp.max(tau), dropped=jnp.sum(ev.dropped), concurrency=concurrency,
+                 selector_calls=filled.calls)
   fl = fl._replace(active=fl.active & ~ev.consumed, now=ev.now)
-  new_state = rnd.EngineState(t + 1, new_params, clients, state.filter_state, sel_state,
+  new_state = EngineState(t + 1, new_params, clients, state.filter_state, sel_state,
                               part_state, agg_state, avail, avail, costs, server_state, fl)
   return new_state, metrics
 
-
-def step_function(config: rnd.RoundConfig):
-  """The config's step: `async_step` in the asynchronous mode, else `round.round_step`."""
-  return rnd.round_step if config.asynchrony is None else async_step

@@ -26,8 +26,11 @@ import jax
 from fedjax_sel import keys as keylib
 from fedjax_sel.client.evaluation import client_metrics
 from fedjax_sel.engine import executables
-from fedjax_sel.engine import round as round_lib
-from fedjax_sel.engine.asynchronous import step_function
+from fedjax_sel.engine.evaluation import evaluate as evaluate_round
+from fedjax_sel.engine.evaluation import public_metrics
+from fedjax_sel.engine.round import step_function
+from fedjax_sel.engine.selection import plan_rows
+from fedjax_sel.engine.stats import client_stats
 
 
 _UNSEEN = object()
@@ -103,7 +106,7 @@ def program(fn: Callable, out_shardings: Any = None, static_argnums: tuple[int, 
 
 
 def step(cfg, state, arrays, run, stats=None):
-  """One round (`round.round_step`; a server step in the asynchronous mode) of the config
+  """One round (`round.step_function`: a server step in the asynchronous mode) of the config
   `cfg.value`."""
   return step_function(cfg.value)(cfg.value, state, arrays, run, stats)
 
@@ -116,19 +119,19 @@ def steps(cfg, state, arrays, run, num_rounds):
 
 
 def evaluate(cfg, params, arrays):
-  return round_lib.evaluate(cfg.value, params, arrays)
+  return evaluate_round(cfg.value, params, arrays)
 
 
 def public(cfg, params, x, y):
-  return round_lib.public_metrics(cfg.value.model, params, x, y)
+  return public_metrics(cfg.value.model, params, x, y)
 
 
 def chunk_stats(cfg, params, arrays, t, seed, ids):
-  return round_lib.client_stats(cfg.value, params, arrays, t, seed, ids)
+  return client_stats(cfg.value, params, arrays, t, seed, ids)
 
 
 def plan(cfg, state, arrays, run, stats):
-  return round_lib.plan_rows(cfg.value, state, arrays, run, stats)
+  return plan_rows(cfg.value, state, arrays, run, stats)
 
 
 def pool_metrics(cfg, params, pool):

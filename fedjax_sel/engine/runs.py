@@ -1,9 +1,9 @@
 """Runs as a batch axis: R runs of one program advance together in one compiled call.
 
-`RunBatch(sims)` takes `Simulator`s that share a program (equal `round.program_key`: same model,
-parts, K, n and capacities; they may differ in seed, learning rate, FedProx mu, data values and
-the values parts keep in their state, such as the entropy selector's eps, FedALIGN's eps_0 or
-FedSRC's target and beta) and stacks their states, data and run values on a leading `[R]` axis.
+`RunBatch(specs)` takes `RunSpec`s (`run_spec.build_run`) that share a program (equal
+`description.program_key`: same model, parts, K, n and capacities; they may differ in seed,
+learning rate, FedProx mu, data values and the values parts keep in their state, such as the
+entropy selector's eps, FedALIGN's eps_0 or FedSRC's target and beta) and stacks their states, data and run values on a leading `[R]` axis.
 Its `step` runs one round of every run: the round is `vmap`ped over chunks of `runs_chunk` runs
 (axis name "runs"), and the chunks are looped inside the compiled call (`lax.map`); chunks of one
 run loop without any vmap. On CPU, wide vmaps of models with real work per client are slower than
@@ -15,21 +15,21 @@ With several devices in one process and every run vmapped, the runs shard over t
 a multi-host run) the batch is replicated and each run's clients shard as a single run's do.
 
 Schedule decisions are taken for the batch as a whole: the round index is one unbatched value
-(the runs advance together), and FilFL's filtering round is or-ed over the runs (`round.py`), so
+(the runs advance together), and FilFL's filtering round is or-ed over the runs (`selection.py`), so
 `lax.cond` runs one branch instead of both. Runs with the host store advance one by one (their
-rows are sent per run): build them as separate `Simulator`s.
+rows are sent per run): run them as separate runs.
 
 Examples:
   >>> import optax
-  >>> from fedjax_sel import (DatasetSpec, Simulator, build_dataset, build_model, fedavg,
+  >>> from fedjax_sel import (DatasetSpec, build_dataset, build_model, build_run, fedavg,
   ...                         random_selector, uniform_availability, LocalHParams, Capacity)
   >>> datasets = [build_dataset(DatasetSpec("digits", num_clients=10), seed=s) for s in (0, 1)]
   >>> cap = Capacity.of(datasets)
-  >>> sims = [Simulator(build_model("logreg", d.feature_shape, 10), d, lambda lr: optax.sgd(lr),
-  ...                   LocalHParams(batch_size=16), uniform_availability(10, 5),
-  ...                   random_selector(3), fedavg(), 3, seed=s, capacity=cap)
-  ...         for s, d in enumerate(datasets)]
-  >>> batch = RunBatch(sims)
+  >>> specs = [build_run(build_model("logreg", d.feature_shape, 10), d, lambda lr: optax.sgd(lr),
+  ...                    LocalHParams(batch_size=16), uniform_availability(10, 5),
+  ...                    random_selector(), fedavg(), 3, seed=s, capacity=cap)
+  ...          for s, d in enumerate(datasets)]
+  >>> batch = RunBatch(specs)
   >>> states, metrics = batch.step(batch.init())
   >>> metrics["num_trained"].tolist()
   [3, 3]
@@ -44,12 +44,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sel.engine import round as round_lib
-from fedjax_sel.engine.asynchronous import step_function
+from fedjax_sel.engine.contracts import check_contracts
+from fedjax_sel.engine.description import (RoundConfig, client_step_cost, program_key,
+                                           replicated)
+from fedjax_sel.engine.evaluation import evaluate
+from fedjax_sel.engine.placement import DevicePlacement
 from fedjax_sel.engine.programs import program
-from fedjax_sel.engine.round import EngineState, RoundConfig
+from fedjax_sel.engine.round import step_function
+from fedjax_sel.engine.run_spec import RunSpec
 from fedjax_sel.engine.signature import Keyed
-from fedjax_sel.engine.simulator import check_contracts, client_step_cost
+from fedjax_sel.engine.state import EngineState
 
 AXIS = "runs"
 
@@ -99,7 +103,7 @@ def _batched_step(cfg, states, arrays, runs):
 
 def _batched_evaluate(cfg, params, arrays):
   config, chunk = cfg.value
-  return _over_runs(lambda p, a: round_lib.evaluate(config, p, a), chunk, params, arrays)
+  return _over_runs(lambda p, a: evaluate(config, p, a), chunk, params, arrays)
 
 
 # On CPU, runs are vmapped together only when a client step is below this many FLOPs (logistic
@@ -108,74 +112,80 @@ def _batched_evaluate(cfg, params, arrays):
 CPU_RUNS_VMAP_FLOPS = 1e6
 
 
-def auto_runs_chunk(sim, num_runs: int, platform: str | None = None) -> int:
+def auto_runs_chunk(spec: RunSpec, num_runs: int, platform: str | None = None) -> int:
   """Runs per vmapped chunk: all of them on accelerators and, on CPU, for models whose client step
   is below `CPU_RUNS_VMAP_FLOPS`; else 1 (a loop over the runs inside the compiled call)."""
   if (platform or jax.devices()[0].platform) != "cpu":
     return num_runs
-  cost = client_step_cost(sim.model, sim.optimizer, sim.local, sim.data.feature_shape)
+  config = spec.config
+  cost = client_step_cost(config.model, config.optimizer, config.local, spec.data.feature_shape)
   return num_runs if cost.flops < CPU_RUNS_VMAP_FLOPS else 1
 
 
 def _differences(a: RoundConfig, b: RoundConfig) -> list[str]:
   return [name for name in RoundConfig._fields
-          if round_lib.program_key(a._replace(**{f: getattr(b, f) for f in RoundConfig._fields
-                                                 if f != name}))
-          != round_lib.program_key(b)]
+          if program_key(a._replace(**{f: getattr(b, f) for f in RoundConfig._fields
+                                       if f != name}))
+          != program_key(b)]
 
 
 class RunBatch:
   """R runs of one program, advanced together.
 
   Args:
-    sims: the runs, `Simulator`s with the device store whose configs share a program (build them
+    specs: the runs, `RunSpec`s with the device store whose configs share a program (build them
       with one `capacity=Capacity.of(datasets)`); runs may differ in whether FedProx is on (mu = 0
       runs then compute the proximal term with mu = 0, which changes nothing).
     runs_chunk: runs per vmapped chunk (a divisor of R); default `auto_runs_chunk`.
 
   Raises:
     ValueError: naming what differs between two runs' programs, or a host-store run.
+    TypeError: a run that is not a `RunSpec` (a `Simulator`'s is its `spec`).
   """
 
-  def __init__(self, sims: Sequence, runs_chunk: int | None = None):
-    sims = list(sims)
-    if not sims:
+  def __init__(self, specs: Sequence[RunSpec], runs_chunk: int | None = None):
+    specs = list(specs)
+    if not specs:
       raise ValueError("a RunBatch needs at least one run")
-    for i, sim in enumerate(sims):
-      if sim.on_host:
+    for i, spec in enumerate(specs):
+      if not isinstance(spec, RunSpec):
+        raise TypeError(f"run {i} is a {type(spec).__name__}, not a RunSpec: build runs with "
+                        "build_run (a Simulator's RunSpec is its .spec)")
+      if spec.on_host:
         raise ValueError(f"run {i} keeps its data on the host (store='host'): host-store runs "
                          "advance one by one; use store='device' to batch them")
-    prox = any(sim.config.proximal for sim in sims)
-    configs = [s.config._replace(proximal=prox) for s in sims]
-    first = round_lib.program_key(configs[0])
+    prox = any(spec.config.proximal for spec in specs)
+    configs = [s.config._replace(proximal=prox) for s in specs]
+    first = program_key(configs[0])
     for i, config in enumerate(configs[1:], 1):
-      if round_lib.program_key(config) != first:
+      if program_key(config) != first:
         raise ValueError(f"run {i} does not share run 0's program: they differ in "
                          f"{', '.join(_differences(configs[0], config)) or 'their data shapes'} "
                          "(runs may differ only in seed, learning rate, FedProx mu, data values "
                          "and part-state values; pad their data to one Capacity)")
-    hosts = [s.placement.host for s in sims]  # The runs' data, not yet on the device.
+    hosts = [DevicePlacement(s).host for s in specs]  # The runs' data, not yet on the device.
     shapes = {jax.tree.map(np.shape, h) == jax.tree.map(np.shape, hosts[0]) for h in hosts}
     if shapes != {True}:
       raise ValueError("the runs' data have different shapes: build them with one "
                        "capacity=Capacity.of(datasets) (and public sets of one size)")
-    self.sims = sims
-    self.num_runs = len(sims)
-    chunk = runs_chunk or auto_runs_chunk(sims[0], len(sims))
-    chunk = max(c for c in range(1, min(chunk, len(sims)) + 1) if len(sims) % c == 0)
+    self.specs = specs
+    self.num_runs = len(specs)
+    chunk = runs_chunk or auto_runs_chunk(specs[0], len(specs))
+    chunk = max(c for c in range(1, min(chunk, len(specs)) + 1) if len(specs) % c == 0)
     self.runs_chunk = chunk
     config = configs[0]._replace(runs_axis=AXIS if chunk > 1 else None)
-    self.placement = sims[0].replicated
+    self.placement = replicated(configs[0])
     devices = jax.device_count()
-    if devices > 1 and jax.process_count() == 1 and chunk == len(sims) and len(sims) % devices == 0:
+    if (devices > 1 and jax.process_count() == 1 and chunk == len(specs)
+        and len(specs) % devices == 0):
       # The runs shard over the devices (a "runs" mesh axis); each run's clients stay on one.
       mesh = jax.make_mesh((devices,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
       self.placement = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(AXIS))
       config = config._replace(client_sharding=None)
     self.config = BatchConfig(config, chunk)
-    self.keyed = Keyed((round_lib.program_key(config), chunk), self.config)
+    self.keyed = Keyed((program_key(config), chunk), self.config)
     self.arrays = stack_runs(hosts, self.placement)  # Each run's data uploaded once, here.
-    self.run_values = stack_runs([s.run_values for s in sims], self.placement)
+    self.run_values = stack_runs([s.run_values for s in specs], self.placement)
 
   def run_slice(self, tree: Any, i: int) -> Any:
     """Run `i`'s part of a stacked tree (its state, metrics or evaluation)."""
@@ -187,7 +197,7 @@ class RunBatch:
 
   def init(self) -> EngineState:
     """The runs' states before round 0, stacked `[R, ...]`."""
-    return stack_runs([s.init() for s in self.sims], self.placement)
+    return stack_runs([s.initial_state() for s in self.specs], self.placement)
 
   def step(self, states: EngineState) -> tuple[EngineState, dict]:
     """One round of every run (one compiled call); metrics stacked `[R, ...]`. `states` come from
@@ -195,7 +205,7 @@ class RunBatch:
     round index is the batch's)."""
     states, metrics = program(_batched_step, self.placement)(self.keyed, states, self.arrays,
                                                               self.run_values)
-    check_contracts(self.sims[0].config, metrics, runs_axis=True)
+    check_contracts(self.specs[0].config, metrics, runs_axis=True)
     return states, metrics
 
   def evaluate(self, params) -> dict:

@@ -13,10 +13,10 @@ Values that vary between runs (seed, learning rate, a selector's eps, FedSRC's t
 values or part state, not in closures, so that runs that differ only in them share one program.
 
 Examples:
-  >>> from fedjax_sel.parts.selectors.baselines import random_selector
-  >>> signature(random_selector(5).select) == signature(random_selector(5).select)
+  >>> from fedjax_sel.parts.selectors.baselines import power_of_choice
+  >>> signature(power_of_choice(5).select) == signature(power_of_choice(5).select)
   True
-  >>> signature(random_selector(5).select) == signature(random_selector(6).select)
+  >>> signature(power_of_choice(5).select) == signature(power_of_choice(6).select)
   False
 """
 

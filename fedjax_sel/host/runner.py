@@ -1,4 +1,5 @@
-"""Host loop around a `Simulator`: progress, per-round JSONL (flushed), checkpoints, resume.
+"""Host loop around a run (a `Simulator` or a `RunSpec`): progress, per-round JSONL (flushed),
+checkpoints, resume.
 
 A finished round is never lost: its metrics line is flushed before the next round starts, and the
 engine state is checkpointed (`checkpoint.py`: msgpack, checksummed, atomic) every
@@ -36,7 +37,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sel.engine.simulator import EngineState, Simulator, to_host
+from fedjax_sel.engine.placement import place
+from fedjax_sel.engine.run_spec import RunSpec
+from fedjax_sel.engine.simulator import Simulator
+from fedjax_sel.engine.state import EngineState, to_host
 from fedjax_sel.host import checkpoint, folder_lock, telemetry
 from fedjax_sel.parts.types import describe
 from fedjax_sel.version import __version__
@@ -83,30 +87,31 @@ def _digest(a) -> str:
   return hashlib.sha256(np.ascontiguousarray(np.asarray(a)).tobytes()).hexdigest()[:16]
 
 
-def run_fingerprint(sim: Simulator, settings: dict | None = None) -> dict:
+def run_fingerprint(spec: RunSpec, settings: dict | None = None) -> dict:
   """What determines a run: the library version, seed, learning rate, FedProx mu, K, N, model and
   its parameter shapes, the data's digest, every part's spec (`components.describe`: name and
   settings), the local-training settings, the learning rates of rounds 0..`LR_HORIZON`-1 and the
   availability of rounds 0..`AVAILABILITY_HORIZON`-1 (digests), and the caller's `settings` (e.g.
   the launcher's flags)."""
-  shapes = [list(np.shape(a)) for a in jax.tree.leaves(jax.eval_shape(sim.init).params)]
+  config = spec.config
+  shapes = [list(np.shape(a)) for a in jax.tree.leaves(jax.eval_shape(spec.initial_state).params)]
   rounds = jnp.arange(LR_HORIZON, dtype=jnp.int32)
-  lrs = sim.run_values.lr * jax.vmap(sim.config.lr_factor)(rounds) * jnp.ones_like(rounds,
+  lrs = spec.run_values.lr * jax.vmap(config.lr_factor)(rounds) * jnp.ones_like(rounds,
                                                                                    jnp.float32)
-  avail = jax.vmap(lambda t: sim.availability.sample(sim.run_values.seed, t))(
+  avail = jax.vmap(lambda t: config.availability.sample(spec.run_values.seed, t))(
       rounds[:AVAILABILITY_HORIZON])
-  local = sim.local
-  parts = {role: describe(getattr(sim, role))
+  local = config.local
+  parts = {role: describe(getattr(config, role))
            for role in ("selector", "filter", "participation", "aggregator", "server_optimizer")}
-  clock = sim.config.clock
+  clock = config.clock
   if clock is not None:
     parts["clock"] = {"profile": _digest(np.stack([clock.profile.speed, clock.profile.bandwidth])),
                       "model_bytes": clock.model_bytes, "deadline_s": clock.deadline_s}
-  return {"library": __version__, "seed": sim.seed, "lr_base": float(sim.run_values.lr),
-          "prox_mu_value": float(sim.run_values.prox_mu), "clients_per_round": sim.k,
-          "num_clients": sim.num_clients, "model": sim.model.name,
+  return {"library": __version__, "seed": spec.seed, "lr_base": float(spec.run_values.lr),
+          "prox_mu_value": float(spec.run_values.prox_mu), "clients_per_round": config.k,
+          "num_clients": spec.num_clients, "model": config.model.name,
           "param_shapes": hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:16],
-          "data": dataset_digest(sim.data), "parts": parts,
+          "data": dataset_digest(spec.data), "parts": parts,
           "local": {"batch_size": local.batch_size, "num_epochs": local.num_epochs,
                     "num_steps": local.num_steps},
           "lr_schedule": _digest(lrs), "availability_draws": _digest(avail), **(settings or {})}
@@ -235,22 +240,31 @@ def _check_finite(record: dict, t: int) -> None:
 
 
 class OneRun:
-  """One `Simulator` as a batch of one run, for the host loop (`run` is `run_batch` of it): its
-  state and metrics unstacked, its data wherever the simulator keeps them (device or host)."""
+  """One run as a batch of one, for the host loop (`run` is `run_batch` of it): its state and
+  metrics unstacked, its data wherever its placement keeps them (device or host).
+
+  Args:
+    run: a `RunSpec` (placed here) or a `Simulator` (its spec and placement).
+  """
 
   num_runs = 1
 
-  def __init__(self, sim: Simulator):
-    self.sims = [sim]
+  def __init__(self, run: RunSpec | Simulator):
+    if isinstance(run, Simulator):
+      self.specs, self.placement = [run.spec], run.placement
+    elif isinstance(run, RunSpec):
+      self.specs, self.placement = [run], place(run)
+    else:
+      raise TypeError(f"a run is a RunSpec (build_run) or a Simulator, got {type(run).__name__}")
 
   def init(self) -> EngineState:
-    return self.sims[0].init()
+    return self.specs[0].initial_state()
 
   def step(self, state: EngineState) -> tuple[EngineState, dict]:
-    return self.sims[0].step(state)
+    return self.placement.step(state)
 
   def evaluate(self, params) -> dict:
-    return self.sims[0].evaluate(params)
+    return self.placement.evaluate(params)
 
   def run_slice(self, tree: Any, i: int) -> Any:
     del i
@@ -260,7 +274,7 @@ class OneRun:
     return trees[0]
 
 
-def run(sim: Simulator, rounds: int, out_dir: str | None = None, *, eval_every: int = 1,
+def run(sim: Simulator | RunSpec, rounds: int, out_dir: str | None = None, *, eval_every: int = 1,
         checkpoint_every: int = 10, resume: bool = False, overwrite: bool = False,
         progress: TextIO | None = sys.stdout, label: str = "", log_every: int = 1,
         extra: Callable[[EngineState, dict], dict] | None = None,
@@ -270,7 +284,7 @@ def run(sim: Simulator, rounds: int, out_dir: str | None = None, *, eval_every: 
   `run_batch` of a batch of one run (`OneRun`).
 
   Args:
-    sim: the simulator.
+    sim: the run: a `Simulator`, or a `RunSpec` (`build_run`).
     rounds: rounds to train in all (T), counting resumed ones.
     out_dir: where `metrics.jsonl` and `checkpoint.msgpack` go (None: keep in memory only).
     eval_every: evaluate the global model every this many rounds (and at the last round).
@@ -334,7 +348,7 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
   message).
 
   Args:
-    batch: the `RunBatch`, or `OneRun(sim)`.
+    batch: the `RunBatch`, or `OneRun(run)`.
     rounds: as in `run`.
     eval_every: as in `run`.
     checkpoint_every: as in `run`.
@@ -368,8 +382,8 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
     histories = [[] for _ in range(r)]
     paths, fingerprints = [None] * r, [None] * r
     if out_dirs is not None:
-      fingerprints = [run_fingerprint(sim, (settings or [None] * r)[i])
-                      for i, sim in enumerate(batch.sims)]
+      fingerprints = [run_fingerprint(spec, (settings or [None] * r)[i])
+                      for i, spec in enumerate(batch.specs)]
       states, histories = _start_batch(batch, states, out_dirs, resume, overwrite, fingerprints,
                                        say, writer)
       if writer:
