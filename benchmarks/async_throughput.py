@@ -53,7 +53,8 @@ def main(argv):
           continue
         sim = simulators(n, model_name, c)[0]
         t = median_step_time(sim, sim.init(), reps)
-        batch = fs.RunBatch(simulators(n, model_name, c, seeds=range(FLAGS.runs)))
+        batch = fs.RunBatch([s.spec for s in simulators(n, model_name, c,
+                                                         seeds=range(FLAGS.runs))])
         t_runs = median_step_time(batch, batch.init(), reps)
         rows.append({"model": model_name, "N": n, "what": label, "ms": 1e3 * t,
                      "per_s": 1 / t, "runs": FLAGS.runs, "runs_ms": 1e3 * t_runs,

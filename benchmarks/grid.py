@@ -12,8 +12,8 @@ examples-weighted FedAvg, the round's clients drawn uniformly:
 - `run CLI`: `python -m experiments.run --sweep=lr:... --seeds=...` (its 16 runs batched in one
   compiled program), split by `benchmarks.timed_launch` into import, data, set-up, compile and
   rounds;
-- `library`: the sweep guide's script (16 `Simulator`s, one `RunBatch`, `run_batch`), split the
-  same way;
+- `library`: the sweep guide's script (16 runs built with `build_run`, one `RunBatch`,
+  `run_batch`), split the same way;
 - `PyTorch loop`: the 16 runs one after another, each round a loop over its clients (what Flower /
   FedML users write), at 1 and 2 threads;
 - `pfl-research` (0.6): its `FederatedAveraging` with a `PyTorchModel` on its `SimulatedBackend`,
@@ -79,12 +79,12 @@ data = fs.build_dataset(fs.DatasetSpec("digits", num_clients=N), seed=0)
 t["data_s"] = time.perf_counter() - mark
 mark, c0 = time.perf_counter(), sum(log.snapshot().seconds.values())
 model = fs.build_model("mlp", data.feature_shape, data.num_classes)
-sims = [fs.Simulator(model, data, optimizer=lambda lr: optax.sgd(lr),
-                     local=fs.LocalHParams(batch_size=BATCH),
-                     availability=fs.uniform_availability(N, N), selector=fs.random_selector(),
-                     aggregator=fs.fedavg(), clients_per_round=K, seed=s,
-                     lr_schedule=fs.constant_lr(lr)) for lr in LRS for s in SEEDS]
-batch = fs.RunBatch(sims)
+specs = [fs.build_run(model, data, optimizer=lambda lr: optax.sgd(lr),
+                      local=fs.LocalHParams(batch_size=BATCH),
+                      availability=fs.uniform_availability(N, N), selector=fs.random_selector(),
+                      aggregator=fs.fedavg(), clients_per_round=K, seed=s,
+                      lr_schedule=fs.constant_lr(lr)) for lr in LRS for s in SEEDS]
+batch = fs.RunBatch(specs)
 c1 = sum(log.snapshot().seconds.values())
 t["setup_s"] = time.perf_counter() - mark - (c1 - c0)
 mark = time.perf_counter()

@@ -72,14 +72,13 @@ def run_one(config: dict) -> dict:
 
   import fedjax_sel as fs  # pylint: disable=import-outside-toplevel
   from fedjax_sel.data import store  # pylint: disable=import-outside-toplevel
-  from fedjax_sel.engine.placement import data_bytes  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.engine.capacity import data_bytes  # pylint: disable=import-outside-toplevel
   from fedjax_sel.parts.selectors import uacs  # pylint: disable=import-outside-toplevel
 
   n = config["N"]
   data = store.open_store(store_path(n))
   available = n if config["selector"] == "entropy" else min(config["n"], n)
-  selector = (uacs.entropy_selector(config["K"]) if config["selector"] == "entropy"
-              else fs.random_selector(config["K"]))
+  selector = uacs.entropy_selector() if config["selector"] == "entropy" else fs.random_selector()
   model = fs.build_model("logreg", data.feature_shape, data.num_classes)
   start = time.perf_counter()
   sim = fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=10),
@@ -95,16 +94,17 @@ def run_one(config: dict) -> dict:
     state, _ = sim.step(state)
     jax.block_until_ready(state)
     times.append(time.perf_counter() - t0)
-  if sim.on_host:  # pylint: disable=protected-access
+  host_rows = getattr(sim.placement, "host_rows", None)
+  if sim.spec.on_host:  # pylint: disable=protected-access
     placement = sim.placement
     row_bytes = lambda p: int(np.prod(p.x.shape[1:])) * p.x.dtype.itemsize + 8
     rows = {s: 2 * placement._capacity[s] for s in ("train", "val", "test")}
-    if sim.host_rows == "chosen":
+    if host_rows == "chosen":
       rows = {s: placement._capacity[s] + placement._stream_capacity[s] for s in rows}
     device_bytes = sum(rows[s] * row_bytes(getattr(data, s)) for s in rows)
   else:
     device_bytes = data_bytes(data)
-  return {**config, "n": available, "host_rows": sim.host_rows,
+  return {**config, "n": available, "host_rows": host_rows,
           "round_ms": 1e3 * float(np.median(times)), "setup_s": setup, "peak_rss_mb": peak_rss_mb(),
           "device_data_mb": device_bytes / 2**20, "data_mb": data_bytes(data) / 2**20}
 

@@ -58,16 +58,17 @@ def test_round_matches_hand_composed_round(small_data, batch_norm, streamed, sam
   avail = sim.config.availability.sample(1, 0)
   inputs = fs.RoundInputs(jnp.int32(0), None, avail, {}, None,
                           jnp.asarray(small_data.train.counts), None, k=3)
-  chosen, sel_state = sim.config.selector.select(sim.config.selector.init(small_data.num_clients, None),
-                                          fs.keys.round_key(1, 0, fs.keys.SELECT), inputs, avail)
+  selector = sim.config.selector
+  chosen, sel_state = selector.select(selector.init(small_data.num_clients, None),
+                                      fs.keys.round_key(1, 0, fs.keys.SELECT), inputs, avail)
   ids = np.flatnonzero(np.asarray(chosen))
   keys = fs.keys.client_keys(fs.keys.round_key(1, 0, fs.keys.TRAIN), jnp.asarray(ids, jnp.int32))
   from tests.test_local_training import reference_client  # pylint: disable=import-outside-toplevel
   models, weights = [], []
   for slot, k in enumerate(ids):
     x, y = small_data.train.client(int(k))
-    p, _, _ = reference_client(sim.config.model, optax.sgd(0.1), sim.config.local, state.params, x, y,
-                               keys[slot], small_data.train.max_count)
+    p, _, _ = reference_client(sim.config.model, optax.sgd(0.1), sim.config.local, state.params,
+                               x, y, keys[slot], small_data.train.max_count)
     models.append(p)
     weights.append(len(y))
   if sampler == "md":

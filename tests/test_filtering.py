@@ -185,7 +185,7 @@ def _filfl_sim(data, mode="dgf", period=2, model=None):
   filt = filtering.filfl_filter(pub, filtering.FilterConfig(mode, period=period))
   return fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
                       fs.uniform_availability(data.num_clients, 6, period=3),
-                      fs.random_selector(3), fs.fedavg("uniform"), 3, 0, filter=filt,
+                      fs.random_selector(), fs.fedavg("uniform"), 3, 0, filter=filt,
                       lr_schedule=fs.constant_lr(0.1))
 
 
@@ -212,8 +212,8 @@ def test_filfl_round_matches_hand_composition(batch_norm):
   res = local_train(sim.config.model, sim.config.optimizer, sim.config.local, state.params,
                     fs.data.device_pool(data.train), slots, jnp.ones(6, bool), keys,
                     jnp.float32(0.1), data.train.max_count)
-  loss_fn = lambda p: jnp.mean(fs.models.per_example_loss(sim.config.model, p, jnp.asarray(data.public_x),
-                                                          jnp.asarray(data.public_y)))
+  loss_fn = lambda p: jnp.mean(fs.models.per_example_loss(
+      sim.config.model, p, jnp.asarray(data.public_x), jnp.asarray(data.public_y)))
   want, _ = reference_algorithm1(loss_fn, res.params, np.ones(6, bool), state.params,
                                  keylib.round_key(0, 0, keylib.FILTER), "dgf", "global", 10.0,
                                  "random")
@@ -251,8 +251,9 @@ def test_filfl_round_without_filtering_trains_the_selected_clients():
   assert bool(m0["filter_round"]) and not bool(m1["filter_round"])
   slots = jnp.array([0, 3, 5], jnp.int32)
   keys = keylib.client_keys(keylib.round_key(0, 1, keylib.TRAIN), slots)
-  res = local_train(model, sim.config.optimizer, sim.config.local, first.params, fs.data.device_pool(data.train),
-                    slots, jnp.ones(3, bool), keys, jnp.float32(0.1), data.train.max_count)
+  res = local_train(model, sim.config.optimizer, sim.config.local, first.params,
+                    fs.data.device_pool(data.train), slots, jnp.ones(3, bool), keys,
+                    jnp.float32(0.1), data.train.max_count)
   expected = jax.tree.map(lambda a: jnp.mean(a, axis=0), res.params)
   chex.assert_trees_all_close(second.params, expected, atol=1e-5)
   assert float(m1["cost"]["train_samples"]) == float(jnp.sum(res.samples))

@@ -1,14 +1,14 @@
 """Runs as a batch axis: R runs of one program advance together in one compiled call.
 
 `RunBatch(specs)` takes `RunSpec`s (`run_spec.build_run`) that share a program (equal
-`description.program_key`: same model, parts, K, n and capacities; they may differ in seed,
-learning rate, FedProx mu, data values and the values parts keep in their state, such as the
-entropy selector's eps, FedALIGN's eps_0 or FedSRC's target and beta) and stacks their states, data and run values on a leading `[R]` axis.
-Its `step` runs one round of every run: the round is `vmap`ped over chunks of `runs_chunk` runs
-(axis name "runs"), and the chunks are looped inside the compiled call (`lax.map`); chunks of one
-run loop without any vmap. On CPU, wide vmaps of models with real work per client are slower than
-a loop (see docs/engine.md, "Compile once, run many"), so `auto_runs_chunk` vmaps the runs only for
-tiny models there; on accelerators it vmaps them all.
+`description.program_key`: same model, parts, K, n and capacities; they may differ in seed, learning
+rate, FedProx mu, data values and the values parts keep in their state, such as the entropy
+selector's eps, FedALIGN's eps_0 or FedSRC's target and beta) and stacks their states, data and run
+values on a leading `[R]` axis. Its `step` runs one round of every run: the round is `vmap`ped over
+chunks of `runs_chunk` runs (axis name "runs"), and the chunks are looped inside the compiled call
+(`lax.map`); chunks of one run loop without any vmap. On CPU, wide vmaps of models with real work
+per client are slower than a loop (see docs/engine.md, "Compile once, run many"), so
+`auto_runs_chunk` vmaps the runs only for tiny models there; on accelerators it vmaps them all.
 
 With several devices in one process and every run vmapped, the runs shard over the devices (a
 `runs` mesh axis; each run's clients stay on its device); otherwise (one device, runs looped, or

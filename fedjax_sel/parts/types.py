@@ -9,8 +9,8 @@ and settings in the part's `spec` (`describe`), which a resumed run's fingerprin
 The engine enforces the parts' contracts: every mask a part returns is `[N]` bool (checked when the
 round is traced, naming the part); a filter's set lies inside the available clients, a selector's
 choice inside the filtered-in set with at most K clients, a rule's trained and aggregated clients
-inside the selected (counted inside the compiled round, `round.CONTRACTS`; a round that breaks one
-stops the run, naming the part and the round).
+inside the selected (counted inside the compiled round, `engine/contracts.py`; a round that breaks
+one stops the run, naming the part and the round).
 
 Parts read a `RoundInputs`: the round index, the global model, the available mask, client-state
 arrays (`stats`, computed by the engine for the names the parts declare in `needs`) and the
