@@ -8,7 +8,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from fedjax_sel.engine import executables
+from fedjax_sel.engine import executables, store_keys
 from fedjax_sel.engine.signature import signature
 from fedjax_sel.parts.selectors.baselines import random_selector
 
@@ -18,24 +18,24 @@ class _ByIdentity:
 
 
 def test_a_signature_with_a_value_by_identity_is_not_stored():
-  assert executables.canonical(signature(random_selector(3).select)) is not None
-  assert executables.canonical(signature((1, _ByIdentity()))) is None  # ("value", ...) by id.
-  assert executables.canonical(signature((1, bytearray(b"x")))) is None  # ("object", id).
+  assert store_keys.canonical(signature(random_selector().select)) is not None
+  assert store_keys.canonical(signature((1, _ByIdentity()))) is None  # ("value", ...) by id.
+  assert store_keys.canonical(signature((1, bytearray(b"x")))) is None  # ("object", id).
 
 
 def test_sets_are_written_in_one_order():
-  a = executables.canonical(signature(frozenset(f"name{i}" for i in range(20))))
-  b = executables.canonical(signature(frozenset(f"name{i}" for i in reversed(range(20)))))
+  a = store_keys.canonical(signature(frozenset(f"name{i}" for i in range(20))))
+  b = store_keys.canonical(signature(frozenset(f"name{i}" for i in reversed(range(20)))))
   assert a == b
 
 
 def test_the_key_changes_with_the_config_the_argument_types_and_the_sources(tmp_path):
-  types = executables.avals([jnp.ones(3)])
-  key = executables.store_key("f", ("a", 1), (), types, "tree")
-  assert key == executables.store_key("f", ("a", 1), (), types, "tree")
-  assert key != executables.store_key("f", ("a", 2), (), types, "tree")
-  assert key != executables.store_key("f", ("a", 1), (), executables.avals([jnp.ones(4)]), "tree")
-  assert key != executables.store_key("f", ("a", 1), (), executables.avals([jnp.ones(3, int)]),
+  types = store_keys.avals([jnp.ones(3)])
+  key = store_keys.store_key("f", ("a", 1), (), types, "tree")
+  assert key == store_keys.store_key("f", ("a", 1), (), types, "tree")
+  assert key != store_keys.store_key("f", ("a", 2), (), types, "tree")
+  assert key != store_keys.store_key("f", ("a", 1), (), store_keys.avals([jnp.ones(4)]), "tree")
+  assert key != store_keys.store_key("f", ("a", 1), (), store_keys.avals([jnp.ones(3, int)]),
                                       "tree")
   module = tmp_path / "user_selector_module.py"
   module.write_text("K = 1\n")
@@ -43,10 +43,10 @@ def test_the_key_changes_with_the_config_the_argument_types_and_the_sources(tmp_
   try:
     user = importlib.import_module("user_selector_module")
     config = signature((user, 3))  # The module read by name: its source is part of the key.
-    before = executables.store_key("f", config, (), types, "tree")
+    before = store_keys.store_key("f", config, (), types, "tree")
     module.write_text("K = 22\n")  # An edit of a user's module: another key.
     os.utime(module, ns=(1, 1))
-    assert executables.store_key("f", config, (), types, "tree") != before
+    assert store_keys.store_key("f", config, (), types, "tree") != before
   finally:
     sys.path.remove(str(tmp_path))
     sys.modules.pop("user_selector_module", None)
@@ -58,7 +58,7 @@ def test_a_class_without_a_source_file_is_not_stored():
   main_file = getattr(sys.modules["__main__"], "__file__", None)
   try:
     sys.modules["__main__"].__file__ = None  # As in a notebook.
-    assert executables.store_key("f", signature((model,)), (), (), "") is None
+    assert store_keys.store_key("f", signature((model,)), (), (), "") is None
   finally:
     sys.modules["__main__"].__file__ = main_file
 

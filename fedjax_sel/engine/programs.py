@@ -25,7 +25,7 @@ import jax
 
 from fedjax_sel import keys as keylib
 from fedjax_sel.client.evaluation import client_metrics
-from fedjax_sel.engine import executables
+from fedjax_sel.engine import executables, store_keys
 from fedjax_sel.engine.evaluation import evaluate as evaluate_round
 from fedjax_sel.engine.evaluation import public_metrics
 from fedjax_sel.engine.round import step_function
@@ -69,7 +69,7 @@ class Program:
         return executable(*dynamic)
       except TypeError:  # Other shapes or dtypes than last time: look them up below.
         pass
-    memo = (cfg, static, tree, executables.avals(leaves))
+    memo = (cfg, static, tree, store_keys.avals(leaves))
     outputs = None
     if memo not in self.compiled:
       self.compiled[memo], outputs = self._prepare(folder, memo, args, dynamic)
@@ -83,7 +83,7 @@ class Program:
     run once to check it), else one compiled now and stored, and None; `(None, None)` for a
     config that is not stored (jit then traces it)."""
     cfg, static, tree, types = memo
-    key = executables.store_key(self.name, cfg.key, static, types, str(tree))
+    key = store_keys.store_key(self.name, cfg.key, static, types, str(tree))
     if key is None:
       return None, None
     path = os.path.join(folder, key + ".exe")
