@@ -37,6 +37,7 @@ import importlib
 import importlib.metadata
 import math
 import numbers
+import pkgutil
 import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -44,19 +45,9 @@ from typing import Any, NamedTuple
 KINDS = ("selector", "filter", "rule", "aggregator", "server_optimizer", "availability",
          "dataset", "model")
 ENTRY_POINT_GROUP = "fedjax_sel.parts"
-# The package's modules that register parts, in the order their names are listed.
-BUILTIN_MODULES = ("fedjax_sel.parts.selectors.baselines", "fedjax_sel.parts.selectors.uacs",
-                   "fedjax_sel.parts.selectors.oort", "fedjax_sel.parts.selectors.sampling",
-                   "fedjax_sel.parts.selectors.afl", "fedjax_sel.parts.selectors.clustered",
-                   "fedjax_sel.parts.selectors.exp3", "fedjax_sel.parts.selectors.fedcs",
-                   "fedjax_sel.parts.selectors.tifl", "fedjax_sel.parts.selectors.refl",
-                   "fedjax_sel.parts.selectors.ocs", "fedjax_sel.parts.selectors.delta",
-                   "fedjax_sel.parts.selectors.fedcor",
-                   "fedjax_sel.parts.filters.filfl",
-                   "fedjax_sel.parts.rules.fedalign", "fedjax_sel.parts.rules.fedsrc",
-                   "fedjax_sel.parts.aggregators", "fedjax_sel.parts.server_optimizers",
-                   "fedjax_sel.parts.availability", "fedjax_sel.data.builders",
-                   "fedjax_sel.models.bundle")
+# The package's folders whose modules register parts, datasets and models: every module in them is
+# imported the first time the registry is read, so a part registered where it is written is found.
+PACKAGES = ("fedjax_sel.parts", "fedjax_sel.data", "fedjax_sel.models")
 
 
 class SettingError(ValueError):
@@ -122,6 +113,7 @@ REQUIREMENTS = ("clock", "availability")
 
 _ENTRIES: dict[tuple[str, str], Entry] = {}
 _LOADED_ENTRY_POINTS = False
+_PACKAGE_MODULES: list[str] = []  # The modules of `PACKAGES`, in the order names are listed.
 
 
 class Range(NamedTuple):
@@ -273,9 +265,18 @@ def register_made(kind: str, name: str, settings: type, doc: str) -> None:
   register(kind, name, settings, doc)(factory)
 
 
-def _load_builtin() -> None:
-  for module in BUILTIN_MODULES:
-    importlib.import_module(module)
+def package_modules() -> tuple[str, ...]:
+  """Every module of `PACKAGES`, imported (their parts registered), in a fixed order: the packages
+  in turn, each folder's modules by name, a subpackage's after its parent's."""
+  if not _PACKAGE_MODULES:
+    found = []
+    for package in PACKAGES:
+      path = importlib.import_module(package).__path__
+      found += [m.name for m in pkgutil.walk_packages(path, f"{package}.")]
+    for module in found:
+      importlib.import_module(module)
+    _PACKAGE_MODULES.extend(found)
+  return tuple(_PACKAGE_MODULES)
 
 
 def _load_entry_points() -> None:
@@ -288,12 +289,11 @@ def _load_entry_points() -> None:
 
 
 def names(kind: str) -> tuple[str, ...]:
-  """The names registered for `kind`: the package's (by `BUILTIN_MODULES`), then the others in
-  registration order."""
-  _load_builtin()
+  """The names registered for `kind`: the package's (by module, `package_modules`), then the
+  others in registration order."""
+  rank = {m: i for i, m in enumerate(package_modules())}
   _load_entry_points()
   entries = [e for e in _ENTRIES.values() if e.kind == kind]
-  rank = {m: i for i, m in enumerate(BUILTIN_MODULES)}
   entries.sort(key=lambda e: rank.get(e.factory.__module__, len(rank)))  # Stable: then in order.
   return tuple(e.name for e in entries)
 
@@ -301,7 +301,7 @@ def names(kind: str) -> tuple[str, ...]:
 def lookup(kind: str, name: str) -> Entry:
   """The entry of part `name` of `kind`; `module:name` imports `module` first. An unknown name
   raises ValueError listing the accepted ones."""
-  _load_builtin()
+  package_modules()
   if ":" in name:
     module, _, short = name.partition(":")
     try:

@@ -1,8 +1,14 @@
-"""The registry's settings fields: ranges (`within`), their checks and help texts."""
+"""The registry: its settings fields (ranges, `within`, their checks and help texts), and the
+parts it finds where they are written."""
 
 import dataclasses
+import json
 import math
+import os
 import re
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,6 +16,8 @@ import pytest
 from experiments.launch import config
 from fedjax_sel import registry
 from fedjax_sel.data.boundary import BoundaryShape
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("text,inside,outside,shown", [
@@ -70,3 +78,45 @@ def test_every_default_lies_in_its_fields_range_and_each_range_is_stated_once(cl
     help_text = f.metadata.get("help") or ""
     assert not _RANGE_IN_WORDS.search(help_text), (
         f"{cls.__name__}.{f.name}: state its range with within=, not in its help {help_text!r}")
+
+
+NEW_PART = """
+import runpy, sys
+import fedjax_sel.parts.selectors as selectors
+selectors.__path__.append(sys.argv[1])  # As if the module were written in that folder.
+from fedjax_sel import registry
+print("listed:", "lowest_index" in registry.names("selector"))
+sys.argv = ["experiments.run", "--selector=lowest_index", "--num_clients=12",
+            "--num_available=6", "--clients_per_round=3", "--rounds=2", "--seeds=0",
+            "--out_dir=" + sys.argv[2]]
+runpy.run_module("experiments.run", run_name="__main__")
+"""
+
+
+def test_a_new_selector_is_one_module_registered_where_it_is_written(tmp_path):
+  """A selector module (tests/toy_selector.py, as a researcher writes one) dropped among the
+  package's selectors, no list edited: the registry lists it, and `experiments.run` runs it by its
+  plain name."""
+  folder = tmp_path / "written"
+  folder.mkdir()
+  shutil.copy(os.path.join(ROOT, "tests", "toy_selector.py"), folder / "lowest_first.py")
+  out = tmp_path / "job"
+  proc = subprocess.run([sys.executable, "-c", NEW_PART, str(folder), str(out)], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300, check=False)
+  assert proc.returncode == 0 and "listed: True" in proc.stdout, proc.stdout + proc.stderr
+  with open(out / "config.json", encoding="utf-8") as f:
+    assert json.load(f)["parts"]["selector"]["name"] == "lowest_index"
+  with open(out / "seed0" / "metrics.jsonl", encoding="utf-8") as f:
+    assert [json.loads(line)["num_selected"] for line in f] == [3, 3]
+
+
+def test_the_listing_order_is_the_package_modules_order():
+  """Names are listed by the module registering them (folders in turn, modules by name), the
+  same in every process: --help and the docs read this order."""
+  modules = registry.package_modules()
+  package = lambda m: registry.PACKAGES.index(".".join(m.split(".")[:2]))
+  assert modules == tuple(sorted(modules, key=lambda m: (package(m), m)))
+  rank = {m: i for i, m in enumerate(modules)}
+  for kind in registry.KINDS:
+    owners = [rank[registry.lookup(kind, n).factory.__module__] for n in registry.names(kind)]
+    assert owners == sorted(owners), kind

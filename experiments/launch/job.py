@@ -51,8 +51,9 @@ FINGERPRINT_NAMES = {"seed": "--seeds", "lr_base": "--lr", "prox_mu_value": "--p
 
 class Run(NamedTuple):
   """One run of a job: its built run (`fs.RunSpec`), folder under the job's out_dir, method (its
-  group and method label, e.g. "scenario1 Random"), seed, swept value's tag ("NAME=V" or ""), optional
-  per-round `extra(state, record) -> dict`, and its fingerprint settings (`settings(cfg)`)."""
+  group and method label, e.g. "scenario1 Random"), seed, swept value's tag ("NAME=V" or ""),
+  optional per-round `extra(state, record) -> dict`, and its fingerprint settings
+  (`settings(cfg)`)."""
 
   spec: fs.RunSpec
   path: tuple[str, ...]
