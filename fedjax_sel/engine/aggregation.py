@@ -79,19 +79,25 @@ def aggregate(config: RoundConfig, state: EngineState, cohort: Cohort, arrays: D
   return Aggregated(new_params, agg_state, trained, finite, aggregated, res.params, res)
 
 
-def server_step(config: RoundConfig, state: EngineState, aggregate_params):
-  """(new global model, server optimizer state): the aggregate itself without a server optimizer,
-  else `w_t + update(w_t - aggregate)` on the trainable weights (other model state, such as
-  BatchNorm statistics, from the aggregate)."""
+class ServerStep(NamedTuple):
+  """The server's step: the new global model w_{t+1} and the server optimizer's state."""
+
+  params: Any
+  server_state: Any
+
+
+def server_step(config: RoundConfig, state: EngineState, aggregate_params) -> ServerStep:
+  """The aggregate itself without a server optimizer, else `w_t + update(w_t - aggregate)` on the
+  trainable weights (other model state, such as BatchNorm statistics, from the aggregate)."""
   if config.server_optimizer is None:
-    return aggregate_params, state.server_state
+    return ServerStep(aggregate_params, state.server_state)
   model, params = config.model, state.params
   weights = trainable(model, params)
   pseudo_grad = jax.tree.map(jnp.subtract, weights, trainable(model, aggregate_params))
   updates, server_state = config.server_optimizer.transform.update(pseudo_grad,
                                                                    state.server_state, weights)
   stepped = jax.tree.map(lambda w, u: (w + u).astype(w.dtype), weights, updates)
-  return with_trainable(model, aggregate_params, stepped), server_state
+  return ServerStep(with_trainable(model, aggregate_params, stepped), server_state)
 
 
 def update_clients(clients: ClientState, t, chosen, did, slots, trained,

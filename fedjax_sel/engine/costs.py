@@ -96,13 +96,24 @@ def stat_costs(config: RoundConfig, arrays: DataArrays, avail, chosen,
   return StatCosts(evals, grads, evaluators, per_client[False], per_client[True])
 
 
-def selector_gradients(config: RoundConfig, sel_state, n: int) -> tuple[jax.Array, jax.Array]:
-  """(gradient samples the selector charged after `observe`, gradients computed this round: N per
-  gradient stat the parts read, plus the selector's own)."""
+class SelectorGradients(NamedTuple):
+  """The gradients computed for the parts this round.
+
+  Attributes:
+    samples: float32 gradient samples the selector charged after `observe`.
+    computed: int32 gradients computed: N per gradient stat the parts read, plus the selector's.
+  """
+
+  samples: jax.Array
+  computed: jax.Array
+
+
+def selector_gradients(config: RoundConfig, sel_state, n: int) -> SelectorGradients:
+  """The gradients the parts asked for this round (see `SelectorGradients`)."""
   costs = config.selector.costs(sel_state)
   computed = (n * len({"grad", "grad_norm"} & set(config.needs))
               + jnp.asarray(costs.gradients_computed, jnp.int32))
-  return jnp.asarray(costs.gradient_samples, jnp.float32), computed
+  return SelectorGradients(jnp.asarray(costs.gradient_samples, jnp.float32), computed)
 
 
 def round_clock(config: RoundConfig, chosen, client_samples, work: StatCosts) -> Timing:
