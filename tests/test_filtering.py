@@ -220,8 +220,9 @@ def test_filfl_round_matches_hand_composition(batch_norm):
   filtered = np.zeros(data.num_clients, bool)
   filtered[np.asarray(slots)[want]] = True
   assert np.asarray(metrics["filtered_in"]).tolist() == filtered.tolist()
-  chosen, _ = sim.config.selector.select((), keylib.round_key(0, 0, keylib.SELECT), None,
-                                  jnp.asarray(filtered))
+  inputs = fs.RoundInputs.create(jnp.asarray(data.train.counts), k=3)
+  chosen, _ = sim.config.selector.select((), keylib.round_key(0, 0, keylib.SELECT), inputs,
+                                         jnp.asarray(filtered))
   picked = [i for i, c in enumerate(np.asarray(slots)) if chosen[c]]
   expected = jax.tree.map(lambda a: jnp.mean(a[np.array(picked)], axis=0), res.params)
   chex.assert_trees_all_close(new_state.params, expected, atol=1e-5)

@@ -243,7 +243,7 @@ def api_cases():
 
   def sim(**kw):
     args = dict(model=model, data=data, optimizer=sgd, local=fs.LocalHParams(batch_size=4),
-                availability=avail, selector=fs.random_selector(2), aggregator=fs.fedavg(),
+                availability=avail, selector=fs.random_selector(), aggregator=fs.fedavg(),
                 clients_per_round=2, seed=0)
     args.update(kw)
     return lambda: fs.Simulator(**args)
@@ -302,7 +302,7 @@ def make_sim(data=None, lr=0.1, seed=0, **kw):
   model = fs.build_model("logreg", data.feature_shape, data.num_classes)
   return fs.Simulator(model, data, lambda rate: optax.sgd(rate), fs.LocalHParams(batch_size=4),
                       fs.uniform_availability(data.num_clients, 4), kw.pop("selector",
-                                                                             fs.random_selector(2)),
+                                                                             fs.random_selector()),
                       fs.fedavg(), 2, seed, lr_schedule=fs.constant_lr(lr), **kw)
 
 
@@ -488,7 +488,7 @@ def test_a_deadline_every_client_misses_shows_nothing_aggregated(tmp_path):
   data = fs.build_dataset(fs.DatasetSpec("digits", num_clients=10), seed=0)
   sim = fs.Simulator(fs.build_model("logreg", data.feature_shape, data.num_classes), data,
                      lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=10),
-                     fs.uniform_availability(10, 10), fs.random_selector(3), fs.fedavg(), 3,
+                     fs.uniform_availability(10, 10), fs.random_selector(), fs.fedavg(), 3,
                      seed=0, system_profile=fs.lognormal_profiles(10), deadline_s=1e-6)
   out = io.StringIO()
   recs = fs.run(sim, 2, progress=out)
@@ -501,7 +501,7 @@ def test_a_deadline_every_client_misses_shows_nothing_aggregated(tmp_path):
 def test_power_of_choice_charges_only_its_candidates():
   from fedjax_sel.parts.selectors.baselines import power_of_choice  # pylint: disable=import-outside-toplevel
   data = ragged_dataset([20, 12, 9, 15, 30, 11])
-  sim = make_sim(data, selector=power_of_choice(2, d=3, variant="pow"))
+  sim = make_sim(data, selector=power_of_choice(d=3, variant="pow"))
   state, metrics = sim.step(sim.init())
   candidates = np.array(sim.config.selector.report(state.selector_state)["evaluated"])
   assert candidates.sum() == 3
@@ -663,7 +663,7 @@ def _model(**kw):
                          kw.pop("classes", data.num_classes))
   return lambda: fs.Simulator(model, data, lambda rate: optax.sgd(rate),
                               fs.LocalHParams(batch_size=4), fs.uniform_availability(6, 4),
-                              fs.random_selector(2), fs.fedavg(), 2, 0, **kw)
+                              fs.random_selector(), fs.fedavg(), 2, 0, **kw)
 
 
 def _wrong_init_params():
@@ -766,7 +766,7 @@ def test_an_error_inside_a_users_part_names_the_part():
   with pytest.raises(TypeError) as info:
     sim.step(sim.init())
   assert "raised by the selector 'my_scores' in its select" in info.value.__notes__
-  assert make_sim(seed=1).keyed.key == make_sim(seed=2).keyed.key
+  assert make_sim(seed=1).placement.keyed.key == make_sim(seed=2).placement.keyed.key
 
 
 def test_filter_keeping_unavailable_clients_stops_the_run():
@@ -792,8 +792,8 @@ RESUME_CASES = [  # (name, keyword arguments of the resumed run, needle of the r
     ("aggregator changed", {"aggregator": coordinate_median()},
      "'name': 'fedavg'.* -> .*'name': 'median'"),
     ("aggregator setting changed", {"aggregator": fs.fedavg("uniform")}, "weighting"),
-    ("selector changed", {"selector": power_of_choice(2, 4)}, "'name': 'poc'"),
-    ("selector setting changed", {"selector": fs.random_selector(3)}, "'k': 2.* -> .*'k': 3"),
+    ("selector changed", {"selector": power_of_choice(4)}, "'name': 'poc'"),
+    ("clients per round changed", {"clients_per_round": 3}, "clients_per_round: 2 -> 3"),
     ("schedule changed", {"lr_schedule": fs.step_decay_lr(0.1, 0.5, 2)}, "lr_schedule"),
     ("local steps changed", {"local": fs.LocalHParams(batch_size=4, num_steps=3)}, "local"),
 ]
@@ -803,12 +803,10 @@ def _resumable(**kw):
   data = ragged_dataset([20, 12, 9, 15, 30, 11])
   args = dict(model=fs.build_model("logreg", data.feature_shape, data.num_classes), data=data,
               optimizer=lambda rate: optax.sgd(rate), local=fs.LocalHParams(batch_size=4),
-              availability=fs.uniform_availability(6, 4), selector=fs.random_selector(2),
+              availability=fs.uniform_availability(6, 4), selector=fs.random_selector(),
               aggregator=fs.fedavg(), clients_per_round=2, seed=0,
               lr_schedule=fs.constant_lr(0.1))
   args.update(kw)
-  if "selector" in kw and kw["selector"].spec.get("k") == 3:
-    args["clients_per_round"] = 3
   return fs.Simulator(**args)
 
 
@@ -1042,16 +1040,6 @@ def test_there_are_at_least_forty_new_reliability_cases():
   assert new >= 40
 
 
-def test_a_selector_built_for_another_k_is_refused():
-  """K is held once: the simulator's clients_per_round; a selector built for another K stops the
-  build, naming both."""
-  data = ragged_dataset([20, 12, 9, 15])
-  model = fs.build_model("logreg", data.feature_shape, data.num_classes)
-  with pytest.raises(ValueError, match="built for K = 3 clients but clients_per_round = 2"):
-    fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
-                 fs.uniform_availability(4, 4), fs.random_selector(3), fs.fedavg(), 2, 0)
-
-
 def test_a_stat_read_without_declaring_it_names_what_to_declare():
   """A selector reading inputs.stats["loss"] without needs=("loss",) is told what to declare."""
   data = ragged_dataset([20, 12, 9, 15])
@@ -1070,7 +1058,7 @@ def test_run_batch_refuses_one_folder_for_two_runs(tmp_path):
   data = ragged_dataset([20, 12, 9, 15])
   model = fs.build_model("logreg", data.feature_shape, data.num_classes)
   sims = [fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
-                       fs.uniform_availability(4, 4), fs.random_selector(2), fs.fedavg(), 2, s)
+                       fs.uniform_availability(4, 4), fs.random_selector(), fs.fedavg(), 2, s)
           for s in (0, 1)]
   with pytest.raises(ValueError, match="out_dirs must be distinct folders"):
     fs.run_batch(fs.RunBatch(sims), 2, [str(tmp_path / "d"), str(tmp_path / "d")], progress=None)
@@ -1118,7 +1106,7 @@ def test_a_failed_check_of_a_cached_program_names_the_cache_folder(tmp_path, mon
   """XLA's assertion on a program loaded from the persistent cache (two swapped entries stopped a
   job with a raw AssertionError) ends the launcher in one line naming the cache folder and what
   to do (issue 37)."""
-  from experiments.launch import job  # pylint: disable=import-outside-toplevel
+  from experiments.launch import cli  # pylint: disable=import-outside-toplevel
   monkeypatch.setenv("FEDJAX_SEL_CACHE_DIR", str(tmp_path / "cache"))
 
   def main(argv):
@@ -1128,7 +1116,7 @@ def test_a_failed_check_of_a_cached_program_names_the_cache_folder(tmp_path, mon
   before = jax.config.jax_compilation_cache_dir
   try:
     with pytest.raises(SystemExit) as exit_info:
-      job.cli(main)(["launcher"])
+      cli.guarded(main)(["launcher"])
   finally:  # The cache folder of this test process stays what it was.
     jax.config.update("jax_compilation_cache_dir", before)
   message = str(exit_info.value.code)

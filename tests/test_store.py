@@ -9,7 +9,7 @@ import pytest
 
 import fedjax_sel as fs
 from fedjax_sel.data import store
-from fedjax_sel.engine import simulator
+from fedjax_sel.engine.state import to_host
 from fedjax_sel.parts.filters import filfl as filtering
 from tests.conftest import ragged_dataset
 
@@ -18,7 +18,7 @@ def sims(data, **kw):
   model = fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(16,))
   make = lambda where: fs.Simulator(
       model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
-      fs.uniform_availability(data.num_clients, 5, period=2), fs.random_selector(3),
+      fs.uniform_availability(data.num_clients, 5, period=2), fs.random_selector(),
       fs.fedavg(), 3, 0, store=where, eval_mask=np.arange(data.num_clients) % 3 > 0, **kw)
   return make("device"), make("host")
 
@@ -28,7 +28,7 @@ def assert_same_runs(a, b, rounds=4):
   for _ in range(rounds):
     sa, ma = a.step(sa)
     sb, mb = b.step(sb)
-    ha, hb = simulator.to_host(ma), simulator.to_host(mb)
+    ha, hb = to_host(ma), to_host(mb)
     for key in ("selected", "trained_clients", "aggregated_clients", "filtered_in"):
       if key in ha:
         assert ha[key].tolist() == hb[key].tolist(), key
@@ -46,7 +46,7 @@ def assert_same_runs(a, b, rounds=4):
 def test_host_store_gives_the_same_run_as_the_device():
   data = ragged_dataset([23, 5, 40, 1, 17, 9, 31, 12, 3, 28, 14, 7])
   device, host = sims(data)
-  assert host.on_host and not device.on_host
+  assert host.spec.on_host and not device.spec.on_host
   assert_same_runs(device, host)
 
 
@@ -127,10 +127,12 @@ def test_chosen_rows_mode_with_all_client_statistics_gives_the_same_run(rule):
   part = fedsrc.fedsrc_rule(fedsrc.FedSRCConfig()) if rule else None
   make = lambda where: fs.Simulator(
       model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
-      fs.uniform_availability(12, 12), uacs.entropy_selector(3, eps=0.3), fs.fedavg(), 3, 0,
+      fs.uniform_availability(12, 12), uacs.entropy_selector(eps=0.3), fs.fedavg(), 3, 0,
       store=where, host_rows="chosen", participation=part)
   device, host = make("device"), make("host")
-  assert host.host_rows == "chosen" and host.placement._capacity["train"] < data.train.x.shape[0]  # pylint: disable=protected-access
+  placement = host.placement
+  assert placement.host_rows == "chosen"
+  assert placement._capacity["train"] < data.train.x.shape[0]  # pylint: disable=protected-access
   assert_same_runs(device, host)
 
 
