@@ -108,7 +108,7 @@ def test_round_with_fewer_than_k_available_trains_those_and_says_so():
   table[1, [3]] = True  # One client for K = 2.
   sim = fs.Simulator(fs.build_model("logreg", data.feature_shape, data.num_classes), data,
                      lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
-                     av.trace_availability(table), fs.random_selector(2), fs.fedavg(), 2, 0)
+                     av.trace_availability(table), fs.random_selector(), fs.fedavg(), 2, 0)
   state, m0 = sim.step(sim.init())
   _, m1 = sim.step(state)
   assert int(m0["num_trained"]) == 2 and not bool(m0["fewer_than_k_available"])

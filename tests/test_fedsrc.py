@@ -172,7 +172,7 @@ def simulate(rule, rounds=4):
   data = ragged_dataset([23, 15, 40, 8, 17, 9, 31, 12, 6, 28])
   model = fs.build_model("logreg", data.feature_shape, data.num_classes)
   sim = fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
-                     fs.uniform_availability(10, 8, period=1), fs.random_selector(6), fs.fedavg(),
+                     fs.uniform_availability(10, 8, period=1), fs.random_selector(), fs.fedavg(),
                      6, 0, participation=rule, lr_schedule=fs.constant_lr(0.1))
   state = sim.init()
   metrics = []
@@ -248,7 +248,7 @@ def test_fedsrc_with_robust_aggregators_on_leaf_and_tfds_data(tmp_path):
     n = data.num_clients
     model = fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=hidden)
     sim = fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=5),
-                       fs.uniform_availability(n, n), fs.random_selector(8), aggregator, 8, 0,
+                       fs.uniform_availability(n, n), fs.random_selector(), aggregator, 8, 0,
                        participation=fedsrc.fedsrc_rule(), lr_schedule=fs.constant_lr(0.05),
                        eval_mask=~bad)
     recs = fs.run(sim, 3, progress=None)

@@ -109,6 +109,6 @@ def test_flower_built_dataset_trains(tmp_path):
   import optax  # pylint: disable=import-outside-toplevel
   sim = fs.Simulator(fs.build_model("logreg", data.feature_shape, 10), data,
                      lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=8),
-                     fs.uniform_availability(8, 8), fs.random_selector(4), fs.fedavg(), 4,
+                     fs.uniform_availability(8, 8), fs.random_selector(), fs.fedavg(), 4,
                      seed=0)
   assert len(fs.run(sim, 2, progress=None)) == 2

@@ -105,7 +105,7 @@ def test_a_models_own_loss_is_what_training_minimizes_and_statistics_report():
   runs = []
   for model, lr in zip(models, (0.1, 0.05)):
     sim = fs.Simulator(model, data, optimizer=optax.sgd, local=fs.LocalHParams(batch_size=8),
-                       availability=fs.uniform_availability(6, 6), selector=fs.random_selector(3),
+                       availability=fs.uniform_availability(6, 6), selector=fs.random_selector(),
                        aggregator=fs.fedavg(), clients_per_round=3, seed=0,
                        lr_schedule=fs.constant_lr(lr))
     runs.append(fs.run(sim, rounds=2, progress=None))

@@ -71,7 +71,7 @@ def _sim(**kw):
   data = ragged_dataset([20, 12, 9, 15, 30, 11])
   model = fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(8,))
   return fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
-                      fs.uniform_availability(6, 4), fs.random_selector(3),
+                      fs.uniform_availability(6, 4), fs.random_selector(),
                       kw.pop("aggregator", fs.fedavg()), 3, 0, lr_schedule=fs.constant_lr(0.1),
                       **kw)
 

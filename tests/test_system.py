@@ -18,7 +18,7 @@ def _sim(**kw):
   model = fs.build_model("logreg", data.feature_shape, data.num_classes)
   sim = fs.Simulator(model, data, lambda lr: optax.sgd(lr),
                      fs.LocalHParams(batch_size=4, num_epochs=2), fs.uniform_availability(4, 4),
-                     kw.pop("selector", fs.random_selector(2)), fs.fedavg(), 2, 0,
+                     kw.pop("selector", fs.random_selector()), fs.fedavg(), 2, 0,
                      system_profile=system.SystemProfile(SPEED, BANDWIDTH), **kw)
   return sim, data
 
@@ -93,5 +93,5 @@ def test_deadline_without_a_profile_is_refused():
   with pytest.raises(ValueError, match="deadline_s needs a system_profile"):
     fs.Simulator(fs.build_model("logreg", data.feature_shape, data.num_classes), data,
                  lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
-                 fs.uniform_availability(4, 4), fs.random_selector(2), fs.fedavg(), 2, 0,
+                 fs.uniform_availability(4, 4), fs.random_selector(), fs.fedavg(), 2, 0,
                  deadline_s=1.0)

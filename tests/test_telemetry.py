@@ -23,7 +23,7 @@ def test_jain_index_by_hand():
 def _sim(data, seed=0):
   model = fs.build_model("logreg", data.feature_shape, data.num_classes)
   return fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
-                      fs.uniform_availability(data.num_clients, 6), fs.random_selector(3),
+                      fs.uniform_availability(data.num_clients, 6), fs.random_selector(),
                       fs.fedavg(), 3, seed, lr_schedule=fs.constant_lr(0.1))
 
 
