@@ -91,7 +91,8 @@ def step_inputs(n, k, params, key, round_idx):
                      gradients=lambda ids: jax.tree.map(lambda g: g[ids], grads),
                      available_at=lambda r: u(9) < 0.5,
                      update_norms=lambda mask: (jnp.where(mask, u(10), 0.0),
-                                                jnp.where(mask, 50.0, 0.0)))
+                                                jnp.where(mask, 50.0, 0.0)),
+                     k=k)
 
 
 def time_step(sel, n, k, round_idx=17):
@@ -122,7 +123,7 @@ def time_step(sel, n, k, round_idx=17):
 def fedcor_fit_time(n, k):
   """One FedCor select that fits the GP after the warm-up (1000 Adam steps)."""
   from fedjax_sel.parts.selectors import fedcor  # pylint: disable=import-outside-toplevel
-  sel = fedcor.fedcor_selector(k, 0, fedcor.FedCorConfig(warmup=0))
+  sel = fedcor.fedcor_selector(0, fedcor.FedCorConfig(warmup=0))
   key = jax.random.PRNGKey(0)
   state = sel.init(n, None)._replace(pending=jnp.asarray(True), prev_observed=jnp.ones(n, bool))
   fn = jax.jit(lambda s: sel.select(s, key, step_inputs(n, k, model().init(key), key, 1),
