@@ -194,10 +194,9 @@ def execute(job: Job) -> None:
     avail, selector, k = participation_parts(cfg, priority)
     print(f"== {spec.group} {spec.method.label} seed {spec.seed}: {data.name}, "
           f"N={data.num_clients}, priority {np.flatnonzero(priority).tolist()}")
-    sim = build.simulator(spec.run, data, spec.seed, capacity=spec.capacity, availability=avail,
-                          selector=selector, clients_per_round=k,
-                          participation=make_rule(spec.run, spec.method.key, priority, spec.group),
-                          eval_mask=priority)
+    rule = make_rule(spec.run, spec.method.key, priority, spec.group)
+    sim = build.simulator(spec.run, data, spec.seed, capacity=spec.capacity, eval_mask=priority,
+                          own=build.OwnParts(avail, selector, rule, k))
     return sim, round_extras(priority)
 
   results, _ = job.run_groups(groups(cfg), lambda seed, g: load(cfg, seed, g), build_run)

@@ -39,34 +39,33 @@ SWEEPABLE = {"lr": "local.lr", "prox_mu": "local.prox_mu"}  # --sweep NAME: conf
 BINDING = flag_binding.define(DEFAULTS, choose=registry.KINDS, sweepable=SWEEPABLE)
 
 
-AGGREGATION = {"fedavg": "FedAvg", "median": "Median", "trimmed_mean": "Trimmed mean",
-               "krum": "Krum", "multi_krum": "Multi-Krum", "fedasl": "FedASL"}
 ASYNC = {"fedbuff": "FedBuff", "fedasync": "FedAsync"}
-SERVER = {"sgd": "server SGD", "momentum": "FedAvgM", "adam": "FedAdam", "yogi": "FedYogi",
-          "adagrad": "FedAdagrad"}
 
 
 def label(cfg: config.JobConfig) -> str:
   """The method's name from what it runs: its aggregation (FedAvg, Krum, ...; FedAdam etc. with a
   server optimizer; FedProx local training), then its selector, filter and rule when not the
   plain ones, e.g. "Krum + entropy + fedsrc"; in the asynchronous mode its rule, C, K and
-  staleness function first, e.g. "FedBuff C=20 K=10 polynomial + oort"."""
-  p = cfg.parts
-  agg = p.aggregator.name
-  if p.server_optimizer is not None and agg == "fedavg":
-    head = SERVER.get(p.server_optimizer.name, p.server_optimizer.name)
+  staleness function first, e.g. "FedBuff C=20 K=10 polynomial + oort". A part is named by its
+  registered label (`registry.label`)."""
+  p, plain = cfg.parts, DEFAULTS.parts
+  agg = registry.label("aggregator", p.aggregator.name)
+  server = (None if p.server_optimizer is None
+            else registry.label("server_optimizer", p.server_optimizer.name))
+  if server is not None and p.aggregator.name == plain.aggregator.name:
+    head = server
   else:
-    head = AGGREGATION.get(agg, agg)
-    if p.server_optimizer is not None:
-      head += f" ({SERVER.get(p.server_optimizer.name, p.server_optimizer.name)})"
+    head = agg if server is None else f"{agg} ({server})"
+  fedavg = registry.label("aggregator", plain.aggregator.name)
   if cfg.local.prox_mu:
-    head = "FedProx" if head == "FedAvg" else f"{head} + FedProx"
+    head = "FedProx" if head == fedavg else f"{head} + FedProx"
   if cfg.engine.mode == "async":
     e = cfg.asynchrony
-    rule = ASYNC[e.async_rule] + ("" if head == "FedAvg" else f" ({head})")
+    rule = ASYNC[e.async_rule] + ("" if head == fedavg else f" ({head})")
     head = f"{rule} C={e.concurrency} K={e.buffer_size} {e.staleness}"
-  rest = [q.name for q in (p.selector, p.filter, p.rule) if q is not None and q.name != "random"]
-  if p.availability.name != "uniform":
+  rest = [q.name for q in (p.selector, p.filter, p.rule)
+          if q is not None and q.name != plain.selector.name]
+  if p.availability.name != plain.availability.name:
     rest.append(f"{p.availability.name} availability")
   return " + ".join([head, *rest])
 
@@ -92,7 +91,7 @@ def execute(job: Job) -> None:
   def build_run(spec):
     data, bad = spec.data
     eval_mask = ~bad if bad.any() else None  # clean_* metrics: the uncorrupted clients.
-    if spec.run.parts.rule is not None and spec.run.parts.rule.name == "fedalign":
+    if "priority" in build.needs(spec.run):  # FedALIGN's rule: its priority clients.
       priority = build.priority_mask(spec.run, data.num_clients, data.label_hist, spec.seed)
       eval_mask = priority & ~bad  # The priority clients' clean data.
     print(f"== {spec.method.label} seed {spec.seed}: {data.name}, N={data.num_clients}, "

@@ -104,12 +104,17 @@ class Entry(NamedTuple):
   settings: type
   doc: str
   requires: tuple[str, ...] = ()
+  label: str = ""  # Its name in a method's label ("Krum"); "" for its registered name.
 
 
-# What a part may require of the run (`register(..., requires=...)`): "clock", the simulated clock
-# (a system profile); "availability", an availability model where clients differ (a launcher
-# turns the default one on, and says so, when the command line chose none).
-REQUIREMENTS = ("clock", "availability")
+# What a part may require of the run (`register(..., requires=...)`, or its settings' values:
+# `requirements`): "clock", the simulated clock (a system profile); "availability", an
+# availability model where clients differ (a launcher turns these two on, and says so, when the
+# command line chose none); "public", a public set the server evaluates on; "validation", each
+# client's held-out split (a launcher sets aside a share of the data for these two unless the
+# command line set it); "priority", a group of priority clients its settings draw
+# (`settings.priority(context)`), whose clean data the clean metrics then score.
+REQUIREMENTS = ("clock", "availability", "public", "validation", "priority")
 
 _ENTRIES: dict[tuple[str, str], Entry] = {}
 _LOADED_ENTRY_POINTS = False
@@ -212,9 +217,11 @@ def setting_flag(name: str, field: dataclasses.Field) -> str:
 
 
 def register(kind: str, name: str, settings: type = NoSettings, doc: str | None = None,
-             requires: tuple[str, ...] = ()):
+             requires: tuple[str, ...] = (), label: str = ""):
   """Decorator registering `factory(settings, context) -> part` as part `name` of `kind`;
-  `requires` names what the part needs of the run (`REQUIREMENTS`).
+  `requires` names what the part needs of the run (`REQUIREMENTS`), whatever its settings (a
+  settings class may add what some of its values need: `requirements`); `label` is its name in a
+  method's label (its registered name when empty).
 
   Registering a name twice with another factory is refused (a module imported twice registers
   the same factory again, which is allowed)."""
@@ -232,7 +239,7 @@ def register(kind: str, name: str, settings: type = NoSettings, doc: str | None 
       raise ValueError(f"{kind} {name!r} is registered already ({old.factory.__module__}."
                        f"{old.factory.__qualname__})")
     text = doc if doc is not None else (factory.__doc__ or "").strip().split("\n")[0]
-    _ENTRIES[key] = Entry(kind, name, factory, settings, text, tuple(requires))
+    _ENTRIES[key] = Entry(kind, name, factory, settings, text, tuple(requires), label)
     return factory
 
   return wrap
@@ -255,14 +262,14 @@ class Makes:
       raise SettingError(self.REFUSED, f"is refused: {e}") from e
 
 
-def register_made(kind: str, name: str, settings: type, doc: str) -> None:
+def register_made(kind: str, name: str, settings: type, doc: str, label: str = "") -> None:
   """Registers part `name` of `kind` whose `Makes` settings build it (`settings.make()`)."""
   def factory(s, context: BuildContext) -> Any:
     del context
     return s.make()
   factory.__qualname__ = f"{kind}_{name}"
   factory.__module__ = settings.__module__  # Listed, and found by module:name, with its module.
-  register(kind, name, settings, doc)(factory)
+  register(kind, name, settings, doc, label=label)(factory)
 
 
 def package_modules() -> tuple[str, ...]:
@@ -321,6 +328,25 @@ def lookup(kind: str, name: str) -> Entry:
     raise ValueError(f"unknown {kind} {name!r}; accepted: {', '.join(names(kind))}, or "
                      "module:name of one registered outside the package")
   return _ENTRIES[(kind, name)]
+
+
+def requirements(kind: str, name: str, settings: Any) -> dict[str, str | None]:
+  """What part `name` of `kind` with `settings` needs of the run (`REQUIREMENTS`): {requirement:
+  the settings field whose value asks for it, None where the part always does}. A settings class
+  states what its values need in a method `requires(self) -> {requirement: field name}`."""
+  out: dict[str, str | None] = dict.fromkeys(lookup(kind, name).requires)
+  own = getattr(settings, "requires", None)
+  if own is not None:
+    asked = own()
+    if not set(asked) <= set(REQUIREMENTS):
+      raise ValueError(f"{kind} {name!r} requires must name some of {REQUIREMENTS}, got {asked}")
+    out.update(asked)
+  return out
+
+
+def label(kind: str, name: str) -> str:
+  """Part `name` of `kind` as a method's label names it (`register(..., label=...)`)."""
+  return lookup(kind, name).label or name
 
 
 def settings_fields(settings: type) -> tuple[dataclasses.Field, ...]:

@@ -1,6 +1,7 @@
 """The registry: its settings fields (ranges, `within`, their checks and help texts), and the
 parts it finds where they are written."""
 
+import ast
 import dataclasses
 import json
 import math
@@ -120,3 +121,15 @@ def test_the_listing_order_is_the_package_modules_order():
   for kind in registry.KINDS:
     owners = [rank[registry.lookup(kind, n).factory.__module__] for n in registry.names(kind)]
     assert owners == sorted(owners), kind
+
+
+def test_the_builder_names_no_part():
+  """The launchers' builder reads what a part needs and how it is labelled from the registry
+  (`requires`, a settings' `requires()`, `label`): no part's name is written in it."""
+  path = os.path.join(ROOT, "experiments", "launch", "build.py")
+  with open(path, encoding="utf-8") as f:
+    words = {n.value for n in ast.walk(ast.parse(f.read()))
+             if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+  round_parts = ("selector", "filter", "rule", "aggregator", "server_optimizer", "availability")
+  named = {name for kind in round_parts for name in registry.names(kind)} & words
+  assert not named, named

@@ -91,17 +91,44 @@ def check_parts(run: cfglib.JobConfig) -> None:
   ctx = context(run)._replace(num_available=availability(run).num_available)
   for kind in registry.KINDS:
     check_part(kind, getattr(run.parts, kind), ctx)
-  p = run.parts
-  if p.filter is not None and run.data.public_fraction <= 0 and not _public_text(run):
-    raise app.UsageError(f"--filter={p.filter.name} evaluates models on a public set: set "
+  wanted = needs(run)
+  if "public" in wanted and run.data.public_fraction <= 0 and not _public_text(run):
+    raise app.UsageError(f"{asker(wanted['public'])} evaluates models on a public set: set "
                          "--public_fraction > 0")
-  if p.rule is not None and p.rule.name == "fedsrc":
-    if p.rule.settings.decision_stat == "val_loss" and run.data.val_fraction <= 0:
-      raise app.UsageError("--decision_stat=val_loss needs --val_fraction > 0 (each client's "
-                           "held-out data)")
-  if p.rule is not None and p.rule.name == "fedalign":
-    if p.rule.settings.split == "val" and run.data.val_fraction <= 0:
-      raise app.UsageError("--align_split=val needs --val_fraction > 0")
+  if "validation" in wanted and run.data.val_fraction <= 0:
+    raise app.UsageError(f"{asker(wanted['validation'])} needs --val_fraction > 0 (each client's "
+                         "held-out data)")
+
+
+class Asker(NamedTuple):
+  """The part of a run that asks for a requirement: its kind, the part, and the settings field
+  whose value asks (None: the part always does)."""
+
+  kind: str
+  part: cfglib.Part
+  field: str | None
+
+
+def needs(*runs: cfglib.JobConfig) -> dict[str, Asker]:
+  """What the parts of `runs` need of the run (`registry.requirements`: a public set, a
+  validation split, the clock, ...), each with the first part asking for it."""
+  out: dict[str, Asker] = {}
+  for run in runs:
+    for kind in registry.KINDS:
+      p = getattr(run.parts, kind, None)
+      if p is not None:
+        for what, field in registry.requirements(kind, p.name, p.settings).items():
+          out.setdefault(what, Asker(kind, p, field))
+  return out
+
+
+def asker(who: Asker) -> str:
+  """The flag by which a part asks for a requirement: its setting's (`--decision_stat=val_loss`)
+  or its own (`--filter=dgf`)."""
+  if who.field is None:
+    return f"--{PART_FLAG[who.kind]}={who.part.name}"
+  field = next(f for f in dataclasses.fields(who.part.settings) if f.name == who.field)
+  return f"--{cfglib.setting_flag(who.part.name, field)}={getattr(who.part.settings, who.field)}"
 
 
 def check_runs(cfg: cfglib.JobConfig) -> None:
@@ -122,15 +149,13 @@ def _public_text(cfg: cfglib.JobConfig) -> bool:
 
 
 def part_defaults(cfg: cfglib.JobConfig, given: frozenset) -> cfglib.JobConfig:
-  """What the job's parts need from the data, unless the command line set it: a public set for a
-  filter, a validation split for FedSRC's val_loss decision and FedALIGN's val split."""
+  """What the job's parts need from the data (`needs`), unless the command line set it: a public
+  set (a filter's), a validation split (FedSRC's val_loss decision, FedALIGN's val split)."""
   runs = [run for _, _, run in cfg.runs()]
-  if any(r.parts.filter is not None for r in runs) and not _public_text(cfg):
+  wanted = needs(*runs)
+  if "public" in wanted and not _public_text(cfg):
     cfg = cfglib.updated(cfg, given, public_fraction=DEFAULT_PUBLIC_FRACTION)
-  rules = [r.parts.rule for r in runs if r.parts.rule is not None]
-  wants_val = any((rule.name == "fedsrc" and rule.settings.decision_stat == "val_loss")
-                  or (rule.name == "fedalign" and rule.settings.split == "val") for rule in rules)
-  if wants_val:
+  if "validation" in wanted:
     cfg = cfglib.updated(cfg, given, val_fraction=DEFAULT_VAL_FRACTION)
   if cfg.parts.dataset.name in PUBLISHED_SPLITS and set_off_default(cfg, given,
                                                                     ("test_fraction",)):
@@ -203,27 +228,22 @@ def async_spec(cfg: cfglib.JobConfig):
 
 def _required(cfg: cfglib.JobConfig, given: frozenset, runs) -> cfglib.JobConfig:
   """The clock or a varied availability model, turned on (and said) for a part that requires
-  it (`registry.register(requires=...)`) where the command line chose none."""
-  needs = {}
-  for run in runs:
-    for kind in registry.KINDS:
-      p = getattr(run.parts, kind, None)
-      if p is not None:
-        for what in registry.lookup(kind, p.name).requires:
-          needs.setdefault(what, p.name)
-  if ("clock" in needs and cfg.clock.system_profile == "none"
+  it (`needs`) where the command line chose none."""
+  wanted = {what: who.part.name for what, who in needs(*runs).items()}
+  if ("clock" in wanted and cfg.clock.system_profile == "none"
       and "system_profile" not in given):
-    print(f"note: {needs['clock']} times the clients: --system_profile=lognormal (log-normal "
+    print(f"note: {wanted['clock']} times the clients: --system_profile=lognormal (log-normal "
           "speeds and bandwidths) is on; set --system_profile to choose others")
     cfg = cfglib.updated(cfg, given, system_profile="lognormal")
   avail = cfg.parts.availability
   chosen = "availability" in given or any(
       registry.setting_flag(avail.name, f) in given for f in dataclasses.fields(avail.settings))
-  if "availability" in needs and avail.name == "uniform" and not chosen:
-    print(f"note: {needs['availability']} reads when each client is available: "
-          "--availability=diurnal (each client available around its own local noon) is on; set "
-          "--availability to choose another model")
-    cfg = cfglib.updated(cfg, given, availability="diurnal")
+  default = cfglib.JobConfig().parts.availability.name
+  if "availability" in wanted and avail.name == default and not chosen:
+    print(f"note: {wanted['availability']} reads when each client is available: "
+          f"--availability={cfglib.VARIED_AVAILABILITY} (each client available around its own "
+          "local noon) is on; set --availability to choose another model")
+    cfg = cfglib.updated(cfg, given, availability=cfglib.VARIED_AVAILABILITY)
   unused = set_off_default(cfg, given, cfglib.field_names("lognormal"))
   if unused and cfg.clock.system_profile != "lognormal":
     raise app.UsageError(f"{', '.join(unused)}: settings of the log-normal clock "
@@ -234,14 +254,15 @@ def _required(cfg: cfglib.JobConfig, given: frozenset, runs) -> cfglib.JobConfig
 
 
 def priority_mask(cfg: cfglib.JobConfig, n: int, label_hist, seed: int) -> np.ndarray:
-  """FedALIGN's priority clients among `n` (the rule's settings; errors name the flag)."""
-  rule = cfg.parts.rule
+  """The priority clients among `n` of the part that requires them (FedALIGN's rule: its
+  settings' `priority(context)`; errors name the flag)."""
+  who = needs(cfg)["priority"]
   data = None if label_hist is None else _Hist(label_hist)
   ctx = context(cfg, seed=seed)._replace(num_clients=n, data=data)
   try:
-    return rule.settings.priority(ctx)
+    return who.part.settings.priority(ctx)
   except ValueError as e:
-    raise part_error("rule", rule.name, e) from e
+    raise part_error(who.kind, who.part.name, e) from e
 
 
 class _Hist(NamedTuple):
@@ -253,10 +274,10 @@ class _Hist(NamedTuple):
 # --- Population: counts, availability, clock ----------------------------------------------------
 
 def num_available(cfg: cfglib.JobConfig) -> int:
-  """The most clients available at once: the uniform model's n (N for 0), else N (the others'
-  capacity is checked with the model, `check_population`)."""
-  avail = cfg.parts.availability
-  n = avail.settings.num_available if avail.name == "uniform" else 0
+  """The most clients available at once: the n of a model whose settings fix it (the uniform
+  model's; N for 0), else N (the others' capacity is checked with the model,
+  `check_population`)."""
+  n = getattr(cfg.parts.availability.settings, "num_available", 0)
   return n or cfg.data.num_clients
 
 
@@ -488,25 +509,35 @@ def engine_options(cfg: cfglib.JobConfig) -> dict:
           "asynchrony": async_spec(cfg)}
 
 
+class OwnParts(NamedTuple):
+  """Parts a launcher builds from its own options rather than from the config's registered parts
+  (FedALIGN: its participation mode's availability, selector and K, its method's rule); None
+  leaves the config's."""
+
+  availability: fs.Availability | None = None
+  selector: fs.Selector | None = None
+  rule: fs.Participation | None = None
+  clients_per_round: int | None = None
+
+
 def simulator(run: cfglib.JobConfig, data: fs.FederatedDataset, seed: int, *, model=None,
-              capacity=None, **overrides) -> fs.RunSpec:
+              capacity=None, eval_mask=None, own: OwnParts = OwnParts()) -> fs.RunSpec:
   """The built run (`fs.build_run`: checked, nothing uploaded) of one run: its config's model,
-  local training, availability and parts on `data`, padded to `capacity` (the job's runs then
-  share one compiled round); `overrides` replace any `build_run` argument (a launcher's own
-  selector, rule, ...)."""
+  local training, availability and parts on `data` (those of `own` in their place), padded to
+  `capacity` (the job's runs then share one compiled round), the clean metrics scoring the
+  clients of `eval_mask` (`[N]` bool; None: every client)."""
   model = model if model is not None else model_for(run, data)
   options = {**engine_options(run), "capacity": capacity}
   profile = options["system_profile"]
   p = run.parts
   ctx = context(run, data, model, profile, seed)
-  made = {"selector": lambda: part("selector", p.selector, ctx),
-          "aggregator": lambda: part("aggregator", p.aggregator, ctx),
-          "filter": lambda: part("filter", p.filter, ctx),
-          "participation": lambda: part("rule", p.rule, ctx),
-          "availability": lambda: availability(run)}
-  args = dict(model=model, data=data, optimizer=optimizer(run), local=local_hparams(run),
-              clients_per_round=run.engine.clients_per_round, seed=seed,
-              lr_schedule=lr_schedule(run), **options)
-  args.update({name: make() for name, make in made.items() if name not in overrides})
-  args.update(overrides)
-  return fs.build_run(**args)
+  pick = lambda given, make: given if given is not None else make()
+  return fs.build_run(
+      model=model, data=data, optimizer=optimizer(run), local=local_hparams(run),
+      clients_per_round=pick(own.clients_per_round, lambda: run.engine.clients_per_round),
+      seed=seed, lr_schedule=lr_schedule(run), eval_mask=eval_mask,
+      selector=pick(own.selector, lambda: part("selector", p.selector, ctx)),
+      aggregator=part("aggregator", p.aggregator, ctx),
+      filter=part("filter", p.filter, ctx),
+      participation=pick(own.rule, lambda: part("rule", p.rule, ctx)),
+      availability=pick(own.availability, lambda: availability(run)), **options)

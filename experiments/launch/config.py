@@ -252,6 +252,9 @@ setting_flag = registry.setting_flag
 
 
 OPTIONAL_KINDS = ("filter", "rule", "server_optimizer")  # None: the round has no such part.
+# The availability model turned on, where the command line chose none, for a part that requires
+# clients available at different times (`registry.REQUIREMENTS`): each client around its own noon.
+VARIED_AVAILABILITY = "diurnal"
 # The flag choosing each kind of part (and the job's dataset and model).
 PART_FLAG = {"selector": "selector", "filter": "filter", "rule": "rule",
              "aggregator": "aggregator", "server_optimizer": "server_opt",

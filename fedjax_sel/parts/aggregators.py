@@ -307,14 +307,14 @@ class FedAvgSettings:
                                     choices=WEIGHTINGS)
 
 
-@registry.register("aggregator", "fedavg", FedAvgSettings)
+@registry.register("aggregator", "fedavg", FedAvgSettings, label="FedAvg")
 def _fedavg(settings: FedAvgSettings, context: registry.BuildContext) -> Aggregator:
   """Weighted mean of the aggregated models (McMahan et al. 2017)."""
   del context
   return fedavg(settings.weighting)
 
 
-@registry.register("aggregator", "median")
+@registry.register("aggregator", "median", label="Median")
 def _median(settings, context: registry.BuildContext) -> Aggregator:
   """Coordinate-wise median (Yin et al. 2018)."""
   del settings, context
@@ -347,7 +347,7 @@ class TrimmedMeanSettings(registry.Makes):
 
 
 registry.register_made("aggregator", "trimmed_mean", TrimmedMeanSettings,
-                       "Coordinate-wise trimmed mean (Yin et al. 2018).")
+                       "Coordinate-wise trimmed mean (Yin et al. 2018).", label="Trimmed mean")
 
 
 def parse_f(text: str) -> float | int:
@@ -377,7 +377,7 @@ class KrumSettings:
       raise registry.SettingError("f", f"is refused with K = {context.k}: {e}") from e
 
 
-@registry.register("aggregator", "krum", KrumSettings)
+@registry.register("aggregator", "krum", KrumSettings, label="Krum")
 def _krum(settings: KrumSettings, context: registry.BuildContext) -> Aggregator:
   """Krum: the model closest to its n - f - 2 nearest neighbours."""
   del context
@@ -399,7 +399,7 @@ class MultiKrumSettings(KrumSettings):
                                   f"to {most}")
 
 
-@registry.register("aggregator", "multi_krum", MultiKrumSettings)
+@registry.register("aggregator", "multi_krum", MultiKrumSettings, label="Multi-Krum")
 def _multi_krum(settings: MultiKrumSettings, context: registry.BuildContext) -> Aggregator:
   """Multi-Krum: the mean of the m best-scored models."""
   del context
@@ -421,4 +421,5 @@ class FedASLSettings(registry.Makes):
 
 
 registry.register_made("aggregator", "fedasl", FedASLSettings,
-                       "FedASL: models weighted by their loss's distance to the median loss.")
+                       "FedASL: models weighted by their loss's distance to the median loss.",
+                       label="FedASL")

@@ -176,16 +176,18 @@ class FedAdamSettings(FedAdagradSettings):
                                   "v.", flag="server_beta2", within="[0, 1]")
 
 
-def _register(name: str, settings: type, doc: str) -> None:
+def _register(name: str, settings: type, doc: str, label: str) -> None:
   def factory(s, context: registry.BuildContext) -> ServerOptimizer:
     del context
     return s.build(name)
   factory.__qualname__ = f"server_optimizer_{name}"
-  registry.register("server_optimizer", name, settings, doc)(factory)
+  registry.register("server_optimizer", name, settings, doc, label=label)(factory)
 
 
-_register("sgd", ServerSGDSettings, "Server SGD on the pseudo-gradient.")
-_register("momentum", FedAvgMSettings, "FedAvgM: server SGD with momentum (Hsu et al. 2019).")
-_register("adam", FedAdamSettings, "FedAdam (Reddi et al. 2021, Algorithm 2).")
-_register("yogi", FedAdamSettings, "FedYogi (Reddi et al. 2021, Algorithm 2).")
-_register("adagrad", FedAdagradSettings, "FedAdagrad (Reddi et al. 2021, Algorithm 2).")
+_register("sgd", ServerSGDSettings, "Server SGD on the pseudo-gradient.", "server SGD")
+_register("momentum", FedAvgMSettings, "FedAvgM: server SGD with momentum (Hsu et al. 2019).",
+          "FedAvgM")
+_register("adam", FedAdamSettings, "FedAdam (Reddi et al. 2021, Algorithm 2).", "FedAdam")
+_register("yogi", FedAdamSettings, "FedYogi (Reddi et al. 2021, Algorithm 2).", "FedYogi")
+_register("adagrad", FedAdagradSettings, "FedAdagrad (Reddi et al. 2021, Algorithm 2).",
+          "FedAdagrad")

@@ -359,13 +359,13 @@ def _public_filter(mode: str, settings: FilFLSettings, context: registry.BuildCo
   return filfl_filter(public_loss, settings.config(mode))
 
 
-@registry.register("filter", "dgf", FilFLSettings)
+@registry.register("filter", "dgf", FilFLSettings, requires=("public",))
 def _dgf(settings: FilFLSettings, context: registry.BuildContext) -> Filter:
   """FilFL's deterministic greedy filter on the server's public set."""
   return _public_filter("dgf", settings, context)
 
 
-@registry.register("filter", "rgf", FilFLSettings)
+@registry.register("filter", "rgf", FilFLSettings, requires=("public",))
 def _rgf(settings: FilFLSettings, context: registry.BuildContext) -> Filter:
   """FilFL's randomized greedy filter on the server's public set."""
   return _public_filter("rgf", settings, context)

@@ -299,6 +299,10 @@ class FedALIGNSettings:
                                 "its training data or its validation split (--val_fraction).",
                                 flag="align_split", choices=SPLITS)
 
+  def requires(self) -> dict[str, str]:
+    """The validation split, where clients decide on it (`registry.requirements`)."""
+    return {"validation": "split"} if self.split == "val" else {}
+
   def check(self, context: registry.BuildContext) -> None:
     if self.priority_ids and self.priority_classes:
       raise registry.SettingError("priority_ids", "and priority_classes: give at most one")
@@ -322,7 +326,7 @@ class FedALIGNSettings:
       raise registry.SettingError(field, f"is refused: {e}") from e
 
 
-@registry.register("rule", "fedalign", FedALIGNSettings)
+@registry.register("rule", "fedalign", FedALIGNSettings, requires=("priority",))
 def _fedalign(settings: FedALIGNSettings, context: registry.BuildContext) -> Participation:
   """FedALIGN: non-priority clients join when aligned with the priority clients."""
   return fedalign_rule(settings.priority(context), context.rounds, eps0=settings.eps0,

@@ -363,6 +363,10 @@ class FedSRCSettings(FedSRCConfig):
   decision_stat: str = registry.setting("val_loss", DECISION_HELP, flag="decision_stat",
                                         choices=DECISION_STATS)
 
+  def requires(self) -> dict[str, str]:
+    """The validation split, where the decision is on it (`registry.requirements`)."""
+    return {"validation": "decision_stat"} if self.decision_stat == "val_loss" else {}
+
 
 @registry.register("rule", "fedsrc", FedSRCSettings)
 def _fedsrc(settings: FedSRCSettings, context: registry.BuildContext) -> Participation:
