@@ -89,6 +89,20 @@ def steps_per_client(counts: jax.Array, hp: LocalHParams) -> jax.Array:
   return (hp.num_epochs * (-(-counts // hp.batch_size))).astype(jnp.int32)
 
 
+def samples_per_client(counts: jax.Array, hp: LocalHParams) -> jax.Array:
+  """Training samples clients holding `counts` examples process (`LocalResult.samples`, known
+  before they train): every example each epoch, or B per local step.
+
+  Example:
+    >>> samples_per_client(jnp.array([0, 5, 12]), LocalHParams(batch_size=4, num_epochs=2)).tolist()
+    [0.0, 10.0, 24.0]
+  """
+  counts = jnp.asarray(counts)
+  if hp.num_steps is not None:
+    return jnp.where(counts > 0, hp.num_steps * hp.batch_size, 0).astype(jnp.float32)
+  return (hp.num_epochs * counts).astype(jnp.float32)
+
+
 def _epoch_orders(key: jax.Array, count: jax.Array, num_epochs: int, max_count: int) -> jax.Array:
   """`[E, max_count]`: per epoch, a uniform permutation of `range(count)` in the first `count`
   positions (positions past `count` hold padding indices, always masked)."""

@@ -1,8 +1,9 @@
 """Asynchronous server rules: FedBuff and FedAsync, and their staleness functions
 (docs/papers/asynchronous.md).
 
-In the asynchronous mode (`engine/asynchronous.py`) C clients train at once; a server step takes
-the K updates that arrive first. An update computed from the global model of version v and
+In the asynchronous mode (`engine/asynchronous.py`) C clients train at once, a freed slot is
+refilled at once (`engine/async_schedule.py`), and a server step takes the next K updates that
+arrive. An update computed from the global model of version v and
 applied at version t has staleness tau = t - v, and is discounted by s(tau):
 
 - constant: s = 1;
@@ -49,6 +50,8 @@ class AsyncSpec(NamedTuple):
     alpha: FedAsync's mixing weight, in (0, 1].
     window_s: simulated seconds per availability index: a client is available at time T when the
       availability model has it at index floor(T / window_s).
+    max_staleness: updates staler than this many server steps are discarded when they arrive
+      (counted as `stale_dropped`, as FedScale's and FLSim's FedBuff do); None keeps every one.
   """
 
   concurrency: int
@@ -58,11 +61,12 @@ class AsyncSpec(NamedTuple):
   b: float = 4.0
   alpha: float = 0.6
   window_s: float = 1.0
+  max_staleness: int | None = None
 
 
 def async_spec(concurrency: int, rule: str = "fedbuff", staleness: str = "polynomial",
-               a: float = 0.5, b: float = 4.0, alpha: float = 0.6,
-               window_s: float = 1.0) -> AsyncSpec:
+               a: float = 0.5, b: float = 4.0, alpha: float = 0.6, window_s: float = 1.0,
+               max_staleness: int | None = None) -> AsyncSpec:
   """An `AsyncSpec`, checked: ValueError naming the argument and its accepted values."""
   if rule not in RULES:
     raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
@@ -77,20 +81,25 @@ def async_spec(concurrency: int, rule: str = "fedbuff", staleness: str = "polyno
     raise ValueError(f"alpha must be in (0, 1], got {alpha}")
   if not window_s > 0.0:
     raise ValueError(f"window_s must be > 0 simulated seconds, got {window_s}")
+  if max_staleness is not None and not (isinstance(max_staleness, int) and max_staleness >= 0):
+    raise ValueError(f"max_staleness must be an integer >= 0 or None, got {max_staleness!r}")
   return AsyncSpec(int(concurrency), rule, staleness, float(a), float(b), float(alpha),
-                   float(window_s))
+                   float(window_s), max_staleness)
 
 
 def fedbuff(concurrency: int, staleness: str = "polynomial", a: float = 0.5,
-            window_s: float = 1.0) -> AsyncSpec:
+            window_s: float = 1.0, max_staleness: int | None = None) -> AsyncSpec:
   """FedBuff: the buffer's deltas, each weighted by s(tau) (default 1 / sqrt(1 + tau))."""
-  return async_spec(concurrency, "fedbuff", staleness, a=a, window_s=window_s)
+  return async_spec(concurrency, "fedbuff", staleness, a=a, window_s=window_s,
+                    max_staleness=max_staleness)
 
 
 def fedasync(concurrency: int, staleness: str = "polynomial", a: float = 0.5, b: float = 4.0,
-             alpha: float = 0.6, window_s: float = 1.0) -> AsyncSpec:
+             alpha: float = 0.6, window_s: float = 1.0,
+             max_staleness: int | None = None) -> AsyncSpec:
   """FedAsync: `w + alpha s(tau) (x - w)` for each arriving model (use K = 1)."""
-  return async_spec(concurrency, "fedasync", staleness, a=a, b=b, alpha=alpha, window_s=window_s)
+  return async_spec(concurrency, "fedasync", staleness, a=a, b=b, alpha=alpha, window_s=window_s,
+                    max_staleness=max_staleness)
 
 
 def staleness_weight(spec: AsyncSpec, tau: jax.Array) -> jax.Array:
