@@ -782,8 +782,7 @@ def test_filter_keeping_unavailable_clients_stops_the_run():
 def test_batched_runs_name_the_run_that_broke_a_contract():
   data = ragged_dataset([20, 12, 9, 15, 30, 11])
   bad = _selector(_top(3), {"name": "three"})
-  sims = [make_sim(data, seed=s, selector=bad) for s in (0, 1)]
-  batch = fs.RunBatch(sims)
+  batch = fs.RunBatch([make_sim(data, seed=s, selector=bad).spec for s in (0, 1)])
   with pytest.raises(ContractError, match="round 0, run 0: the selector 'three'"):
     batch.step(batch.init())
 
@@ -1057,11 +1056,11 @@ def test_run_batch_refuses_one_folder_for_two_runs(tmp_path):
   """Two runs given one folder would interleave one metrics.jsonl and one checkpoint."""
   data = ragged_dataset([20, 12, 9, 15])
   model = fs.build_model("logreg", data.feature_shape, data.num_classes)
-  sims = [fs.Simulator(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
-                       fs.uniform_availability(4, 4), fs.random_selector(), fs.fedavg(), 2, s)
-          for s in (0, 1)]
+  specs = [fs.build_run(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
+                         fs.uniform_availability(4, 4), fs.random_selector(), fs.fedavg(), 2, s)
+           for s in (0, 1)]
   with pytest.raises(ValueError, match="out_dirs must be distinct folders"):
-    fs.run_batch(fs.RunBatch(sims), 2, [str(tmp_path / "d"), str(tmp_path / "d")], progress=None)
+    fs.run_batch(fs.RunBatch(specs), 2, [str(tmp_path / "d"), str(tmp_path / "d")], progress=None)
 
 
 def test_a_profile_csv_with_a_byte_order_mark_is_read(tmp_path):

@@ -7,7 +7,7 @@ is its structural signature (`signature.py`): every run whose config has an equa
 compiled round (`programs.py`). `run_spec.build_run` builds and checks a config; placements and
 run batches take it from there.
 
-Example:
+Examples:
   >>> s = step_decay_lr(0.1, 0.5, every=10)
   >>> [round(float(s(t)), 4) for t in (0, 9, 10, 25)]
   [0.1, 0.1, 0.05, 0.025]

@@ -133,7 +133,10 @@ def choose(config: RoundConfig, state: EngineState, inputs: RoundInputs, run: Ru
   """Filter (on filtering rounds), select and participate.
 
   Args:
-    config, state, inputs, run: the round's.
+    config: the round's description.
+    state: the run's state at the round's start.
+    inputs: what the parts read this round.
+    run: the run's values (its seed keys the filter, the selector and the rule).
     local: every available client's local training, for a filter that reads it (FilFL).
     kept: the selection from the kept filtered-in set, when the caller already made it (FilFL's
       train-all mode decides with it who trains on other rounds).

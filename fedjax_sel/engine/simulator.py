@@ -36,55 +36,14 @@ class Simulator:
   run's placement (`placement.place`).
 
   Args:
-    model: the model bundle.
-    data: the federated dataset.
-    optimizer: learning rate -> optax client optimizer.
-    local: static local-training settings (its `prox_mu` is this run's FedProx mu).
-    availability: S_t sampler.
-    selector: picks A_t from the filtered-in set.
-    aggregator: combines the trained models.
-    clients_per_round: K, the number of training slots.
-    seed: run seed; every key derives from (seed, round, purpose, client id).
-    filter: optional filter of the available set (FilFL).
-    participation: optional client-side rule (FedALIGN, FedSRC); default: everyone selected trains.
-    lr_schedule: client learning rate per round: an `LrSchedule` (`constant_lr`, `step_decay_lr`;
-      its base is a run value, so runs differing in it share a program) or any callable
-      round -> learning rate; default `constant_lr(0.1)`.
-    eval_batch_size: batch of the vectorized evaluations.
-    init_params: optional initial global model (default: `model.init` from the seed).
-    eval_mask: optional `[N]` bool; `evaluate` then also reports `clean_{train,test}_loss` /
-      `clean_{train,test}_accuracy` over these clients' training and test data (e.g. the
-      non-corrupted ones, or FedALIGN's priority clients).
-    nonfinite: "stop" (default: a non-finite model or loss reaches the metrics, and `run` stops
-      there) or "exclude" (a client whose local model or loss is not finite is left out of the
-      aggregate and of FilFL's candidates, and counted in the `nonfinite_clients` metric: what a
-      real server does with a diverged upload).
-    store: where the clients' data live: "device" (all of it, the fast default when it fits),
-      "host" (host memory or a memory-mapped store, `data/store.py`), or "auto" (host when the
-      data exceed `placement.DEVICE_DATA_SHARE` of the device's memory). Evaluation then streams
-      the population through the device in chunks.
-    host_rows: with store="host", which rows reach the device each round: "available" (the
-      round's available clients', prepared on a background thread while the previous round
-      runs; per-client stats and gradients exist for them only, which is all that masked
-      selection and the rules read; DivFL's first-round table covers only them), "chosen" (stats
-      streamed over all N clients in chunks, the round's choice planned from them, then only the
-      chosen clients' rows; a selector that reads client data beyond its stats, like DivFL, is
-      refused when it chooses unplanned clients), or "auto" ("available" when two rounds of
-      available rows fit the device's share, else "chosen").
-    capacity: the `Capacity` (rows per split, largest client) the device arrays are padded to;
-      default this dataset's own. Runs of a job padded to one capacity share one program
-      (`runs.RunBatch` and the launchers do this).
-    server_optimizer: optional `server_optimizers.ServerOptimizer` (FedAvgM, FedAdam, FedYogi,
-      FedAdagrad, or any optax transform): the aggregate becomes a pseudo-gradient the server
-      steps with; None (default) takes the aggregate as the new global model.
-    system_profile: optional `system.SystemProfile` (per-client speed and bandwidth): each round
-      is then timed (`round_time_s`, cumulative `sim_time_s`, `system.py`).
-    deadline_s: with a profile, the server waits at most this many seconds per round; clients
-      that trained but finish later are stragglers, left out of the aggregate.
-    asynchrony: optional `AsyncSpec` (`fedbuff`, `fedasync`): the asynchronous mode
-      (`engine/asynchronous.py`), where `step` is one server step, `clients_per_round` the buffer
-      size K and `asynchrony.concurrency` the clients training at once; it needs a
-      `system_profile`, no deadline, filter or participation rule, and the device store.
+    *args: the run's arguments, those of `run_spec.build_run` (model, data, client optimizer,
+      local training, the parts, K, seed, and the optional filter, participation rule,
+      learning-rate schedule, stores, server optimizer, clock and asynchronous mode).
+    **kwargs: the same, by name.
+
+  Attributes:
+    spec: the run's `RunSpec`, which `RunBatch` and the host loop take.
+    placement: where its data live (`placement.place`).
   """
 
   def __init__(self, *args, **kwargs):
