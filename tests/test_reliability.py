@@ -368,7 +368,8 @@ def test_crafted_checkpoint_cannot_run_code(tmp_path):
                        (checkpoint.MAGIC + digest + b"\n" + payload, "does not hold"),
                        (checkpoint.MAGIC + digest + b"\n" + payload[:-3], "truncated"),
                        (b"fedjax_sel checkpoint v1\n" + digest + b"\n" + payload,
-                        "version 1 checkpoint; this fedjax_sel reads version 2: rerun")):
+                        "version 1 checkpoint; this fedjax_sel reads version "
+                        f"{checkpoint.VERSION}: rerun")):
     path.write_bytes(blob)
     with pytest.raises(checkpoint.CheckpointError, match=needle) as info:
       fs.run(make_sim(), 4, str(run_dir), resume=True, progress=None)

@@ -34,12 +34,11 @@ FLAGFILE = "flags.txt"
 CONFIG_FILE = "config.json"
 RUN_INFO_FILE = "run_info.json"
 JOB_FILE = "job.json"
-# Fingerprint entries that are not fields, by what sets them.
-FINGERPRINT_NAMES = {"seed": "--seeds", "lr_base": "--lr", "prox_mu_value": "--prox_mu",
+# Fingerprint entries that are not fields (a field's is its flag), by what sets them.
+FINGERPRINT_NAMES = {"seed": "--seeds",
                      "data": "the data (--dataset and its flags)",
                      "param_shapes": "the model's shapes (--model and its flags)",
                      "library": "the fedjax_sel version", "parts": "the method's parts",
-                     "local": "local training (--batch_size, --local_epochs)",
                      "lr_schedule": "the learning-rate schedule (--lr, --lr_decay)",
                      "availability_draws": "availability (--availability and its flags)",
                      "part_selector": "--selector", "part_filter": "--filter",

@@ -34,7 +34,9 @@ import numpy as np
 from flax import serialization
 
 # 2: the fingerprint holds the launcher's job config by field (issue 31), not its flags.
-VERSION = 2
+# 3: one vocabulary: the runner's entries are named as the job config's fields (lr, prox_mu,
+#    batch_size, local_epochs, local_steps; the parts by kind), where version 2 had its own.
+VERSION = 3
 MAGIC = b"fedjax_sel checkpoint v%d\n" % VERSION
 _OLDER = re.compile(rb"fedjax_sel checkpoint v(\d+)\n")
 

@@ -88,11 +88,14 @@ def _digest(a) -> str:
 
 
 def run_fingerprint(spec: RunSpec, settings: dict | None = None) -> dict:
-  """What determines a run: the library version, seed, learning rate, FedProx mu, K, N, model and
-  its parameter shapes, the data's digest, every part's spec (`components.describe`: name and
-  settings), the local-training settings, the learning rates of rounds 0..`LR_HORIZON`-1 and the
-  availability of rounds 0..`AVAILABILITY_HORIZON`-1 (digests), and the caller's `settings` (e.g.
-  the launcher's flags)."""
+  """What determines a run, in one vocabulary: the job config's field names (and flags) where one
+  exists (`lr`, `prox_mu`, `clients_per_round`, `num_clients`, `batch_size`, `local_epochs`,
+  `local_steps`), else a name for what the entry covers: the library version, seed, model and
+  its parameter shapes, the data's digest, every part's spec by kind (`describe`: name and
+  settings), the learning rates of rounds 0..`LR_HORIZON`-1 and the availability of rounds
+  0..`AVAILABILITY_HORIZON`-1 (digests). The caller's `settings` join it under the same names
+  (a launcher's: its job config's fields, `experiments.launch.config.fingerprint`), theirs kept
+  where both name an entry."""
   config = spec.config
   shapes = [list(np.shape(a)) for a in jax.tree.leaves(jax.eval_shape(spec.initial_state).params)]
   rounds = jnp.arange(LR_HORIZON, dtype=jnp.int32)
@@ -101,19 +104,20 @@ def run_fingerprint(spec: RunSpec, settings: dict | None = None) -> dict:
   avail = jax.vmap(lambda t: config.availability.sample(spec.run_values.seed, t))(
       rounds[:AVAILABILITY_HORIZON])
   local = config.local
-  parts = {role: describe(getattr(config, role))
-           for role in ("selector", "filter", "participation", "aggregator", "server_optimizer")}
+  parts = {kind: describe(getattr(config, role))
+           for kind, role in (("selector", "selector"), ("filter", "filter"),
+                              ("rule", "participation"), ("aggregator", "aggregator"),
+                              ("server_optimizer", "server_optimizer"))}
   clock = config.clock
   if clock is not None:
     parts["clock"] = {"profile": _digest(np.stack([clock.profile.speed, clock.profile.bandwidth])),
                       "model_bytes": clock.model_bytes, "deadline_s": clock.deadline_s}
-  return {"library": __version__, "seed": spec.seed, "lr_base": float(spec.run_values.lr),
-          "prox_mu_value": float(spec.run_values.prox_mu), "clients_per_round": config.k,
+  return {"library": __version__, "seed": spec.seed, "lr": float(spec.run_values.lr),
+          "prox_mu": float(spec.run_values.prox_mu), "clients_per_round": config.k,
           "num_clients": spec.num_clients, "model": config.model.name,
           "param_shapes": hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:16],
-          "data": dataset_digest(spec.data), "parts": parts,
-          "local": {"batch_size": local.batch_size, "num_epochs": local.num_epochs,
-                    "num_steps": local.num_steps},
+          "data": dataset_digest(spec.data), "parts": parts, "batch_size": local.batch_size,
+          "local_epochs": local.num_epochs, "local_steps": local.num_steps,
           "lr_schedule": _digest(lrs), "availability_draws": _digest(avail), **(settings or {})}
 
 
