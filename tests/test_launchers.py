@@ -225,7 +225,8 @@ ASYNC_CASES = (
     [["--mode=async", f"--selector={s}", *SELECTION_EXTRA.get(s, ())] for s in ASYNC_SELECTORS]
     + [["--mode=async", "--async_rule=fedasync", "--clients_per_round=1", "--staleness=hinge",
         "--aggregator=median", "--server_opt=adam"],
-       ["--mode=async", "--aggregator=krum", "--staleness=constant", "--seeds=0,1"]])
+       ["--mode=async", "--aggregator=krum", "--staleness=constant", "--max_staleness=1",
+        "--seeds=0,1"]])
 SLOW_COMPOSE_CASES = (  # The rest of every part's combinations: pytest -m slow.
     [["--filter=dgf", "--selector=divfl", "--rule=fedalign", "--server_opt=yogi"],
      ["--selector=entropy", "--rule=fedsrc", "--aggregator=krum", "--availability=diurnal",
@@ -271,8 +272,8 @@ def _compose_async(tmp_path, cases):
   _compose(tmp_path, cases)
   for i, case in enumerate(cases):
     last = records(tmp_path / f"c{i}" / "seed0" / "metrics.jsonl")[-1]
-    assert {"staleness_mean", "staleness_max", "dropped", "concurrency", "sim_time_s"} <= set(
-        last), case
+    assert {"staleness_mean", "staleness_max", "dropped", "stale_dropped", "concurrency",
+            "sim_time_s", "arrivals"} <= set(last), case
 
 
 def test_async_mode_composes_with_each_kind_of_selector(tmp_path):

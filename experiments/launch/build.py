@@ -223,7 +223,8 @@ def async_spec(cfg: cfglib.JobConfig):
     return None
   a = cfg.asynchrony
   return fs.async_spec(a.concurrency, a.async_rule, a.staleness, a.staleness_a, a.staleness_b,
-                       a.async_alpha, a.avail_window_s)
+                       a.async_alpha, a.avail_window_s,
+                       None if a.max_staleness < 0 else a.max_staleness)
 
 
 def _required(cfg: cfglib.JobConfig, given: frozenset, runs) -> cfglib.JobConfig:

@@ -165,8 +165,9 @@ class AsyncConfig:
 
   concurrency: int = option(0, "async: clients training at once, C (0: twice the buffer size).",
                             within=">= 0")
-  buffer_size: int = option(0, "async: updates per server step, K (0: --clients_per_round; the "
-                            "selector picks K per call).", within=">= 0")
+  buffer_size: int = option(0, "async: updates per server step, K (0: --clients_per_round; a "
+                            "freed slot is refilled at once, the selector asked for one client).",
+                            within=">= 0")
   async_rule: str = option("fedbuff", "async: fedbuff (staleness-weighted deltas, aggregated) or "
                            "fedasync (the aggregate mixed in with --async_alpha * s(staleness)).",
                            choices=ASYNC_RULES)
@@ -180,6 +181,9 @@ class AsyncConfig:
   avail_window_s: float = option(1.0, "async: simulated seconds per availability index (a client "
                                  "is available at time T when the availability model has it at "
                                  "round floor(T / window)).", within="> 0")
+  max_staleness: int = option(-1, "async: discard updates staler than this many server steps when "
+                              "they arrive, counted as stale_dropped (FedScale's and FLSim's "
+                              "bound; -1: keep every update).", within=">= -1")
 
 
 @dataclasses.dataclass(frozen=True)
