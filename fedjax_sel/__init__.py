@@ -88,5 +88,5 @@ __all__ = [
     # Engine and host.
     "Capacity", "Costs", "EngineState", "LrSchedule", "RoundConfig", "RunSpec", "Simulator",
     "build_run", "constant_lr", "step_decay_lr", "RunBatch", "run", "run_batch", "summary_table",
-    "use_persistent_cache", "__version__",
+    "use_persistent_cache",
 ]
