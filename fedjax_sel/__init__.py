@@ -64,7 +64,7 @@ from fedjax_sel.parts.server_optimizers import (ServerOptimizer, fedadagrad, fed
                                                 fedyogi, server_sgd)
 from fedjax_sel.parts.types import (AggregateInputs, Aggregator, ClientState, Filter, PartCosts,
                                     Participation, RoundInputs, RoundOutcome, Selector, everyone)
-from fedjax_sel.version import __version__
+from fedjax_sel.version import __version__ as __version__  # Re-exported, not an API name.
 
 __all__ = [
     # Parts: types, availability, selectors, filters, rules, aggregators, server optimizers.
