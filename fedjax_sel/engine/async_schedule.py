@@ -67,6 +67,10 @@ class Schedule(NamedTuple):
     selector_state: the selector's state after its calls.
     calls: int32 selector calls.
     outside, over: int32 the selector's broken contracts (clients outside its mask; more than 1).
+    in_flight: `[N]` bool, the clients the slots hold.
+    window: int32 the availability index of `available`.
+    available: `[N]` bool, the clients available at `window` (evaluated once per index the step
+      meets, not once per event).
   """
 
   client: jax.Array
@@ -94,6 +98,9 @@ class Schedule(NamedTuple):
   calls: jax.Array
   outside: jax.Array
   over: jax.Array
+  in_flight: jax.Array
+  window: jax.Array
+  available: jax.Array
 
 
 def window(spec: AsyncSpec, seconds) -> jax.Array:
@@ -108,8 +115,12 @@ def first_event(finish: jax.Array, client: jax.Array, active: jax.Array) -> jax.
   return order[0].astype(jnp.int32)
 
 
-def _in_flight(s: Schedule, n: int) -> jax.Array:
-  return jnp.zeros((n,), bool).at[s.client].max(s.active)
+def _at(config: RoundConfig, s: Schedule, seed, time) -> Schedule:
+  """`s` with the availability of simulated `time` (evaluated only when its index changed)."""
+  index = window(config.asynchrony, time)
+  available = jax.lax.cond(index == s.window, lambda: s.available,
+                           lambda: config.availability.sample(seed, index))
+  return s._replace(window=index, available=available)
 
 
 def _fill(config: RoundConfig, s: Schedule, inputs: RoundInputs, seed, base_key, durations,
@@ -117,16 +128,16 @@ def _fill(config: RoundConfig, s: Schedule, inputs: RoundInputs, seed, base_key,
   """Fills the free slots at simulated `time`, one selector call per dispatch, while clients are
   available and not in flight (and the selector chooses one)."""
   n = durations.shape[0]
-  available = config.availability.sample(seed, window(config.asynchrony, time))
-  call_inputs = inputs._replace(available=available, k=1)
+  s = _at(config, s, seed, time)
+  call_inputs = inputs._replace(available=s.available, k=1)
 
   def wanted(carry):
     s, stuck = carry
-    return ~stuck & jnp.any(~s.active) & jnp.any(available & ~_in_flight(s, n))
+    return ~stuck & jnp.any(~s.active) & jnp.any(s.available & ~s.in_flight)
 
   def dispatch(carry):
     s, _ = carry
-    candidates = available & ~_in_flight(s, n)
+    candidates = s.available & ~s.in_flight
     key = jnp.where(s.calls == 0, base_key,
                     jax.random.fold_in(jax.random.fold_in(base_key, REFILL), s.calls))
     chosen, sel_state = config.selector.select(s.selector_state, key, call_inputs, candidates)
@@ -149,6 +160,7 @@ def _fill(config: RoundConfig, s: Schedule, inputs: RoundInputs, seed, base_key,
             jnp.where(picked, i, s.dispatched_clients.shape[0])].set(client, mode="drop"),
         num_dispatched=i + picked.astype(jnp.int32),
         dispatched=s.dispatched.at[client].max(picked), selector_state=sel_state,
+        in_flight=s.in_flight.at[client].max(picked),
         calls=s.calls + 1, outside=s.outside + outside, over=s.over + over)
     return s, ~picked
 
@@ -172,7 +184,9 @@ def schedule(config: RoundConfig, fl, inputs: RoundInputs, selector_state, seed,
       buffer_start=jnp.zeros((k,), jnp.float32), buffer_finish=jnp.zeros((k,), jnp.float32),
       num_arrived=zero, consumed=jnp.zeros((n,), bool), dispatched=jnp.zeros((n,), bool),
       dropped=zero, stale_dropped=zero, concurrency=zero, now=fl.now,
-      selector_state=selector_state, calls=zero, outside=zero, over=zero)
+      selector_state=selector_state, calls=zero, outside=zero, over=zero,
+      in_flight=jnp.zeros((n,), bool).at[fl.client].max(fl.active),
+      window=jnp.full((), -1, jnp.int32), available=jnp.zeros((n,), bool))
   base_key = keylib.round_key(seed, t, keylib.SELECT)
   s = _fill(config, s, inputs, seed, base_key, durations, t, fl.now)
   s = s._replace(concurrency=count(s.active))
@@ -187,7 +201,8 @@ def schedule(config: RoundConfig, fl, inputs: RoundInputs, selector_state, seed,
     e = first_event(s.finish, s.client, s.active)
     time, client = s.finish[e], s.client[e]
     tau = t - s.version[e]
-    present = config.availability.sample(seed, window(spec, time))[client]
+    s = _at(config, s, seed, time)
+    present = s.available[client]
     stale = present & (tau > max_staleness)
     arrives = present & ~stale
     i = jnp.where(arrives, s.num_arrived, k)
@@ -201,7 +216,7 @@ def schedule(config: RoundConfig, fl, inputs: RoundInputs, selector_state, seed,
                                                                         s.version[e]),
         buffer_start=put(s.buffer_start, s.start[e]), buffer_finish=put(s.buffer_finish, time),
         num_arrived=s.num_arrived + arrives.astype(jnp.int32),
-        consumed=s.consumed.at[client].set(True),
+        consumed=s.consumed.at[client].set(True), in_flight=s.in_flight.at[client].set(False),
         dropped=s.dropped + (~present).astype(jnp.int32),
         stale_dropped=s.stale_dropped + stale.astype(jnp.int32))
     # Refilled at once, unless this was the K-th arrival (then at the next step's start).

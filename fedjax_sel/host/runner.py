@@ -191,14 +191,19 @@ def _resume(ckpt_path: str, template, fingerprint: dict, metrics_path: str,
   return state, history
 
 
-def _host_loop(rounds, eval_every, checkpoint_every, progress, label, log_every=1):
-  """Checks the loop arguments; (writer process, its progress stream, `say`)."""
+def _check_loop(rounds, eval_every, checkpoint_every, log_every) -> None:
+  """The loop's counts are integers >= 1, else ValueError naming the argument."""
   if not isinstance(rounds, int) or rounds < 1:
     raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
   for name, value in (("eval_every", eval_every), ("checkpoint_every", checkpoint_every),
                       ("log_every", log_every)):
     if not isinstance(value, int) or value < 1:
       raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _host_loop(rounds, eval_every, checkpoint_every, progress, label, log_every=1):
+  """Checks the loop arguments; (writer process, its progress stream, `say`)."""
+  _check_loop(rounds, eval_every, checkpoint_every, log_every)
   writer = jax.process_index() == 0
   progress = progress if writer else None
   say = (lambda text: (progress.write(label + text), progress.flush())) if progress else (
@@ -308,6 +313,7 @@ def run(sim: Simulator | RunSpec, rounds: int, out_dir: str | None = None, *, ev
   Raises:
     NonFiniteError: a round's global model or loss is not finite (its record is written first).
   """
+  _check_loop(rounds, eval_every, checkpoint_every, log_every)  # Before the run is placed.
   return run_batch(OneRun(sim), rounds, None if out_dir is None else [out_dir],
                    eval_every=eval_every, checkpoint_every=checkpoint_every, resume=resume,
                    overwrite=overwrite, progress=progress, label=label, log_every=log_every,
