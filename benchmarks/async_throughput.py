@@ -5,9 +5,9 @@ r"""Asynchronous server steps per second beside synchronous rounds of the same w
 
 Each row times, on SYNTH(1, 1) with N clients (half available), logistic regression or the
 2-layer MLP, random selection, the log-normal clock and K = 10: one synchronous round (K clients
-trained and aggregated), and one FedBuff server step with C = 2K in flight (K dispatched and
-trained, the K earliest of C aggregated: the same training work, plus the in-flight table's
-refill, ordering and availability checks) and C = 10K. Median of --reps steps after a compiled
+trained and aggregated), and one FedBuff server step with C = 2K in flight (its events in
+FedBuff's order, each arrival refilling its slot with one selector call, and the K clients it
+dispatched trained: the same training work in steady state) and C = 10K. Median of --reps steps after a compiled
 warm-up; a runs column repeats the step with --runs seeds as a runs axis (`RunBatch`).
 """
 

@@ -118,8 +118,12 @@ def first_event(finish: jax.Array, client: jax.Array, active: jax.Array) -> jax.
 def _at(config: RoundConfig, s: Schedule, seed, time) -> Schedule:
   """`s` with the availability of simulated `time` (evaluated only when its index changed)."""
   index = window(config.asynchrony, time)
-  available = jax.lax.cond(index == s.window, lambda: s.available,
-                           lambda: config.availability.sample(seed, index))
+  moved = index != s.window
+  # Under a runs axis the predicate is or-ed over the runs (`lax.cond` then takes one branch).
+  anyone = moved if config.runs_axis is None else jax.lax.pmax(moved, config.runs_axis)
+  available = jax.lax.cond(
+      anyone, lambda: jnp.where(moved, config.availability.sample(seed, index), s.available),
+      lambda: s.available)
   return s._replace(window=index, available=available)
 
 
