@@ -132,3 +132,15 @@ def test_the_check_sees_a_cycle_and_an_upward_import():
   assert _cycle({"a": {"b"}, "b": set()}) is None
   assert _rank("fedjax_sel", "fedjax_sel.host.runner") > _rank("fedjax_sel", "fedjax_sel.engine")
   assert _rank("experiments", "experiments.run") > _rank("experiments", "experiments.launch.job")
+
+
+def test_each_engine_module_holds_one_stage_or_place():
+  """The engine reads room by room: no module of it over about 300 lines (a module that grows
+  past it holds two things; split it where they part)."""
+  engine = os.path.join(REPO, "fedjax_sel", "engine")
+  lines = {}
+  for name in sorted(os.listdir(engine)):
+    if name.endswith(".py"):
+      with open(os.path.join(engine, name), encoding="utf-8") as f:
+        lines[name] = len(f.readlines())
+  assert {name: n for name, n in lines.items() if n > 320} == {}
