@@ -7,8 +7,9 @@ Each row times, on SYNTH(1, 1) with N clients (half available), logistic regress
 2-layer MLP, random selection, the log-normal clock and K = 10: one synchronous round (K clients
 trained and aggregated), and one FedBuff server step with C = 2K in flight (its events in
 FedBuff's order, each arrival refilling its slot with one selector call, and the K clients it
-dispatched trained: the same training work in steady state) and C = 10K. Median of --reps steps after a compiled
-warm-up; a runs column repeats the step with --runs seeds as a runs axis (`RunBatch`).
+dispatched trained: the same training work in steady state) and C = 10K. Median of --reps steps
+after a compiled warm-up; a runs column repeats the step with --runs seeds as a runs axis
+(`RunBatch`).
 """
 
 from __future__ import annotations
