@@ -65,6 +65,7 @@ def main():
       "status": status, "total_s": total, "import_s": imported, **phases, "compile_s": compile_s,
       "other_s": total - imported - compile_s - sum(phases.values()),
       "round_compiles": sum(log.by_name[name] for name in rounds),
+      "round_loads": sum(log.loaded_by_name[name] for name in rounds),
       "compiles": log.compiles, "cache_hits": log.cache_hits}
   with open(out, "w", encoding="utf-8") as f:
     json.dump(result, f)

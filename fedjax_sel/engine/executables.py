@@ -168,13 +168,14 @@ def remembered(name: str, config_key: Any, compute: Callable[[], tuple]) -> tupl
   return values
 
 
-def first_call(executable, args: tuple, path: str):
-  """Runs a loaded `executable` once and waits for it: its outputs, or None when it fails to run
-  (a stored file that lacks its kernels), after removing the file so the program is compiled
+def first_call(executable, args: tuple, path: str, name: str):
+  """Runs a loaded `executable` once and waits for it: its outputs (the load is recorded under the
+  jitted function's `name`, as `host.compilation.CompileLog` counts it), or None when it fails to
+  run (a stored file that lacks its kernels), after removing the file so the program is compiled
   again."""
   try:
     outputs = jax.block_until_ready(executable(*args))
-    monitoring.record_event(LOADED_EVENT)
+    monitoring.record_event(LOADED_EVENT, fun_name=name)
     return outputs
   except jax.errors.JaxRuntimeError:
     _remove(path)

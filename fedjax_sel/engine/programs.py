@@ -45,6 +45,7 @@ class Program:
     kwargs = {} if out_shardings is None else {"out_shardings": out_shardings}
     self.jitted = jax.jit(fn, static_argnums=(0, *static_argnums), **kwargs)
     self.name = f"{fn.__module__}.{fn.__qualname__}"
+    self.jit_name = f"jit({fn.__name__})"  # As JAX names the function's compilations.
     self.static = tuple(i - 1 for i in static_argnums)  # Among the arguments after the config.
     self.compiled: dict = {}  # (config, static, tree, types) -> executable, or None: jit it.
     self.recent: dict = {}  # (config, static, tree, weak types) -> the last executable used.
@@ -91,7 +92,7 @@ class Program:
       return None, None
     loaded = executables.load(path) if os.path.exists(path) else None
     if loaded is not None:
-      outputs = executables.first_call(loaded, dynamic, path)
+      outputs = executables.first_call(loaded, dynamic, path, self.jit_name)
       if outputs is not None:
         return loaded, outputs
     return executables.compile_and_save(self.jitted.lower(cfg, *args), path), None

@@ -73,7 +73,7 @@ class _Counter:
     self.compiles = collections.Counter()
     self.seconds = collections.Counter()
     self.hits = 0
-    self.loaded = 0
+    self.loaded = collections.Counter()
     monitoring.register_event_duration_secs_listener(self._on_duration)
     monitoring.register_event_listener(self._on_event)
 
@@ -85,13 +85,12 @@ class _Counter:
         self.seconds[name] += duration
 
   def _on_event(self, event, **kwargs):
-    del kwargs
     if event == CACHE_HIT_EVENT:
       with self.lock:
         self.hits += 1
     elif event == LOADED_EVENT:
       with self.lock:
-        self.loaded += 1
+        self.loaded[kwargs.get("fun_name", "?")] += 1
 
 
 _COUNTER: _Counter | None = None
@@ -103,7 +102,8 @@ class CompileLog:
   Attributes (after exit): `by_name` (Counter of compilations per jitted function name),
   `seconds` (compile seconds per name), `compiles` (total), `cache_hits` (persistent cache
   loads; a hit still counts as a compilation of its name), `loaded` (programs loaded from the
-  executable store, `engine/executables.py`: neither traced nor compiled).
+  executable store, `engine/executables.py`: neither traced nor compiled), `loaded_by_name`
+  (those per jitted function name, named as compilations are).
   """
 
   def __enter__(self) -> CompileLog:
@@ -113,6 +113,7 @@ class CompileLog:
     self._start = self._now()
     self.by_name, self.seconds = collections.Counter(), collections.Counter()
     self.cache_hits = self.loaded = 0
+    self.loaded_by_name = collections.Counter()
     return self
 
   def __exit__(self, *exc):
@@ -122,7 +123,7 @@ class CompileLog:
   def _now():
     with _COUNTER.lock:
       return (collections.Counter(_COUNTER.compiles), collections.Counter(_COUNTER.seconds),
-              _COUNTER.hits, _COUNTER.loaded)
+              _COUNTER.hits, collections.Counter(_COUNTER.loaded))
 
   def snapshot(self) -> CompileLog:
     """Updates the tallies to now (inside the `with` block too)."""
@@ -130,7 +131,8 @@ class CompileLog:
     self.by_name = compiles - self._start[0]
     self.seconds = seconds - self._start[1]
     self.cache_hits = hits - self._start[2]
-    self.loaded = loaded - self._start[3]
+    self.loaded_by_name = loaded - self._start[3]
+    self.loaded = sum(self.loaded_by_name.values())
     return self
 
   @property
