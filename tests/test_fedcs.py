@@ -50,3 +50,12 @@ def test_refuses_bad_settings():
     fedcs.fedcs_selector([1.0], [1.0], deadline_s=0.0)
   with pytest.raises(ValueError, match="request"):
     fedcs.fedcs_selector([1.0], [1.0], deadline_s=1.0, request=1.5)
+
+
+def test_runs_with_other_client_times_share_one_program():
+  """The clients' times live in the state, not the selection's code: runs whose data (seeds)
+  give other times compile one round."""
+  from fedjax_sel.engine.signature import signature  # pylint: disable=import-outside-toplevel
+  a = fedcs.fedcs_selector(np.full(10, 1.0), np.full(10, 0.5), 3.0)
+  b = fedcs.fedcs_selector(np.arange(10.0), np.full(10, 0.2), 3.0)
+  assert signature(a.select) == signature(b.select)

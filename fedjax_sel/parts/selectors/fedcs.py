@@ -92,7 +92,7 @@ def fedcs_selector(compute, transfer, deadline_s: float, request: float = 0.1) -
     return FedCSState(jnp.asarray(compute), jnp.asarray(transfer), jnp.float32(deadline_s))
 
   def select(state, key, inputs: RoundInputs, mask):
-    asked = max(inputs.k, math.ceil(request * compute.shape[0]))
+    asked = max(inputs.k, math.ceil(request * mask.shape[0]))
     candidates = top_k_mask(jax.random.uniform(key, mask.shape), mask, asked)
     # The greedy over the asked clients alone (O(asked^2), not O(N^2)).
     ids = jnp.nonzero(candidates, size=asked, fill_value=0)[0]
