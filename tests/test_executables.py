@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from fedjax_sel.engine import executables, store_keys
 from fedjax_sel.engine.signature import signature
+from fedjax_sel.host.compilation import CompileLog
 from fedjax_sel.parts.selectors.baselines import random_selector
 
 
@@ -80,7 +81,9 @@ def test_a_stored_program_round_trips_and_a_damaged_file_is_compiled_again(tmp_p
   compiled = executables.compile_and_save(lowered, path)
   x = jnp.linspace(0.0, 1.0, 5)
   loaded = executables.load(path)
-  assert float(executables.first_call(loaded, (x,), path)) == float(compiled(x))
+  with CompileLog() as log:
+    assert float(executables.first_call(loaded, (x,), path, "jit(f)")) == float(compiled(x))
+  assert log.loaded_by_name == {"jit(f)": 1} and log.loaded == 1
   with open(path, "r+b") as f:  # Truncated, as a crash while writing would leave it.
     f.truncate(100)
   assert executables.load(path) is None
