@@ -24,8 +24,8 @@ Example:
   ...                  lambda lr: optax.sgd(lr), LocalHParams(batch_size=10),
   ...                  uniform_availability(20, 10), random_selector(), fedavg(), 5, seed=0)
   >>> placed = placement.place(spec)
-  >>> state, metrics = round_step(spec.config, spec.initial_state(), placed.arrays,
-  ...                             spec.run_values)
+  >>> step = jax.jit(lambda state, arrays, run: round_step(spec.config, state, arrays, run))
+  >>> state, metrics = step(spec.initial_state(), placed.arrays, spec.run_values)
   >>> int(metrics["num_trained"])
   5
 """
