@@ -103,7 +103,13 @@ CASES = {  # name -> (spec, K, tied durations)
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+# Ties and drops, and the staleness bound, run with the slow tests (the default suite keeps fast
+# clients inside one buffer and FedAsync; ties alone are checked below).
+SLOW_CASES = ("fedbuff_ties_drops", "fedbuff_max_staleness")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CASES
+                                  else n for n in sorted(CASES)])
 def test_matches_the_heap_based_reference(data, name):
   """Step by step: the same dispatched clients, arrivals in the same order, the same staleness,
   drops and discarded stale updates, the same simulated time; after 20 steps the same model."""
