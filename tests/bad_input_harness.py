@@ -82,8 +82,7 @@ def main():
     kind, message = "none", ""
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
       try:
-        flags.FLAGS([sys.argv[1], *args])
-        module.main([])
+        module.main(flags.FLAGS([sys.argv[1], *args]))  # As absl's app.run passes leftovers.
       except app.UsageError as e:
         kind, message = "UsageError", str(e)
       except flags.Error as e:

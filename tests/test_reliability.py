@@ -96,6 +96,7 @@ def build_bad_files(root):
 SMALL = ["--rounds=1", "--num_clients=10", "--num_available=5", "--clients_per_round=2"]
 # (launcher, args, needle that the message must hold). `{tmp}` is the folder of bad files.
 LAUNCHER_CASES = [
+    ("run", ["--seeds", "0", "1", "2"], "unexpected arguments ['1', '2']"),
     ("run", ["--lr=nan"], "--lr"),
     ("run", ["--lr=inf"], "--lr"),
     ("run", ["--lr=-1"], "--lr"),

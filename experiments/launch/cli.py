@@ -43,7 +43,10 @@ def launcher_main(binding: flag_binding.Binding, resolve: flag_binding.Resolve,
   """A launcher's `main(argv)`: its job from the command line (`binding.job_config(resolve)`),
   the multi-host join, then `execute(job)` and `job.finish()` (exit 1 if a run stopped)."""
   def main(argv):
-    del argv
+    leftover = list(argv[1:])
+    if leftover:  # `--seeds 0 1 2` reads --seeds=0 and leaves "1", "2" here: never drop them.
+      raise app.UsageError(f"unexpected arguments {leftover}: a flag takes its value after '=' "
+                           "and a list's values separated by commas, e.g. --seeds=0,1,2")
     cfg: cfglib.JobConfig = binding.job_config(resolve)
     distributed.join(cfg.distributed)
     job = Job(cfg, binding.flag_lines(cfg))
