@@ -70,7 +70,9 @@ def _published(cfg: config.JobConfig, out: str, seed: int) -> fs.FederatedDatase
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {list(argv[1:])}: a flag takes its value after "
+                         "'='")
   cfg = BINDING.job_config()
   opts = cfg.options
   out = opts.store_out
