@@ -99,13 +99,13 @@ def test_batched_runs_equal_the_same_runs_one_by_one(method):
 def test_a_batch_uploads_each_runs_data_once():
   """Building a run uploads nothing (a `RunSpec` holds host data only); a RunBatch places its
   runs' data on the device once, stacked, padded as each run's own placement pads them."""
-  from fedjax_sel.engine.placement import DevicePlacement  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.engine.placement import padded_arrays  # pylint: disable=import-outside-toplevel
   specs = _sims("fedavg", _datasets(), METHODS["fedavg"])
   assert not any(isinstance(leaf, jax.Array) for spec in specs for leaf in jax.tree.leaves(
       (spec.data.train.x, spec.data.train.y)))
   batch = fs.RunBatch(specs)
   for i, spec in enumerate(specs):
-    host = DevicePlacement(spec).host
+    host = padded_arrays(spec)
     got = np.asarray(batch.arrays.train.x[i])
     assert got.shape == host.train.x.shape
     np.testing.assert_array_equal(got, np.asarray(host.train.x, np.float32))

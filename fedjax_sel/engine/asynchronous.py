@@ -165,8 +165,9 @@ def async_step(config: RoundConfig, state: EngineState, arrays: DataArrays,
       available=config.availability.sample(run.seed, here),
       available_at=lambda r: config.availability.sample(run.seed, here + (r - t)))
   avail = inputs.available
-  durations = client_times(config.clock, samples_per_client(arrays.train.counts, config.local),
-                           0.0, 0.0, jnp.full((n,), 2.0, jnp.float32))
+  client_samples = samples_per_client(arrays.train.counts, config.local)
+  durations = client_times(config.clock, client_samples, 0.0, 0.0,
+                           jnp.full((n,), 2.0, jnp.float32))
   s = schedule(config, fl, inputs, state.selector_state, run.seed, durations)
   trained = _train_dispatched(config, fl, s, params, arrays, run, t, lr)
   update, samples, loss, loss_sq = trained.buffer
@@ -196,10 +197,9 @@ def async_step(config: RoundConfig, state: EngineState, arrays: DataArrays,
   work = stat_costs(config, arrays, avail, s.dispatched, avail if evaluated is None else evaluated)
   selector_grads, gradients_computed = selector_gradients(config, sel_state, n)
   elapsed = s.now - fl.now
-  dispatched_samples = jnp.sum(jnp.where(jnp.arange(s.dispatched_clients.shape[0])
-                                         < s.num_dispatched,
-                                         samples_per_client(arrays.train.counts[
-                                             s.dispatched_clients], config.local), 0.0))
+  dispatched_samples = jnp.sum(jnp.where(
+      jnp.arange(s.dispatched_clients.shape[0]) < s.num_dispatched,
+      client_samples[s.dispatched_clients], 0.0))
   round_costs = Costs(
       client_eval_samples=work.evals, client_grad_samples=work.grads + selector_grads,
       train_samples=dispatched_samples, uploads=jnp.sum(arrived).astype(jnp.float32),

@@ -53,6 +53,12 @@ def host_arrays(data: FederatedDataset, eval_mask: np.ndarray, pools: Sequence[C
                     np.asarray(data.label_hist), counts, np.asarray(eval_mask, bool))
 
 
+def padded_arrays(spec: RunSpec) -> DataArrays:
+  """The run's `DataArrays` in host memory, padded to its capacity (nothing uploaded)."""
+  pools = [padded_pool(getattr(spec.data, s), getattr(spec.capacity, s)) for s in SPLITS]
+  return host_arrays(spec.data, spec.eval_mask, pools)
+
+
 def to_device(arrays: DataArrays, sharding=None) -> DataArrays:
   """The arrays on the device (replicated over the mesh when `sharding` is given)."""
   if sharding is not None:
@@ -88,8 +94,7 @@ class DevicePlacement(_Placement):
 
   def __init__(self, spec: RunSpec):
     super().__init__(spec)
-    pools = [padded_pool(getattr(spec.data, s), getattr(spec.capacity, s)) for s in SPLITS]
-    self.host = host_arrays(spec.data, spec.eval_mask, pools)
+    self.host = padded_arrays(spec)
 
   @functools.cached_property
   def arrays(self) -> DataArrays:

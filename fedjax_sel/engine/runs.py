@@ -48,7 +48,7 @@ from fedjax_sel.engine.contracts import check_contracts
 from fedjax_sel.engine.description import (RoundConfig, client_step_cost, program_key,
                                            replicated)
 from fedjax_sel.engine.evaluation import evaluate
-from fedjax_sel.engine.placement import DevicePlacement
+from fedjax_sel.engine.placement import padded_arrays
 from fedjax_sel.engine.programs import program
 from fedjax_sel.engine.round import step_function
 from fedjax_sel.engine.run_spec import RunSpec
@@ -163,7 +163,7 @@ class RunBatch:
                          f"{', '.join(_differences(configs[0], config)) or 'their data shapes'} "
                          "(runs may differ only in seed, learning rate, FedProx mu, data values "
                          "and part-state values; pad their data to one Capacity)")
-    hosts = [DevicePlacement(s).host for s in specs]  # The runs' data, not yet on the device.
+    hosts = [padded_arrays(s) for s in specs]  # The runs' data, not yet on the device.
     shapes = {jax.tree.map(np.shape, h) == jax.tree.map(np.shape, hosts[0]) for h in hosts}
     if shapes != {True}:
       raise ValueError("the runs' data have different shapes: build them with one "
