@@ -122,9 +122,10 @@ def _train_dispatched(config: RoundConfig, fl: InFlight, s: Schedule, params, ar
     i, table, buffer = carry
     at = i * k + jnp.arange(k)
     valid = at < s.num_dispatched
-    clients = ids[jnp.clip(at, 0, d - 1)]
+    at = jnp.clip(at, 0, d - 1)  # Past the dispatches: any entry, masked by `valid`.
+    clients = ids[at]
     keys = keylib.client_keys(base, clients)
-    again = occurrence[jnp.clip(at, 0, d - 1)]
+    again = occurrence[at]
     keys = jnp.where((again > 0)[:, None], jax.vmap(jax.random.fold_in)(keys, again), keys)
     res = local_train(config.model, config.optimizer, config.local, params, arrays.train,
                       clients, valid, keys, lr, config.max_count, config.client_sharding,
@@ -136,8 +137,8 @@ def _train_dispatched(config: RoundConfig, fl: InFlight, s: Schedule, params, ar
     values = (update, res.samples, res.train_loss,
               jnp.zeros(k) if res.train_loss_sq is None else res.train_loss_sq)
     put = lambda where: lambda tab, v: tab.at[where].set(v.astype(tab.dtype), mode="drop")
-    to_slot = put(jnp.where(valid, slot_of[jnp.clip(at, 0, d - 1)], c))
-    to_arrival = put(jnp.where(valid, arrival_of[jnp.clip(at, 0, d - 1)], k))
+    to_slot = put(jnp.where(valid, slot_of[at], c))
+    to_arrival = put(jnp.where(valid, arrival_of[at], k))
     return (i + 1, jax.tree.map(to_slot, table, values),
             jax.tree.map(to_arrival, buffer, values))
 
