@@ -1,16 +1,19 @@
-"""The executable store's keys, files and folder (`fedjax_sel/engine/executables.py`); a second
-process loading the round untraced is `test_runs.py`'s."""
+"""The executable store's keys, files, seals and folder (`fedjax_sel/engine/executables.py`); a
+second process loading the round untraced is `test_runs.py`'s."""
 
 import importlib
 import os
+import pickle
 import sys
+import zlib
 
 import jax
 import jax.numpy as jnp
+import pytest
 
-from fedjax_sel.engine import executables, store_keys
+from fedjax_sel.engine import executables, store_keys, store_trust
 from fedjax_sel.engine.signature import signature
-from fedjax_sel.host.compilation import CompileLog
+from fedjax_sel.host.compilation import CompileLog, cache_dir, use_persistent_cache
 from fedjax_sel.parts.selectors.baselines import random_selector
 
 
@@ -126,3 +129,73 @@ def test_a_program_called_inside_a_trace_is_traced_with_it():
   assert float(triple(cfg, jnp.float32(2.0))) == 6.0  # Stored or loaded, then called.
   assert float(jax.jit(lambda x: triple(cfg, x))(jnp.float32(2.0))) == 6.0
   assert float(jax.grad(lambda x: triple(cfg, x))(jnp.float32(2.0))) == 3.0
+
+
+class _Planted:
+  """A pickle payload that creates `marker` when it is unpickled (a planted cache file)."""
+
+  def __init__(self, marker):
+    self.marker = marker
+
+  def __reduce__(self):
+    return (open, (self.marker, "w"))
+
+
+@pytest.fixture
+def own_secret(tmp_path, monkeypatch):
+  """A secret of this test's own (the store's caches forgotten before and after)."""
+  monkeypatch.setenv(store_trust.SECRET_ENV, str(tmp_path / "config" / "store.key"))
+  store_trust.secret.cache_clear()
+  executables._trusted.cache_clear()  # pylint: disable=protected-access
+  yield tmp_path / "config" / "store.key"
+  store_trust.secret.cache_clear()
+  executables._trusted.cache_clear()  # pylint: disable=protected-access
+
+
+def test_a_planted_pickle_in_the_store_is_never_unpickled(tmp_path, own_secret):
+  marker = tmp_path / "pwned"
+  body = zlib.compress(pickle.dumps((_Planted(str(marker)), None, None, False)))
+  path = tmp_path / "store" / "abc.exe"
+  path.parent.mkdir()
+  path.write_bytes(body)  # The store's format before files were sealed.
+  assert executables.load(str(path)) is None
+  path.write_bytes(store_trust.seal(b"a guessed secret" * 2, "abc", body))  # Sealed by another.
+  assert executables.load(str(path)) is None
+  assert not marker.exists()
+  assert own_secret.stat().st_mode & 0o077 == 0  # The secret, made on first use, is private.
+
+
+def test_a_program_moved_under_another_key_is_refused(tmp_path, own_secret):
+  del own_secret
+  first, second = str(tmp_path / "first.exe"), str(tmp_path / "second.exe")
+  executables.compile_and_save(_lower(_fresh(jnp.sin)), first)
+  executables.compile_and_save(_lower(_fresh(jnp.cos)), second)
+  assert executables.load(first) is not None
+  os.replace(second, first)  # Another job's program filed under this key.
+  assert executables.load(first) is None  # Refused: the program compiles again.
+
+
+def test_a_folder_or_file_others_may_write_is_not_trusted(tmp_path, own_secret, capsys):
+  del own_secret
+  path = str(tmp_path / "program.exe")
+  executables.compile_and_save(_lower(_fresh(jnp.tan)), path)
+  os.chmod(path, 0o666)
+  assert executables.load(path) is None
+  assert "may be written by other users" in capsys.readouterr().err
+  os.chmod(tmp_path, 0o777)
+  try:
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+    assert executables.folder() is None
+    assert use_persistent_cache(str(tmp_path)) is None
+    assert f"{tmp_path} may be written by other users" in capsys.readouterr().err
+  finally:
+    os.chmod(tmp_path, 0o755)
+    jax.config.update("jax_compilation_cache_dir", cache_dir())
+
+
+def test_a_secret_others_may_read_is_refused(tmp_path, own_secret, capsys):
+  own_secret.parent.mkdir()
+  own_secret.write_bytes(b"s" * 32)
+  os.chmod(own_secret, 0o644)
+  assert store_trust.secret() is None
+  assert "may be read or written by other users" in capsys.readouterr().err

@@ -12,7 +12,9 @@ defined where there is no source file (a notebook), is compiled as before. The s
 with the persistent cache, in its `executables/` folder, on a single-device, single-process run;
 `FEDJAX_SEL_CACHE_DIR=off` turns both off. A file that cannot be read back is compiled again, and
 a program that JAX's own cache supplied is not stored (`compile_and_save` says why): it enters the
-store when XLA next compiles it.
+store when XLA next compiles it. Every file is sealed with the user's secret and read back only
+when its seal verifies under the key it is filed under, and only from a folder no other user may
+write (`store_trust.py`): a planted or swapped file is compiled again, never run.
 
 Examples:
   >>> jit_marker("/cache/executables/abc.exe")
@@ -33,6 +35,7 @@ import jax
 from jax import monitoring
 from jax.experimental import serialize_executable
 
+from fedjax_sel.engine import store_trust
 from fedjax_sel.engine.store_keys import store_key
 from fedjax_sel.models import onednn
 
@@ -53,9 +56,45 @@ monitoring.register_event_listener(_count_hit)
 
 def folder() -> str | None:
   """The store's folder: `executables/` in JAX's persistent cache folder (None when the cache is
-  off, or the process has several devices or processes)."""
+  off, the process has several devices or processes, or the folder or the user's secret cannot
+  be trusted: `store_trust.py`, warned once)."""
   base = jax.config.jax_compilation_cache_dir
-  return os.path.join(base, "executables") if base and _single_device() else None
+  if not base or not _single_device():
+    return None
+  path = os.path.join(base, "executables")
+  return path if _trusted(base, path) else None
+
+
+@functools.cache
+def _trusted(*paths: str) -> bool:
+  for path in paths:
+    reason = store_trust.untrusted(path)
+    if reason is not None:
+      store_trust.warn_once(reason)
+      return False
+  return store_trust.secret() is not None
+
+
+def _read(path: str) -> bytes | None:
+  """The body of the sealed file at `path`, or None when it is missing, unsafe (warned) or its
+  seal does not verify under the key it is filed under (its name)."""
+  reason = store_trust.untrusted(path)
+  if reason is not None:
+    store_trust.warn_once(reason)
+    return None
+  key = store_trust.secret()
+  if key is None:
+    return None
+  with open(path, "rb") as f:
+    data = f.read()
+  name = os.path.splitext(os.path.basename(path))[0]
+  return store_trust.unseal(key, name, data)
+
+
+def _sealed(path: str, body: bytes) -> bytes:
+  """`body` sealed as the file at `path`."""
+  name = os.path.splitext(os.path.basename(path))[0]
+  return store_trust.seal(store_trust.secret(), name, body)
 
 
 @functools.cache
@@ -67,8 +106,10 @@ def load(path: str):
   """The executable stored at `path`, or None when it is missing or cannot be read back (or calls
   the oneDNN convolutions where this process cannot register them)."""
   try:
-    with open(path, "rb") as f:
-      payload, in_tree, out_tree, uses_onednn = pickle.loads(zlib.decompress(f.read()))
+    body = _read(path)
+    if body is None:  # Not this user's program for this key: never unpickled.
+      return None
+    payload, in_tree, out_tree, uses_onednn = pickle.loads(zlib.decompress(body))
     os.utime(path)  # Recently used: the last to be removed.
     if uses_onednn and onednn.unavailable_reason() is not None:  # Registers the handlers.
       return None
@@ -99,7 +140,7 @@ def compile_and_save(lowered, path: str):
     except (ValueError, TypeError, NotImplementedError, pickle.PicklingError,
             jax.errors.JaxRuntimeError):  # E.g. an operation XLA cannot serialize.
       path, data = jit_marker(path), b""
-    _write(path, data)
+    _write(path, _sealed(path, data))
     evict(os.path.dirname(path), MAX_BYTES)
   except OSError:
     pass  # A read-only cache: run it from memory.
@@ -155,14 +196,15 @@ def remembered(name: str, config_key: Any, compute: Callable[[], tuple]) -> tupl
     return compute()
   path = os.path.join(base, key + ".json")
   try:
-    with open(path, encoding="utf-8") as f:
-      return tuple(json.load(f))
+    body = _read(path)
+    if body is not None:
+      return tuple(json.loads(body))
   except (OSError, ValueError):  # No file yet, or a damaged one.
     pass
   values = compute()
   try:
     os.makedirs(base, exist_ok=True)
-    _write(path, json.dumps(list(values)).encode())
+    _write(path, _sealed(path, json.dumps(list(values)).encode()))
   except OSError:
     pass  # A read-only cache: computed again next time.
   return values

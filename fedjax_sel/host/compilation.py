@@ -8,9 +8,11 @@ entry path (`experiments.launch.cli`), the benchmarks and the tests call it firs
 library user calls `fedjax_sel.use_persistent_cache()` before the first compilation. Every program
 is kept (`MIN_COMPILE_SECS` = 0: JAX's default of 1 s would leave out a small model's evaluation and
 initializer, which a second process then compiles again), and JAX never caches programs with
-host callbacks, so the round has none. The engine's own programs go further: its executable store,
-the cache folder's `executables/` (`engine/executables.py`), keeps them compiled, and a later
-process loads them without tracing either.
+host callbacks, so the round has none. A cache folder another user owns or may write is refused
+with a one-line warning (a program there is native code that would run in this process). The
+engine's own programs go further: its executable store, the cache folder's `executables/`
+(`engine/executables.py`), keeps them compiled, and a later process loads them without tracing
+either.
 
 `CompileLog` counts the XLA compilations (and persistent cache hits) per function name from JAX's
 monitoring events, for benchmarks and for tests that a second run reuses a compiled round.
@@ -27,11 +29,13 @@ from __future__ import annotations
 
 import collections
 import os
+import sys
 import threading
 
 import jax
 from jax import monitoring
 
+from fedjax_sel.engine import store_trust
 from fedjax_sel.engine.executables import CACHE_HIT_EVENT, LOADED_EVENT
 
 ENV_DIR = "FEDJAX_SEL_CACHE_DIR"
@@ -57,6 +61,10 @@ def use_persistent_cache(path: str | None = None) -> str | None:
   try:
     os.makedirs(path, exist_ok=True)
   except OSError:  # A read-only home: run without the cache rather than fail.
+    return None
+  reason = store_trust.untrusted(path)
+  if reason is not None:  # Another user could plant a program (native code) there.
+    print(f"warning: the persistent compilation cache is off: {reason}", file=sys.stderr)
     return None
   jax.config.update("jax_compilation_cache_dir", path)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECS)
