@@ -13,7 +13,9 @@ import pytest
 import fedjax_sel as fs
 from fedjax_sel.client.local_training import local_train, samples_per_client
 from fedjax_sel.client.system import SystemProfile, client_times
+from fedjax_sel.engine import async_schedule, checks
 from fedjax_sel.host import checkpoint
+from fedjax_sel.host.compilation import CompileLog
 from tests.references import async_events
 
 N, AVAILABLE = 20, 14
@@ -256,3 +258,22 @@ def test_refusals_name_the_argument(data, kw, needle):
 def test_spec_refusals(kw, needle):
   with pytest.raises(ValueError, match=needle):
     fs.async_spec(4, **kw)
+
+
+@pytest.mark.parametrize("window_s", [1e-12, 1e-30])
+def test_a_window_too_small_for_the_clock_is_refused_before_round_0(data, window_s):
+  # Before: the index floor(T / window_s) overflowed int32, every update was dropped, exit 0.
+  sim = simulator(data, fs.fedbuff(7, window_s=window_s), 3, prof=profile(False))
+  with CompileLog() as log, pytest.raises(ValueError, match=r"window_s \(--avail_window_s\) ="
+                                          r" [0-9e.-]+ s is too small for 5 server steps"):
+    fs.run(sim, 5, progress=None)
+  assert log.count("step") == 0  # No round compiled.
+  records = fs.run(simulator(data, fs.fedbuff(7, window_s=1e-3), 3, prof=profile(False)), 5,
+                   progress=None)
+  assert sum(r["num_aggregated"] for r in records) == 15  # K = 3 updates per step.
+
+
+def test_the_availability_index_holds_at_its_bound_instead_of_wrapping():
+  spec = fs.fedbuff(4, window_s=1e-12)
+  assert int(async_schedule.window(spec, 1e6)) == checks.MAX_WINDOWS
+  assert int(async_schedule.window(spec, 0.0)) == 0

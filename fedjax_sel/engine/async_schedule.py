@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_sel import keys as keylib
+from fedjax_sel.engine.checks import MAX_WINDOWS
 from fedjax_sel.engine.contracts import check_mask, count
 from fedjax_sel.engine.description import RoundConfig
 from fedjax_sel.parts.asynchronous import AsyncSpec
@@ -104,9 +105,10 @@ class Schedule(NamedTuple):
 
 
 def window(spec: AsyncSpec, seconds) -> jax.Array:
-  """The availability index of simulated time `seconds`."""
-  return jnp.floor(jnp.asarray(seconds, jnp.float32) / jnp.float32(spec.window_s)).astype(
-      jnp.int32)
+  """The availability index of simulated time `seconds`: exact up to `checks.MAX_WINDOWS`, which
+  `checks.check_clock` keeps a run within; held there past it, never wrapped into negatives."""
+  index = jnp.floor(jnp.asarray(seconds, jnp.float32) / jnp.float32(spec.window_s))
+  return jnp.minimum(index, MAX_WINDOWS).astype(jnp.int32)
 
 
 def first_event(finish: jax.Array, client: jax.Array, active: jax.Array) -> jax.Array:

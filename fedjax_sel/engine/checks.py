@@ -20,6 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fedjax_sel.client.local_training import samples_per_client
+from fedjax_sel.client.system import client_times
 from fedjax_sel.data.federated import FederatedDataset
 from fedjax_sel.engine.description import LrSchedule
 from fedjax_sel.models.bundle import Model, model_bytes
@@ -29,6 +31,7 @@ from fedjax_sel.parts.types import SPLIT_STATS, part_name
 NONFINITE = ("stop", "exclude")
 STORES = ("device", "host", "auto")
 HOST_ROWS = ("auto", "available", "chosen")
+MAX_WINDOWS = 2**24  # Availability indices a float32 clock tells apart (`check_clock`).
 
 
 def check_arguments(data, optimizer, local, availability, seed, eval_mask, lr_schedule) -> None:
@@ -87,6 +90,37 @@ def check_asynchrony(spec, k: int, num_available: int, clock, filt, participatio
     raise ValueError(f"asynchrony takes no participation rule (got {part_name(participation)!r})")
   if on_host:
     raise ValueError("asynchrony needs the device store (store='device')")
+
+
+def check_clock(spec, rounds: int) -> None:
+  """The asynchronous clock of `rounds` server steps of the run `spec` (a `RunSpec`): every
+  client's round trip finite, and every availability index the steps can reach told apart
+  exactly, else ValueError naming `asynchrony.window_s` (`--avail_window_s`).
+
+  Times are float32 seconds, whose floor(T / window_s) is exact up to `MAX_WINDOWS`; past it the
+  index would repeat or overflow and the availability model would be read at the wrong window.
+  Without drops a step ends within ceil(K / C) round trips of the slowest client, which bounds
+  the horizon of `rounds` steps."""
+  config = spec.config
+  asynchrony = config.asynchrony
+  if asynchrony is None:
+    return
+  samples = samples_per_client(spec.data.train.counts, config.local)
+  durations = np.asarray(client_times(config.clock, samples, 0.0, 0.0, 2.0), np.float64)
+  if not np.all(np.isfinite(durations)):
+    i = int(np.flatnonzero(~np.isfinite(durations))[0])
+    raise ValueError(f"client {i}'s round trip is not a finite number of simulated seconds "
+                     f"({durations[i]}): its system profile's speed or bandwidth is too small")
+  slowest = float(durations.max())
+  horizon = rounds * math.ceil(config.k / asynchrony.concurrency) * slowest
+  windows = horizon / asynchrony.window_s
+  if not windows < MAX_WINDOWS:
+    raise ValueError(
+        f"asynchrony.window_s (--avail_window_s) = {asynchrony.window_s:g} s is too small for "
+        f"{rounds} server steps: they reach up to {horizon:.4g} simulated seconds (the slowest "
+        f"client's round trip is {slowest:.4g} s), {windows:.3g} availability windows, and "
+        f"float32 times tell at most {MAX_WINDOWS} apart: use window_s >= "
+        f"{horizon / MAX_WINDOWS:.3g}")
 
 
 def device_memory_bytes() -> int:

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_sel.engine import checks
 from fedjax_sel.engine.placement import place
 from fedjax_sel.engine.run_spec import RunSpec
 from fedjax_sel.engine.simulator import Simulator
@@ -376,6 +377,8 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
   """
   writer, progress, say = _host_loop(rounds, eval_every, checkpoint_every, progress, label,
                                      log_every)
+  for spec in batch.specs:
+    checks.check_clock(spec, rounds)
   with folder_lock.locked(out_dirs if out_dirs is not None and writer else ()):
     r = batch.num_runs
     if out_dirs is not None and len(out_dirs) != r:
