@@ -28,6 +28,7 @@ from fedjax_sel import registry
 from fedjax_sel.data import federated_sqlite, sources
 from fedjax_sel.data.builders import source
 from fedjax_sel.data.store import STORE_FILE
+from fedjax_sel.engine import checks
 from fedjax_sel.data.corruption import KINDS as CORRUPTION_KINDS
 from fedjax_sel.data.corruption import corrupt_clients, corruption_kinds
 from fedjax_sel.models import resolve_conv_impl
@@ -533,7 +534,7 @@ def simulator(run: cfglib.JobConfig, data: fs.FederatedDataset, seed: int, *, mo
   p = run.parts
   ctx = context(run, data, model, profile, seed)
   pick = lambda given, make: given if given is not None else make()
-  return fs.build_run(
+  spec = fs.build_run(
       model=model, data=data, optimizer=optimizer(run), local=local_hparams(run),
       clients_per_round=pick(own.clients_per_round, lambda: run.engine.clients_per_round),
       seed=seed, lr_schedule=lr_schedule(run), eval_mask=eval_mask,
@@ -542,3 +543,8 @@ def simulator(run: cfglib.JobConfig, data: fs.FederatedDataset, seed: int, *, mo
       filter=part("filter", p.filter, ctx),
       participation=pick(own.rule, lambda: part("rule", p.rule, ctx)),
       availability=pick(own.availability, lambda: availability(run)), **options)
+  try:  # The asynchronous clock over --rounds, before anything compiles.
+    checks.check_clock(spec, run.engine.rounds)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+  return spec
