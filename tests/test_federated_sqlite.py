@@ -5,11 +5,13 @@ published format: each dataset's preprocessing and published test split, the dow
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
 import zlib
 
+import msgpack
 import numpy as np
 import pytest
 
@@ -283,6 +285,7 @@ def test_stackoverflow_store_is_written_a_client_at_a_time_as_built_in_memory(tm
 
 
 @pytest.mark.parametrize("text,needle", [
+    ("\ufeffthe 10\nto 9\n", "starts with a UTF-8 byte-order mark"),
     ("the 10\nto\n", "line 2 is b'to\\\\n', not `word count`"),
     ("the 10\nthe 9\n", "line 2 lists b'the' a second time"),
     ("", "holds no words"),
@@ -346,3 +349,76 @@ def test_a_public_text_that_cannot_serve_is_refused_naming_it(tmp_path, make, ne
                                     public_text=path), seed=0)
   with pytest.raises(ValueError, match="do not hold character windows"):
     fs.build_dataset(fs.DatasetSpec("digits", num_clients=5, public_text=path), seed=0)
+
+
+# --- Files whose types are wrong (issue 49) ------------------------------------------------------
+
+PIXELS = np.full((2, 28, 28), 0.5, np.float32)
+LABELS = np.array([1, 2], np.int32)
+WRONG_TYPES = [  # (case, dataset, a client's arrays, what the error says after the client)
+    # Read as each integer's raw bytes (98% out of vocabulary) and trained on, before.
+    ("Shakespeare snippets as integers", "shakespeare", {"snippets": np.arange(200)},
+     "field 'snippets' holds int64 values, expected byte strings"),
+    ("Shakespeare snippets as floats", "shakespeare", {"snippets": np.linspace(0, 1, 3)},
+     "field 'snippets' holds float64 values, expected byte strings"),
+    ("Stack Overflow tokens as integers", "stackoverflow_nwp", {"tokens": np.arange(3)},
+     "field 'tokens' holds int64 values, expected byte strings of space-separated words"),
+    ("EMNIST labels as floats (truncated, before)", "emnist",
+     {"pixels": PIXELS, "label": np.array([1.7, 2.0])},
+     r"field 'label' holds float64 values, expected integer class ids \(a float label would be "
+     "truncated"),
+    ("EMNIST pixels as uint8 (1 - 255 = -254, before)", "emnist",
+     {"pixels": (PIXELS * 255).astype(np.uint8), "label": LABELS},
+     "field 'pixels' holds uint8 values, expected floats"),
+    ("EMNIST pixels as byte strings (parsed as floats, before)", "emnist",
+     {"pixels": np.array([b"0.5", b"1"], object), "label": LABELS},
+     "field 'pixels' holds byte strings, expected floats"),
+    ("EMNIST pixels flattened", "emnist", {"pixels": PIXELS.reshape(2, 784), "label": LABELS},
+     r"field 'pixels' has shape \[2, 784\], expected \[n, 28, 28\] of floats"),
+    ("CIFAR-100 images scaled to floats (divided by 255 again, before)", "cifar100_fed",
+     {"image": np.zeros((2, 32, 32, 3), np.float32), "label": LABELS},
+     "field 'image' holds float32 values, expected uint8 pixel values 0..255"),
+    ("a negative label", "emnist", {"pixels": PIXELS, "label": np.array([-1, 2])},
+     "holds label -1, outside 0..61"),
+]
+
+
+@pytest.mark.parametrize("case,name,arrays,needle", WRONG_TYPES, ids=[c[0] for c in WRONG_TYPES])
+def test_a_file_whose_types_are_wrong_is_refused_naming_file_client_and_field(
+    tmp_path, case, name, arrays, needle):
+  del case
+  write_stackoverflow(str(tmp_path))  # Its vocabulary; its files are overwritten below.
+  train, test = (str(tmp_path / f) for f in fsql.files(name))
+  write_sqlite(train, {b"c0": arrays})
+  write_sqlite(test, {b"c0": arrays})
+  with pytest.raises(ValueError, match=f"^{re.escape(train)}: client b'c0'(:)? {needle}"):
+    fs.build_dataset(fs.DatasetSpec(name, num_clients=1, data_dir=str(tmp_path)), seed=0)
+
+
+def test_a_test_file_whose_snippets_hold_none_is_refused_naming_it(tmp_path):
+  """The test split is checked as the train split is: a type-4 array holding a None (bytes(None)
+  raised a bare TypeError, and an integer n was read as n zero bytes)."""
+  clients = {b"c0": {"snippets": np.array([b"To be, or not to be" * 9], object)}}
+  write_sqlite(str(tmp_path / "shakespeare_train.sqlite"), clients)
+  write_sqlite(str(tmp_path / "shakespeare_test.sqlite"), clients)
+  path = str(tmp_path / "shakespeare_test.sqlite")
+  for item, held in ((None, "NoneType None"), (5, "int 5")):
+    payload = msgpack.packb(([2], [b"To be", item]), use_bin_type=True)
+    blob = zlib.compress(msgpack.packb(
+        {"snippets": msgpack.ExtType(fsql.EXT_BYTES_ARRAY, payload)}, use_bin_type=True))
+    _rewrite(path, "UPDATE federated_data SET data = ?, num_examples = 2", blob)
+    with pytest.raises(ValueError, match=f"^{re.escape(path)}: client b'c0': field 'snippets': "
+                       f"item 1 is {held}, expected byte strings"):
+      fsql.load("shakespeare", str(tmp_path))
+
+
+@pytest.mark.parametrize("encoding,name", [("utf-8-sig", "UTF-8"), ("utf-16", "UTF-16"),
+                                           ("utf-32", "UTF-32")])
+def test_a_vocabulary_with_a_byte_order_mark_is_refused_naming_it(tmp_path, encoding, name):
+  """Before, a UTF-8 mark became part of the first (most frequent) word, which then never
+  matched: every 'the' was out of vocabulary."""
+  path = tmp_path / fsql.VOCAB_FILE
+  path.write_text("the 10\nto 9\n", encoding=encoding)
+  with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: starts with a {name} "
+                     "byte-order mark"):
+    fsql.read_vocab(str(path))

@@ -26,6 +26,12 @@ the default data dir) is read as it is:
   label [n], coarse_label [n]; x = (image / 255 - mean) / std per channel (fedjax's constants,
   no augmentation), 100 classes.
 
+Each feature read is checked to hold the dtype and example shape listed (`FIELDS`) before it is
+preprocessed: Shakespeare snippets stored as integers, say, would otherwise be read as their raw
+bytes (nearly all out of vocabulary) and trained on. A file of another type is refused naming the
+file, the client, the field and the type expected; so is a label outside the classes, in either
+split, and a vocabulary file starting with a byte-order mark (`read_vocab`).
+
 Train and test hold the same client ids for EMNIST and Shakespeare (each client's published test
 split is its test pool; a test client unknown to the train file is refused). Stack Overflow's test
 split holds the users who posted after its cut-off date: a train client's test pool is its own test
@@ -48,6 +54,7 @@ Examples:
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import os
 import sqlite3
@@ -80,6 +87,19 @@ STACKOVERFLOW_WORDS = 10000
 STACKOVERFLOW_LENGTH = 20
 CIFAR_MEAN = np.array([0.4914, 0.4822, 0.4465], np.float32)
 CIFAR_STD = np.array([0.2023, 0.1994, 0.2010], np.float32)
+# What fedjax's files hold in each feature the loaders read: (dtype kinds, what that is, the shape
+# of one example). "OS": byte strings (msgpack extension type 4), item by item.
+FIELDS = {
+    "pixels": ("f", "floats (fedjax's float32, 1 = background)", (28, 28)),
+    "label": ("iu", "integer class ids (a float label would be truncated)", ()),
+    "image": ("u", "uint8 pixel values 0..255", (32, 32, 3)),
+    "snippets": ("OS", "byte strings (msgpack extension type 4)", ()),
+    "tokens": ("OS", "byte strings of space-separated words (msgpack extension type 4)", ()),
+}
+# Byte-order marks a vocabulary file may start with, UTF-32 first (its mark starts with UTF-16's).
+BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
+        (codecs.BOM_UTF8, "UTF-8"), (codecs.BOM_UTF16_LE, "UTF-16"),
+        (codecs.BOM_UTF16_BE, "UTF-16"))
 
 
 class Published(NamedTuple):
@@ -191,9 +211,31 @@ def _connect(path: str) -> sqlite3.Connection:
   return db
 
 
+def check_field(path: str, client, name: str, array: np.ndarray) -> None:
+  """Refuses feature `name` of a client unless its dtype and example shape are fedjax's (`FIELDS`).
+
+  Raises:
+    ValueError: naming the file, the client, the field, what it holds and the type expected.
+  """
+  kinds, expected, shape = FIELDS[name]
+  where = f"{path}: client {client!r}: field {name!r}"
+  if array.dtype.kind not in kinds:
+    held = "byte strings" if array.dtype.kind in "OS" else f"{array.dtype} values"
+    raise ValueError(f"{where} holds {held}, expected {expected}")
+  if array.ndim != 1 + len(shape) or array.shape[1:] != shape:
+    raise ValueError(f"{where} has shape {list(array.shape)}, expected "
+                     f"[{', '.join(['n', *map(str, shape)])}] of {expected}")
+  if kinds == "OS":
+    for i, item in enumerate(array.tolist()):
+      if not isinstance(item, bytes):
+        raise ValueError(f"{where}: item {i} is {type(item).__name__} {item!r:.40}, expected "
+                         f"{expected}")
+
+
 def read_clients(path: str, features: tuple[str, ...]) -> Iterator[tuple[object, dict]]:
   """(client id, {feature: array}) per row, in the file's order; ValueError naming the file and
-  client for a bad blob, a missing feature, or arrays whose length is not `num_examples`."""
+  client for a bad blob, a missing feature, a feature of another type than fedjax's
+  (`check_field`), or arrays whose length is not `num_examples`."""
   db = _connect(path)
   try:
     for client, blob, count in db.execute(
@@ -203,6 +245,8 @@ def read_clients(path: str, features: tuple[str, ...]) -> Iterator[tuple[object,
       if absent:
         raise ValueError(f"{path}: client {client!r} has no feature {absent[0]!r} (it has "
                          f"{sorted(arrays)})")
+      for f in features:
+        check_field(path, client, f, arrays[f])
       lengths = {f: len(arrays[f]) for f in features}
       if any(n != count for n in lengths.values()):
         raise ValueError(f"{path}: client {client!r} says num_examples={count} but holds "
@@ -262,13 +306,27 @@ def _shakespeare(arrays: dict) -> tuple[np.ndarray, np.ndarray]:
   return shakespeare_windows(arrays["snippets"])
 
 
+def _refuse_bom(path: str, head: bytes) -> None:
+  """ValueError naming the file and the byte-order mark `head` (its first bytes) starts with."""
+  for bom, encoding in BOMS:
+    if head.startswith(bom):
+      raise ValueError(f"{path}: starts with a {encoding} byte-order mark ({bom!r}); a vocabulary "
+                       "is read as fedjax publishes it, UTF-8 text without one (the mark would "
+                       "become part of its first word): save it as UTF-8 without a byte-order "
+                       "mark, or fetch it again with --download")
+
+
 def read_vocab(path: str, size: int = STACKOVERFLOW_WORDS) -> dict[bytes, int]:
   """fedjax's Stack Overflow vocabulary: the first `size` words of `path` (lines `word count`,
   most frequent first) as {word: id}, ids from 3 (0, 1 and 2 are PAD, BOS and EOS).
 
+  A file starting with a byte-order mark is refused, not stripped: fedjax's file has none, and
+  one (an editor's re-save) would become part of the first, most frequent word.
+
   Raises:
     FileNotFoundError: naming the file, where it is published and `--download`.
-    ValueError: naming the file and line that is not `word count`, or a word listed twice.
+    ValueError: naming the file and line that is not `word count`, a word listed twice, or the
+      byte-order mark the file starts with.
   """
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path}: no such file. It is published at "
@@ -276,6 +334,8 @@ def read_vocab(path: str, size: int = STACKOVERFLOW_WORDS) -> dict[bytes, int]:
                             "fetch it, or copy it into --data_dir")
   vocab = {}
   with open(path, "rb") as f:
+    _refuse_bom(path, f.read(4))
+    f.seek(0)
     for number, line in enumerate(f, 1):
       if len(vocab) == size:
         break
@@ -360,18 +420,24 @@ def _reader(name: str, data_dir: str, only_digits: bool) -> _Reader:
   return _Reader(train_file, test_file, features, prepare, classes)
 
 
+def _prepared(reader: _Reader, path: str, client, arrays: dict) -> tuple[np.ndarray, np.ndarray]:
+  """One client's (x, y) of file `path`, its labels checked to lie in the dataset's classes."""
+  x, y = reader.prepare(arrays)
+  outside = y[(y < 0) | (y >= reader.num_classes)]
+  if len(outside):
+    raise ValueError(f"{path}: client {client!r} holds label {int(outside[0])}, outside "
+                     f"0..{reader.num_classes - 1}")
+  return x, y
+
+
 def _train_clients(reader: _Reader, num_clients: int) -> Iterator[tuple[object, tuple]]:
   """The first `num_clients` (0: all) train clients, preprocessed, labels checked."""
   count = 0
   for client, arrays in read_clients(reader.train_file, reader.features):
     if num_clients and count == num_clients:
       return
-    x, y = reader.prepare(arrays)
-    if len(y) and y.max() >= reader.num_classes:
-      raise ValueError(f"{reader.train_file}: client {client!r} holds label {int(y.max())}, "
-                       f"outside 0..{reader.num_classes - 1}")
     count += 1
-    yield client, (x, y)
+    yield client, _prepared(reader, reader.train_file, client, arrays)
   if num_clients > count:
     raise ValueError(f"{reader.train_file}: holds {count} clients, fewer than num_clients="
                      f"{num_clients}")
@@ -388,7 +454,8 @@ def _all_ids(path: str) -> list:
 def _test_pools(name: str, reader: _Reader, ids: list) -> Iterator[tuple[int, tuple]]:
   """(train index, its test pool) for the train clients `ids` that have one (module docstring)."""
   if name == "cifar100_fed":  # Other clients: test client k mod T serves train client k.
-    pools = [reader.prepare(a) for _, a in read_clients(reader.test_file, reader.features)]
+    pools = [_prepared(reader, reader.test_file, c, a)
+             for c, a in read_clients(reader.test_file, reader.features)]
     for k in range(len(ids) if pools else 0):
       yield k, pools[k % len(pools)]
     return
@@ -402,7 +469,7 @@ def _test_pools(name: str, reader: _Reader, ids: list) -> Iterator[tuple[int, tu
                        "dataset's splits")
   for client, arrays in read_clients(reader.test_file, reader.features):
     if client in index:
-      yield index[client], reader.prepare(arrays)
+      yield index[client], _prepared(reader, reader.test_file, client, arrays)
 
 
 def load(name: str, data_dir: str = DEFAULT_DIR, num_clients: int = 0,
