@@ -112,3 +112,36 @@ def test_flower_built_dataset_trains(tmp_path):
                      fs.uniform_availability(8, 8), fs.random_selector(), fs.fedavg(), 4,
                      seed=0)
   assert len(fs.run(sim, 2, progress=None)) == 2
+
+
+class _Columns:
+  """One partition holding the columns given, as a partitioner's `load_partition` returns them."""
+
+  num_partitions = 1
+
+  def __init__(self, **columns):
+    self.columns = columns
+
+  def load_partition(self, i):
+    del i
+    return self.columns
+
+
+@pytest.mark.parametrize("columns,needle", [
+    # Each was converted by np.asarray(..., float32 / int32) before: truncated, parsed or NaN.
+    ({"x": [[0.0], [1.0]], "label": [0.7, 1.0]},
+     r"column 'label' holds 0.7, expected integer class ids \(a fractional label would be "
+     "truncated"),
+    ({"x": [[0.0], [1.0]], "label": ["3", "1"]}, "column 'label' holds strings, expected integer"),
+    ({"x": [["0.5"], ["1"]], "label": [0, 1]}, "column 'x' holds strings, expected numbers"),
+    ({"x": [[None], [1.0]], "label": [0, 1]}, "column 'x' holds Python objects .None"),
+    ({"x": [[0.0, 1.0], [1.0]], "label": [0, 1]}, "column 'x' is not an array"),
+])
+def test_a_partition_whose_columns_are_not_numbers_is_refused_naming_it(columns, needle):
+  with pytest.raises(ValueError, match=f"^Flower partition 0: {needle}"):
+    flower.from_partitioner(_Columns(**columns))
+
+
+def test_whole_float_labels_are_read_as_classes():
+  _, ys = flower.from_partitioner(_Columns(x=[[0.0], [1.0]], label=[2.0, 0.0]))
+  assert ys[0].tolist() == [2, 0] and ys[0].dtype == np.int32
