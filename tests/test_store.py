@@ -1,6 +1,8 @@
 """The off-device client store: same runs as on the device; stores on disk checked when opened."""
 
+import json
 import os
+import re
 
 import jax
 import numpy as np
@@ -84,6 +86,41 @@ def test_memory_mapped_store_round_trip_and_checks(tmp_path):
     store.open_store(folder)
   with pytest.raises(FileNotFoundError, match="store.json"):
     store.open_store(str(tmp_path))
+
+
+def _edit_meta(folder, **fields):
+  path = os.path.join(folder, store.STORE_FILE)
+  with open(path, encoding="utf-8") as f:
+    meta = json.load(f)
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump({**meta, **fields}, f)
+  return path
+
+
+@pytest.mark.parametrize("fields,needle", [
+    # int() truncated 4.9 to 4 and parsed "4", before; a number as the name raised AttributeError.
+    ({"num_classes": 4.9}, "field 'num_classes' is float 4.9, expected an integer >= 0"),
+    ({"num_classes": "4"}, "field 'num_classes' is str '4', expected an integer >= 0"),
+    ({"num_clients": True}, "field 'num_clients' is bool True, expected an integer >= 0"),
+    ({"feature_shape": [6.0]}, "field 'feature_shape' is float 6.0, expected an integer >= 0"),
+    ({"feature_shape": 6}, "field 'feature_shape' is int 6, expected a list of integers"),
+    ({"name": 5}, "field 'name' is int 5, expected a string"),
+])
+def test_a_store_description_of_wrong_types_is_refused_naming_the_field(tmp_path, fields, needle):
+  folder = str(tmp_path / "store")
+  store.write_store(folder, ragged_dataset([5, 3]))
+  path = _edit_meta(folder, **fields)
+  with pytest.raises(ValueError, match=f"^{re.escape(path)}: {needle}"):
+    store.open_store(folder, expect_name="")
+
+
+def test_a_store_whose_features_are_not_numbers_is_refused_naming_the_file(tmp_path):
+  folder = str(tmp_path / "store")
+  data = ragged_dataset([5, 3])
+  store.write_store(folder, data._replace(train=data.train._replace(
+      x=np.asarray(data.train.x).astype("U8"))))  # Opened, and read as strings, before.
+  with pytest.raises(ValueError, match="train_x.npy holds <U8 features, expected numbers"):
+    store.open_store(folder)
 
 
 def test_compact_pool_keeps_each_available_clients_rows():

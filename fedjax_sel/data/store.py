@@ -99,13 +99,22 @@ def write_store(folder: str, data: FederatedDataset) -> None:
     json.dump(meta, f, indent=1)
 
 
+def _field(path: str, name: str, value, ok: bool, expected: str) -> None:
+  """ValueError naming the file and its field `name`, unless `ok` (`value` is `expected`)."""
+  if not ok:
+    raise ValueError(f"{path}: field {name!r} is {type(value).__name__} {value!r:.60}, expected "
+                     f"{expected}")
+
+
 def open_store(folder: str, expect_name: str | None = None) -> FederatedDataset:
   """A store written by `write_store` (or `synth_store`), its arrays memory-mapped.
 
   Raises:
     FileNotFoundError: no `store.json` in `folder`.
     ValueError: naming the path, when an array file is missing, truncated or not the shape and
-      dtype `store.json` records, or the store holds another dataset than `expect_name`.
+      dtype `store.json` records, features are not numbers, a `store.json` field is not of its
+      type (counts and dimensions JSON integers: 10.5 or "10" are refused, not truncated or
+      parsed), or the store holds another dataset than `expect_name`.
     integrity.DataError: naming the file, the client and the value, when the index arrays, row
       owners, labels or label histogram do not add up.
   """
@@ -116,19 +125,25 @@ def open_store(folder: str, expect_name: str | None = None) -> FederatedDataset:
     with open(meta_path, encoding="utf-8") as f:
       meta = json.load(f)
     meta["arrays"] = {str(k): (list(v[0]), str(v[1])) for k, v in meta["arrays"].items()}
-    num_clients, num_classes = int(meta["num_clients"]), int(meta["num_classes"])
-    feature_shape = [int(d) for d in meta["feature_shape"]]
-    str(meta["name"])
+    dataset, num_clients, num_classes, feature_shape = (
+        meta[k] for k in ("name", "num_clients", "num_classes", "feature_shape"))
   except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError,
           AttributeError) as e:
     raise ValueError(f"{meta_path}: not a readable store description ({type(e).__name__}: {e})"
                      ) from e
+  _field(meta_path, "name", dataset, isinstance(dataset, str), "a string")
+  _field(meta_path, "feature_shape", feature_shape, isinstance(feature_shape, list),
+         "a list of integers >= 0")
+  for field, value in (("num_clients", num_clients), ("num_classes", num_classes),
+                       *(("feature_shape", d) for d in feature_shape)):
+    _field(meta_path, field, value, isinstance(value, int) and not isinstance(value, bool)
+           and value >= 0, "an integer >= 0")
   missing = sorted(({f"{s}_{f}.npy" for s in SPLITS for f in POOL_FIELDS}
                     | {"public_x.npy", "public_y.npy", "label_hist.npy"}) - set(meta["arrays"]))
   if missing:
     raise ValueError(f"{meta_path} lists no {', '.join(missing)}: not a complete client store")
-  if expect_name is not None and not meta["name"].startswith(expect_name):
-    raise ValueError(f"{folder} holds dataset {meta['name']!r}, not {expect_name!r}")
+  if expect_name is not None and not dataset.startswith(expect_name):
+    raise ValueError(f"{folder} holds dataset {dataset!r}, not {expect_name!r}")
   arrays = {}
   for name, (shape, dtype) in meta["arrays"].items():
     path = os.path.join(folder, name)
@@ -139,6 +154,9 @@ def open_store(folder: str, expect_name: str | None = None) -> FederatedDataset:
     if list(arr.shape) != shape or str(arr.dtype) != dtype:
       raise ValueError(f"{path} is {arr.dtype}{list(arr.shape)}, {meta_path} records "
                        f"{dtype}{shape}: the store is from another dataset or was overwritten")
+    if name.endswith("_x.npy") and arr.dtype.kind not in "biuf":
+      raise ValueError(f"{path} holds {arr.dtype} features, expected numbers (the writers write "
+                       "float32)")
     arrays[name[:-4]] = arr
   pools = {split: ClientPool(*(arrays[f"{split}_{f}"] for f in POOL_FIELDS)) for split in SPLITS}
   for split, pool in pools.items():
@@ -151,7 +169,7 @@ def open_store(folder: str, expect_name: str | None = None) -> FederatedDataset:
     integrity.check_rows(pool, where, num_classes, features=False)
   data = FederatedDataset(pools["train"], pools["val"], pools["test"], arrays["public_x"],
                           arrays["public_y"], num_classes, np.asarray(arrays["label_hist"]),
-                          meta["name"])
+                          dataset)
   integrity.check_dataset(data, folder, rows=False)
   hist = np.zeros((num_clients, num_classes), np.int64)
   train = pools["train"]
