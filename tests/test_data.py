@@ -3,6 +3,7 @@
 import gzip
 import json
 import os
+import re
 import struct
 
 import numpy as np
@@ -171,6 +172,21 @@ def test_leaf_json_femnist_and_shakespeare(tmp_path):
     json.dump(foreign, f)
   with pytest.raises(ValueError, match=r"foreign\.json: 100% of its characters are outside"):
     sources.load_leaf_json([str(tmp_path / "foreign.json")])
+
+
+@pytest.mark.parametrize("user,needle", [
+    # np.asarray(..., float) parsed strings and booleans as numbers, before.
+    ({"x": [[0.5] * 784] * 2, "y": ["3", "4"]}, "field 'y' holds strings, expected numbers"),
+    ({"x": [[0.5] * 784] * 2, "y": [True, False]}, "field 'y' holds booleans, expected numbers"),
+    ({"x": [["0.5"] * 784] * 2, "y": [3, 4]}, "field 'x' holds strings, expected numbers"),
+    ({"x": [[None] * 784] * 2, "y": [3, 4]}, "field 'x' holds null or mixed values"),
+])
+def test_leaf_femnist_of_wrong_types_is_refused_naming_file_user_and_field(tmp_path, user, needle):
+  path = str(tmp_path / "f.json")
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump({"users": ["u0"], "num_samples": [2], "user_data": {"u0": user}}, f)
+  with pytest.raises(ValueError, match=f"^{re.escape(path)}: user u0: .*{needle}"):
+    sources.load_leaf_json([path])
 
 
 def test_tfds_mock_data_loader():

@@ -187,11 +187,11 @@ def load_leaf_json(paths: list[str]) -> tuple[list[str], list[np.ndarray], list[
         unknown += int(np.sum(x == OOV_INDEX) + np.sum(y == OOV_INDEX))
       else:
         try:
-          x = np.asarray(ud["x"], dtype=np.float32).reshape(n, 28, 28, 1)
-          labels = np.asarray(ud["y"], dtype=np.float64).reshape(n)
+          x = _json_numbers("x", ud["x"]).astype(np.float32).reshape(n, 28, 28, 1)
+          labels = _json_numbers("y", ud["y"]).reshape(n)
         except (ValueError, TypeError) as e:
-          raise ValueError(f"{path}: user {uid}: FEMNIST rows must be 784 numbers with integer "
-                           f"labels ({e})") from e
+          raise ValueError(f"{path}: user {uid}: x rows must be Shakespeare strings or FEMNIST's "
+                           f"784 numbers, with integer labels ({e})") from e
         if np.any(labels != np.round(labels)):
           bad = labels[labels != np.round(labels)][0]
           raise ValueError(f"{path}: user {uid} has a fractional label ({bad}); labels are "
@@ -211,6 +211,17 @@ def load_leaf_json(paths: list[str]) -> tuple[list[str], list[np.ndarray], list[
                        f"{MAX_UNKNOWN_SHARE:.0%} may be): it is not LEAF Shakespeare text, and a "
                        "model would learn to predict the unknown character")
   return users, xs, ys
+
+
+def _json_numbers(field: str, values) -> np.ndarray:
+  """A LEAF user's `field` as float64; ValueError naming the field unless it holds JSON numbers
+  only (strings such as "3" and booleans are refused, not converted)."""
+  array = np.asarray(values)
+  if array.dtype.kind not in "iuf":
+    held = {"U": "strings", "b": "booleans", "O": "null or mixed values"}.get(array.dtype.kind,
+                                                                            str(array.dtype))
+    raise ValueError(f"field {field!r} holds {held}, expected numbers")
+  return array.astype(np.float64)
 
 
 def _leaf_blob(path: str) -> dict:
