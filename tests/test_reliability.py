@@ -422,6 +422,18 @@ def test_nonfinite_guard_blames_the_server_step_when_the_clients_stayed_finite(t
   assert "--lr)" not in str(info.value)
 
 
+def test_nonfinite_guard_blames_the_clients_steps_without_a_server_optimizer(tmp_path):
+  """One local step at a huge learning rate: the clients' losses (taken before the step) stay
+  finite, the model they reach does not evaluate. Without a server optimizer there is no server
+  step to blame: the message names the client learning rate, not --server_lr."""
+  sim = _resumable(local=fs.LocalHParams(batch_size=4, num_steps=1),
+                   lr_schedule=fs.constant_lr(3e38))
+  with pytest.raises(runner.NonFiniteError, match="their last local steps diverged: lower the "
+                     "client learning rate") as info:
+    fs.run(sim, 3, str(tmp_path), progress=None)
+  assert "server_lr" not in str(info.value)
+
+
 def test_nonfinite_exclude_mode_keeps_diverged_updates_out():
   """One client's features are so large (finite, so the data checks pass) that its local training
   overflows: its update is excluded and counted, and the global model is the mean of the others'
@@ -791,9 +803,10 @@ def test_batched_runs_name_the_run_that_broke_a_contract():
 
 RESUME_CASES = [  # (name, keyword arguments of the resumed run, needle of the refusal)
     ("aggregator changed", {"aggregator": coordinate_median()},
-     "'name': 'fedavg'.* -> .*'name': 'median'"),
-    ("aggregator setting changed", {"aggregator": fs.fedavg("uniform")}, "weighting"),
-    ("selector changed", {"selector": power_of_choice(4)}, "'name': 'poc'"),
+     "parts.aggregator.name: 'fedavg' -> 'median'"),
+    ("aggregator setting changed", {"aggregator": fs.fedavg("uniform")},
+     "parts.aggregator.weighting: 'examples' -> 'uniform'"),
+    ("selector changed", {"selector": power_of_choice(4)}, "parts.selector.name: .* -> 'poc'"),
     ("clients per round changed", {"clients_per_round": 3}, "clients_per_round: 2 -> 3"),
     ("schedule changed", {"lr_schedule": fs.step_decay_lr(0.1, 0.5, 2)}, "lr_schedule"),
     ("local steps changed", {"local": fs.LocalHParams(batch_size=4, num_steps=3)}, "local"),
@@ -894,11 +907,12 @@ def test_a_second_job_on_one_out_dir_is_refused_while_the_first_runs(tmp_path):
 
 
 RESUME_FLAGS = (("--num_clients", "12"), ("--hidden", "16"), ("--model", "logreg"),
-                ("--dataset", "synth"))
+                ("--dataset", "synth"), ("--selector", "poc"), ("--aggregator", "median"))
 
 
 def test_resume_after_a_flag_changed_names_the_flag(tmp_path):
-  """Flags that change the state's shapes too: the refusal names the flag, not an array."""
+  """Flags that change the state's shapes or the parts' specs too: the refusal names the flag
+  and its old and new values, not an array nor the two specs."""
   base = ["--num_clients=10", "--num_available=5", "--clients_per_round=2", "--seeds=0",
           f"--out_dir={tmp_path}/job"]
   cases = [base + ["--rounds=2"]] + [base + ["--rounds=3", "--resume", f"{flag}={value}"]
@@ -908,6 +922,7 @@ def test_resume_after_a_flag_changed_names_the_flag(tmp_path):
   for (flag, _), result in zip(RESUME_FLAGS, resumed):
     assert result["kind"] == "SystemExit" and f"{flag}:" in result["message"], result
     assert "--resume refused" in result["message"] and "array" not in result["message"]
+    assert "{" not in result["message"] and "the method's parts" not in result["message"], result
 
 
 def _enospc(*_):

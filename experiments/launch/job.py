@@ -25,7 +25,7 @@ import fedjax_sel as fs
 from experiments.launch import config as cfglib
 from fedjax_sel.data.integrity import DataError
 from fedjax_sel.host import folder_lock
-from fedjax_sel.host.checkpoint import DEFAULTS, CheckpointError, WriteError, write_atomic
+from fedjax_sel.host.checkpoint import ABSENT, DEFAULTS, CheckpointError, WriteError, write_atomic
 from fedjax_sel.host.checkpoint import previous as checkpoint_previous
 from fedjax_sel.host.runner import CHECKPOINT_FILE, NonFiniteError, OneRun
 from fedjax_sel.models import CONV_MODELS, resolve_conv_impl
@@ -46,6 +46,8 @@ FINGERPRINT_NAMES = {"seed": "--seeds",
                      "part_server_optimizer": "--server_opt",
                      "part_availability": "--availability", "part_dataset": "--dataset",
                      "part_model": "--model"}
+# Entries that follow from the flags (a changed flag changes them too).
+DERIVED = ("data", "param_shapes", "parts", "lr_schedule", "availability_draws")
 
 
 class Run(NamedTuple):
@@ -203,14 +205,29 @@ def _tracker(flag: str, make: Callable):
     raise app.UsageError(f"{flag}: {e}") from e
 
 
+def _entry_name(key: str) -> str:
+  """A fingerprint entry as the command line knows it: its flag, or what sets it, with the path
+  of a nested value ("the method's parts (selector.d)")."""
+  top, _, rest = key.partition(".")
+  name = FINGERPRINT_NAMES.get(top, f"--{top}")
+  return f"{name} ({rest})" if rest else name
+
+
+def _entry_value(value) -> str:
+  return "absent" if isinstance(value, str) and value == ABSENT else repr(value)
+
+
 def failure(error: Exception) -> str:
-  """An error's message for the command line: a refused resume names the flags that changed."""
+  """An error's message for the command line: a refused resume names the flags that changed,
+  each with its old and new value (the entries that follow from flags, `DERIVED`, only where
+  no flag changed: data on disk, a part's spec)."""
   changed = getattr(error, "changed", ())
   if not changed:
     return str(error)
-  name = lambda key: FINGERPRINT_NAMES.get(key, f"--{key}")
+  named = [c for c in changed if c[0].partition(".")[0] not in DERIVED]
   return ("--resume refused: the run was started with other settings (checkpoint -> now): "
-          + "; ".join(f"{name(k)}: {a!r} -> {b!r}" for k, a, b in changed)
+          + "; ".join(f"{_entry_name(k)}: {_entry_value(a)} -> {_entry_value(b)}"
+                      for k, a, b in named or changed)
           + ". Rerun with the flags it was started with, or start afresh with --overwrite")
 
 

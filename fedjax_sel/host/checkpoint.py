@@ -46,7 +46,9 @@ class CheckpointError(ValueError):
 
   Attributes:
     changed: for a run started with other settings, the `(key, stored, current)` of each
-      fingerprint entry that differs (empty otherwise).
+      fingerprint entry that differs (empty otherwise): of a nested entry (the parts' specs) the
+      values that differ, keyed by their dotted path (`parts.selector.d`); `ABSENT` stands for
+      an entry one side lacks.
   """
 
   def __init__(self, message: str, changed: tuple = ()):
@@ -144,8 +146,8 @@ def load(path: str, template: Any, fingerprint: dict | None = None) -> tuple[Any
         return key in defaults and _normal(value) == _normal(defaults[key])
       return _normal(a) == _normal(b)
 
-    changed = [(k, found.get(k, "(absent)"), fingerprint.get(k, "(absent)"))
-               for k in sorted((set(found) | set(fingerprint)) - {DEFAULTS}) if not same(k)]
+    changed = [c for k in sorted((set(found) | set(fingerprint)) - {DEFAULTS}) if not same(k)
+               for c in _changes(k, found.get(k, ABSENT), fingerprint.get(k, ABSENT))]
     if changed:
       raise CheckpointError(f"cannot resume {path}: the run was started with other settings "
                             "(checkpoint -> now): " + "; ".join(f"{k}: {a!r} -> {b!r}"
@@ -191,6 +193,20 @@ def _read(path: str) -> tuple[dict, dict]:
 
 
 DEFAULTS = "defaults"  # A fingerprint's {setting: default value}, not compared itself.
+
+
+ABSENT = "(absent)"  # A fingerprint entry, or a nested value, that one side lacks.
+
+
+def _changes(key: str, stored: Any, current: Any) -> list[tuple[str, Any, Any]]:
+  """`(key, stored, current)`, or, for two dicts, the same of each nested value that differs
+  (`parts.selector.d`), so that a refusal names what changed rather than both specs."""
+  if not (isinstance(stored, dict) and isinstance(current, dict)):
+    return [(key, stored, current)]
+  return [c for name in sorted(set(stored) | set(current), key=str)
+          if _normal(stored.get(name, ABSENT)) != _normal(current.get(name, ABSENT))
+          for c in _changes(f"{key}.{name}", stored.get(name, ABSENT),
+                            current.get(name, ABSENT))]
 
 
 def _normal(value):

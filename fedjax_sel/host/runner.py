@@ -229,7 +229,11 @@ def _fresh(out_dir: str, overwrite: bool, writer: bool) -> None:
     os.remove(p)
 
 
-def _check_finite(record: dict, t: int) -> None:
+def _check_finite(record: dict, t: int, server_step: bool) -> None:
+  """Raises `NonFiniteError` naming round `t`'s non-finite numbers and their likely cause: the
+  clients' local training when their losses diverged, else the server's step where a server
+  optimizer takes one (`server_step`), else the clients' last local steps (the aggregate of
+  their models is the new model)."""
   causes = [f"{k} = {record[k]}" for k in ("local_train_loss", "test_loss", "train_loss")
             if isinstance(record.get(k), float) and not math.isfinite(record[k])]
   if not record.get("model_finite", True):
@@ -237,10 +241,15 @@ def _check_finite(record: dict, t: int) -> None:
   if not causes:
     return
   local = record.get("local_train_loss")
-  if isinstance(local, float) and math.isfinite(local):
+  clients_finite = isinstance(local, float) and math.isfinite(local)
+  if clients_finite and server_step:
     advice = ("the clients trained to finite losses, so the server's step diverged: lower the "
               "server learning rate (server_lr, --server_lr) or use another server optimizer or "
               "aggregator")
+  elif clients_finite:
+    advice = ("the clients' losses stayed finite while they trained and no server optimizer "
+              "steps the model (the aggregate of theirs is the new one), so their last local "
+              "steps diverged: lower the client learning rate (--lr) or use another aggregator")
   else:
     advice = ("so local training diverged: lower the client learning rate (--lr), or exclude "
               "non-finite client updates with nonfinite='exclude', --nonfinite=exclude")
@@ -437,7 +446,7 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
           if on_records is not None and on_records[i] is not None:
             on_records[i](record)
           try:
-            _check_finite(record, t)
+            _check_finite(record, t, batch.specs[i].config.server_optimizer is not None)
           except NonFiniteError as e:
             stopped[i] = str(e)
             if r > 1:
