@@ -21,6 +21,7 @@ took part.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -29,8 +30,7 @@ import sys
 import numpy as np
 from absl import app, flags
 
-from experiments.launch import cli
-from experiments.launch import report
+from experiments.launch import cli, report, schema
 from fedjax_sel import registry
 from fedjax_sel.host.plotting import mean_std
 
@@ -43,25 +43,46 @@ flags.DEFINE_string("scenarios_file", SCENARIOS_FILE, "The benchmark's scenarios
                     "common flags, quick flags, a target accuracy and named scenarios.")
 flags.DEFINE_bool("quick", False, "Tiny jobs of two rounds (the suite's and CI's smoke run).")
 flags.DEFINE_integer("last_k", 10, "Evaluated rounds of the last-k mean, >= 1.")
-flags.DEFINE_float("job_timeout_s", 1800.0, "Wall seconds after which a job's process is taken "
-                   "as hung: killed and resumed from its checkpoint once.")
+cli.define_finite_float("job_timeout_s", 1800.0, "Wall seconds after which a job's process is "
+                        "taken as hung: killed and resumed from its checkpoint once.", above=0)
 
 COLUMNS = ("scenario", "selector", "seeds", "final_acc", "last_k_acc", "rounds_to_target",
            "sim_s_to_target", "worst10_client_acc", "jain", "selection_samples", "stragglers")
 
 
-def load_scenarios(path: str) -> dict:
-  """The scenarios file, checked: ValueError naming the file and what is wrong."""
-  try:
-    with open(path, encoding="utf-8") as f:
-      spec = json.load(f)
-  except (OSError, json.JSONDecodeError) as e:
-    raise ValueError(f"{path}: not a readable JSON file ({e})") from e
-  for key in ("common", "quick", "target", "scenarios"):
-    if key not in spec:
-      raise ValueError(f"{path}: has no {key!r} (it needs common, quick, target, scenarios)")
-  if not spec["scenarios"] or not all(isinstance(v, list) for v in spec["scenarios"].values()):
-    raise ValueError(f"{path}: scenarios must map names to lists of flags")
+@dataclasses.dataclass(frozen=True)
+class Scenarios:
+  """The scenarios file (`--scenarios_file`): the `experiments.run` flags every job shares
+  (`common`; `quick` in their place with --quick), the target test accuracy of the leaderboard's
+  time-to-target columns, and each scenario's own flags by name."""
+
+  common: tuple[str, ...]
+  quick: tuple[str, ...]
+  target: float
+  scenarios: dict[str, tuple[str, ...]]
+  about: str = ""
+
+
+OWN_FLAGS = ("--out_dir", "--selector", "--resume", "--overwrite")  # The benchmark sets these.
+
+
+def load_scenarios(path: str) -> Scenarios:
+  """The scenarios file, checked against `Scenarios`: ValueError naming the file and the field
+  at fault (`scenarios.label_skew[2]`)."""
+  spec = schema.read(path, Scenarios)
+  if not spec.scenarios:
+    raise ValueError(f"{path}: scenarios must name at least one scenario")
+  if not 0 < spec.target <= 1:
+    raise ValueError(f"{path}: target must be a test accuracy in (0, 1], got {spec.target}")
+  lists = {"common": spec.common, "quick": spec.quick,
+           **{f"scenarios.{name}": flags_ for name, flags_ in spec.scenarios.items()}}
+  for field, flags_ in lists.items():
+    for i, flag in enumerate(flags_):
+      if not flag.startswith("--"):
+        raise ValueError(f"{path}: {field}[{i}] must be a flag '--name=value', got {flag!r}")
+      if flag.split("=", 1)[0] in OWN_FLAGS:
+        raise ValueError(f"{path}: {field}[{i}] is {flag!r}, which the benchmark sets for "
+                         f"each job ({', '.join(OWN_FLAGS)})")
   return spec
 
 
@@ -319,28 +340,27 @@ def main(argv):
   bad = [s for s in selectors if s not in known and ":" not in s]
   if bad:
     raise app.UsageError(f"--selectors: unknown {bad}; accepted: {', '.join(known)}")
-  scenarios = FLAGS.scenarios or list(spec["scenarios"])
-  bad = [s for s in scenarios if s not in spec["scenarios"]]
+  scenarios = FLAGS.scenarios or list(spec.scenarios)
+  bad = [s for s in scenarios if s not in spec.scenarios]
   if bad:
-    raise app.UsageError(f"--scenarios: unknown {bad}; accepted: "
-                         f"{', '.join(spec['scenarios'])}")
+    raise app.UsageError(f"--scenarios: unknown {bad}; accepted: {', '.join(spec.scenarios)}")
   if FLAGS.last_k < 1:
     raise app.UsageError(f"--last_k must be >= 1, got {FLAGS.last_k}")
-  common = spec["quick"] if FLAGS.quick else spec["common"]
+  common = spec.quick if FLAGS.quick else spec.common
   rows, jobs, timings = [], {}, {}
   for scenario in scenarios:
     for selector in selectors:
       folder = os.path.join(FLAGS.out_dir, scenario, selector.replace(":", "_"))
       print(f"== {scenario} / {selector}", flush=True)
       timings[scenario, selector] = run_job(
-          folder, [*common, *spec["scenarios"][scenario], f"--selector={selector}"],
+          folder, [*common, *spec.scenarios[scenario], f"--selector={selector}"],
           FLAGS.job_timeout_s)
       runs = [r for method in report.read_job(folder).values() for r in method]
       jobs[scenario, selector] = runs
-      rows.append(row(scenario, selector, runs, spec["target"], FLAGS.last_k))
-  write_leaderboard(FLAGS.out_dir, rows, spec["target"], FLAGS.last_k)
+      rows.append(row(scenario, selector, runs, spec.target, FLAGS.last_k))
+  write_leaderboard(FLAGS.out_dir, rows, spec.target, FLAGS.last_k)
   participation_figure(jobs, os.path.join(FLAGS.out_dir, "participation.png"))
-  target_figure(jobs, spec["target"], os.path.join(FLAGS.out_dir, "time_to_target.png"))
+  target_figure(jobs, spec.target, os.path.join(FLAGS.out_dir, "time_to_target.png"))
   rounds = max(recs[-1]["round"] + 1 for runs in jobs.values() for recs in runs)
   write_timing(FLAGS.out_dir, timing_rows(timings, rounds))
   print(f"leaderboard: {os.path.join(FLAGS.out_dir, 'leaderboard.md')}")

@@ -35,8 +35,9 @@ flags.DEFINE_string("metric", "test_accuracy", "The metric of the table (a key o
 flags.DEFINE_enum("x", "rounds", ["rounds", "sim_time"], "The figures' x axis: rounds trained "
                   "(server steps in the asynchronous mode) or simulated seconds (runs with a "
                   "clock; compares synchronous and asynchronous training).")
-flags.DEFINE_float("target", 0.85, "The value whose first crossing the table reports (rounds and "
-                   "simulated seconds to reach it), for a metric where higher is better.")
+cli.define_finite_float("target", 0.85, "The value whose first crossing the table reports "
+                        "(rounds and simulated seconds to reach it), for a metric where higher "
+                        "is better.")
 flags.DEFINE_integer("last_k", 10, "Rounds of the table's last-k mean, >= 1.", lower_bound=1)
 flags.DEFINE_enum("figure_format", "png", ("png", "pdf", "svg"), "File format of the figures.")
 flags.DEFINE_list("plot_metrics", ["test_accuracy", "test_loss"], "Metrics drawn, one figure each "

@@ -90,8 +90,10 @@ def main():
       except SystemExit as e:
         kind, message = "SystemExit", str(e.code)
     # A case whose flags did not parse leaves --out_dir at the default (a folder of the user's
-    # own runs in the working directory): read its folder from its arguments instead.
-    out_dir = (flags.FLAGS["out_dir"].value if kind != "FlagsError" else
+    # own runs in the working directory): read its folder from its arguments instead. A tool
+    # without --out_dir (experiments.compare) writes no run.
+    out_dir = (None if "out_dir" not in flags.FLAGS else
+               flags.FLAGS["out_dir"].value if kind != "FlagsError" else
                next((a.split("=", 1)[1] for a in args if a.startswith("--out_dir=")), None))
     ran = "[   1/" in out.getvalue() or _wrote_metrics(out_dir)
     print(json.dumps({"args": args, "kind": kind, "message": message, "ran": ran,

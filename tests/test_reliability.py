@@ -91,6 +91,41 @@ def build_bad_files(root):
   os.makedirs(os.path.join(root, "previous", "seed0"))
   with open(os.path.join(root, "previous", "seed0", "metrics.jsonl"), "w", encoding="utf-8") as f:
     f.write('{"round": 0}\n')
+  build_bad_json_files(root)
+
+
+def _json_with(blob: dict, path: str, value) -> dict:
+  """A deep copy of `blob` with the field at dotted `path` set to `value`."""
+  blob = json.loads(json.dumps(blob))
+  *head, name = path.split(".")
+  inner = blob
+  for key in head:
+    inner = inner[key]
+  inner[name] = value
+  return blob
+
+
+def build_bad_json_files(root):
+  """The JSON files the launchers read, each with one field of the wrong type or value: a
+  replayed config.json, a job's job.json (experiments.compare), a benchmark scenarios file."""
+  from experiments.launch import config  # pylint: disable=import-outside-toplevel
+  job = config.to_dict(config.JobConfig())
+  with open(os.path.join(REPO, "experiments", "bench_scenarios.json"), encoding="utf-8") as f:
+    scenarios = json.load(f)
+  run = {"launcher": "experiments.run", "label": "FedAvg s0", "method": "FedAvg", "seed": 0,
+         "sweep": None, "folder": "seed0"}
+  blobs = {"config_string.json": _json_with(job, "data.num_clients", "50"),
+           "config_part.json": _json_with(job, "parts.selector", "poc"),
+           "config_kind.json": _json_with(job, "parts.selecter", {"name": "poc"}),
+           "scenarios_quick.json": _json_with(scenarios, "quick", "quick"),
+           "scenarios_flag.json": _json_with(scenarios, "scenarios.diurnal", ["--rounds=2", 5]),
+           "scenarios_target.json": _json_with(scenarios, "target", "0.8"),
+           "job_seed/job.json": {"runs": [{**run, "seed": "0"}]},
+           "job_runs/job.json": {"runs": {"0": run}}}
+  for name, blob in blobs.items():
+    os.makedirs(os.path.dirname(os.path.join(root, name)), exist_ok=True)
+    with open(os.path.join(root, name), "w", encoding="utf-8") as f:
+      json.dump(blob, f)
 
 
 SMALL = ["--rounds=1", "--num_clients=10", "--num_available=5", "--clients_per_round=2"]
@@ -197,7 +232,25 @@ LAUNCHER_CASES = [
     ("fedsrc", ["--corrupt_fraction=1.0"], "--corrupt_fraction=1.0 corrupts all"),
     ("uacs", ["--explore_prob=2"], "--explore_prob"),
     ("uacs", ["--gap0=nan"], "--gap0"),
+    # Every file a launcher reads is checked against its schema, naming the file and the field.
+    ("run", ["--config={tmp}/config_string.json"],
+     "config_string.json: data.num_clients must be an integer, got the string '50'"),
+    ("run", ["--config={tmp}/config_part.json"],
+     "config_part.json: parts.selector must be an object, got the string 'poc'"),
+    ("run", ["--config={tmp}/config_kind.json"], "parts has unknown kinds ['selecter']"),
+    ("bench", ["--scenarios_file={tmp}/scenarios_quick.json", "--quick"],
+     "scenarios_quick.json: quick must be a list of strings, got the string 'quick'"),
+    ("bench", ["--scenarios_file={tmp}/scenarios_flag.json"],
+     "scenarios.diurnal[1] must be a string, got the number 5"),
+    ("bench", ["--scenarios_file={tmp}/scenarios_target.json"],
+     "target must be a number, got the string '0.8'"),
+    ("compare", ["{tmp}/job_seed"], "job.json: runs[0].seed must be an integer, got the string"),
+    ("compare", ["{tmp}/job_runs"], "job.json: runs must be a list of objects, got an object"),
+    # A float flag where nan or infinity means nothing is refused as it is parsed.
+    ("bench", ["--job_timeout_s=nan"], "--job_timeout_s=nan: must be a finite number above 0"),
+    ("compare", ["--target=inf", "{tmp}/job_seed"], "--target=inf: must be a finite number"),
 ]
+NO_OUT_DIR = ("compare",)  # Tools without --out_dir (they write no run).
 
 
 def _small(launcher, args):
@@ -217,7 +270,7 @@ def launcher_results(tmp_path_factory):
   for launcher in sorted({c[0] for c in LAUNCHER_CASES}):
     cases = [_small(launcher, args) + [a.replace("{tmp}", root) for a in args] +
              ([f"--out_dir={root}/out_{i}"] if not any(a.startswith("--out_dir") for a in args)
-              else [])
+              and launcher not in NO_OUT_DIR else [])
              for i, (name, args, _) in enumerate(LAUNCHER_CASES) if name == launcher]
     lines = run_cases(launcher, cases, root, root)
     results[launcher] = lines

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import sys
 from collections.abc import Callable
 
-from absl import app
+from absl import app, flags
 
 from experiments.launch import distributed, flag_binding
 from experiments.launch import config as cfglib
@@ -53,6 +54,18 @@ def launcher_main(binding: flag_binding.Binding, resolve: flag_binding.Resolve,
     execute(job)
     job.finish()
   return main
+
+
+def define_finite_float(name: str, default: float, help_text: str,
+                        above: float | None = None) -> None:
+  """A float flag of a launcher without a job config (its own absl flag) that refuses nan and the
+  infinities, and values not above `above` when given, when the command line is parsed, naming
+  the flag (a job config's floats are checked with the config, `flag_binding.check_values`)."""
+  flags.DEFINE_float(name, default, help_text)
+  bound = "" if above is None else f" above {above:g}"
+  flags.register_validator(
+      name, lambda v: v is None or (math.isfinite(v) and (above is None or v > above)),
+      message=f"must be a finite number{bound}")
 
 
 def guarded(main: Callable[[list[str]], None]) -> Callable[[list[str]], None]:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import typing
 from typing import Any
 
+from experiments.launch import schema
 from fedjax_sel import registry
 from fedjax_sel.data.corruption import KINDS as CORRUPTION_KINDS
 from fedjax_sel.data.partition import PARTITIONS
@@ -485,77 +485,73 @@ def to_json(cfg: JobConfig) -> str:
   return json.dumps(to_dict(cfg), indent=1, sort_keys=True) + "\n"
 
 
-def _decode(cls: type, data: Any, where: str) -> Any:
-  """Builds dataclass `cls` from its dict, converting lists to the fields' tuples."""
-  if not isinstance(data, dict):
-    raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
-  hints = typing.get_type_hints(cls)
-  names = {f.name for f in dataclasses.fields(cls)}
-  unknown = sorted(set(data) - names)
+@dataclasses.dataclass(frozen=True)
+class _PartEntry:
+  """A part as config.json holds it (`to_dict`)."""
+
+  name: str
+  settings: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _MethodEntry:
+  """A method as config.json holds it (`to_dict`)."""
+
+  key: str
+  label: str
+  parts: dict[str, Any]
+
+
+def _decode_parts(data: dict[str, Any], where: str, path: str) -> dict[str, Part | None]:
+  """{kind: part} of a `parts` object (`to_dict`'s), each checked against its kind's registry."""
+  unknown = sorted(set(data) - set(registry.KINDS))
   if unknown:
-    raise ValueError(f"{where}: unknown fields {unknown}; accepted: {sorted(names)}")
-  values = {}
-  for name, value in data.items():
-    hint = hints[name]
-    if isinstance(value, list):
-      value = tuple(value)
-    if hint == (Sweep | None):
-      value = None if value is None else Sweep(value["field"], tuple(value["values"]),
-                                               value.get("name", ""))
-    elif dataclasses.is_dataclass(hint):
-      value = _decode(hint, value, f"{where}.{name}")
-    values[name] = value
-  return cls(**values)
+    raise ValueError(f"{where}: {path} has unknown kinds {unknown}; accepted: "
+                     f"{list(registry.KINDS)}")
+  return {kind: _decode_part(kind, p, where, f"{path}.{kind}") for kind, p in data.items()}
 
 
-def _decode_part(kind: str, data: Any, where: str) -> Part | None:
+def _decode_part(kind: str, data: Any, where: str, path: str) -> Part | None:
   if data is None:
     return None
+  entry = schema.conform(data, _PartEntry, where, path)
   try:
-    entry = registry.lookup(kind, data["name"])
-  except (KeyError, TypeError, ValueError) as e:
-    raise ValueError(f"{where}: {e}") from e
-  settings = data.get("settings")
-  settings = entry.settings() if settings is None else _decode(entry.settings, settings, where)
-  return Part(data["name"], settings)
+    registered = registry.lookup(kind, entry.name)
+  except ValueError as e:
+    raise ValueError(f"{where}: {path}.name: {e}") from e
+  settings = (registered.settings() if entry.settings is None else
+              schema.conform(entry.settings, registered.settings, where, f"{path}.settings"))
+  return Part(entry.name, settings)
 
 
-def _decode_method(data: Any, where: str) -> Method:
-  if not isinstance(data, dict) or set(data) != {"key", "label", "parts"}:
-    raise ValueError(f"{where}: expected an object with key, label and parts")
-  parts = tuple((kind, _decode_part(kind, p, f"{where}.parts.{kind}"))
-                for kind, p in data["parts"].items())
-  return Method(data["key"], data["label"], parts)
-
-
-def from_dict(data: dict, where: str = "config", options: type | None = None) -> JobConfig:
+def from_dict(data: Any, where: str = "config", options: type | None = None) -> JobConfig:
   """The `JobConfig` of `to_dict`'s output (`options`: the launcher's options type); ValueError
-  naming the field at fault."""
+  naming `where` (the file) and the field at fault by its path, e.g. `data.num_clients`."""
+  if not isinstance(data, dict):
+    raise ValueError(f"{where}: the file must be a JSON object, got {schema.describe(data)}")
   data = dict(data)
   version = data.pop("version", None)
   if version != VERSION:
-    raise ValueError(f"{where}: config version {version}, this fedjax_sel reads version "
+    raise ValueError(f"{where}: config version {version!r}, this fedjax_sel reads version "
                      f"{VERSION}; rerun the job from its command line")
-  parts = data.pop("parts", {})
-  methods = data.pop("methods", [])
+  parts = schema.conform(data.pop("parts", {}), dict[str, Any], where, "parts")
+  methods = schema.conform(data.pop("methods", []), tuple[_MethodEntry, ...], where, "methods")
   opts = data.pop("options", None)
-  cfg = _decode(JobConfig, data, where)
-  decoded = {kind: _decode_part(kind, parts[kind], f"{where}.parts.{kind}")
-             for kind in registry.KINDS if kind in parts}
+  cfg = schema.conform(data, JobConfig, where)
   if (opts is None) != (options is None):
     raise ValueError(f"{where}: options for {cfg.launcher} do not match this launcher's")
   return dataclasses.replace(
-      cfg, parts=dataclasses.replace(cfg.parts, **decoded),
-      seeds=tuple(int(s) for s in cfg.seeds),
-      options=None if opts is None else _decode(options, opts, f"{where}.options"),
-      methods=tuple(_decode_method(m, f"{where}.methods[{i}]") for i, m in enumerate(methods)))
+      cfg, parts=dataclasses.replace(cfg.parts, **_decode_parts(parts, where, "parts")),
+      options=None if opts is None else schema.conform(opts, options, where, "options"),
+      methods=tuple(Method(m.key, m.label, tuple(_decode_parts(m.parts, where,
+                                                               f"methods[{i}].parts").items()))
+                    for i, m in enumerate(methods)))
 
 
 def from_json(text: str, where: str = "config", options: type | None = None) -> JobConfig:
+  """`from_dict` of a config.json's text."""
   try:
     data = json.loads(text)
   except json.JSONDecodeError as e:
     raise ValueError(f"{where}: not JSON ({e})") from e
-  if not isinstance(data, dict):
-    raise ValueError(f"{where}: expected a JSON object")
   return from_dict(data, where, options)

@@ -363,10 +363,15 @@ def _job_config(bound: Binding, resolve: Resolve | None = None) -> cfglib.JobCon
   if from_file:
     try:
       with open(FLAGS.config, encoding="utf-8") as f:
-        base = cfglib.from_json(f.read(), FLAGS.config, type(bound.defaults.options)
-                                if bound.defaults.options is not None else None)
-    except (OSError, ValueError) as e:
-      raise app.UsageError(f"--config={FLAGS.config}: {e}") from e
+        text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+      raise app.UsageError(f"--config={FLAGS.config}: cannot be read "
+                           f"({getattr(e, 'strerror', None) or e})") from e
+    try:
+      base = cfglib.from_json(text, FLAGS.config, type(bound.defaults.options)
+                              if bound.defaults.options is not None else None)
+    except ValueError as e:
+      raise app.UsageError(f"--config: {e}") from e
     if base.launcher != bound.defaults.launcher:
       raise app.UsageError(f"--config={FLAGS.config} is a job of {base.launcher}, not of "
                            f"{bound.defaults.launcher}: run it with that launcher")

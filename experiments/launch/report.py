@@ -7,8 +7,8 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
-import json
 import math
 import os
 
@@ -16,6 +16,7 @@ import numpy as np
 from absl import app
 
 from experiments.launch import config as cfglib
+from experiments.launch import schema
 from fedjax_sel.host.checkpoint import CheckpointError
 from fedjax_sel.host.plotting import mean_std
 from fedjax_sel.host.runner import read_history
@@ -94,16 +95,40 @@ def write_summary(cfg: cfglib.JobConfig, text: str) -> None:
 
 # --- Reading finished jobs (experiments.compare, experiments.bench) ---------------------------
 
+@dataclasses.dataclass(frozen=True)
+class ManifestRun:
+  """One run of a job's manifest, `job.json` (`Job.record_runs` writes it; a manifest written
+  before runs recorded their method lacks `method`)."""
+
+  label: str
+  seed: int
+  folder: str
+  launcher: str = ""
+  method: str | None = None
+  sweep: str | None = None
+  stopped: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+  """A job's manifest, `job.json`: its runs."""
+
+  runs: tuple[ManifestRun, ...]
+
+
 def read_job(folder: str) -> dict[str, list[list[dict]]]:
-  """{method label: [records of each seed]} of one job folder."""
+  """{method label: [records of each seed]} of one job folder (its job.json checked against
+  `Manifest`, a usage error naming the field at fault)."""
   manifest = os.path.join(folder, "job.json")
   methods: dict[str, list[list[dict]]] = {}
   if os.path.exists(manifest):
-    with open(manifest, encoding="utf-8") as f:
-      runs = json.load(f)["runs"]
+    try:
+      runs = schema.read(manifest, Manifest).runs
+    except ValueError as e:
+      raise app.UsageError(str(e)) from e
     # A run that stopped (diverged) is its own row: "(stopped)" after its method's label.
-    entries = [(_method_of(r) + (" (stopped)" if r.get("stopped") else ""),
-                os.path.join(folder, r["folder"])) for r in runs]
+    entries = [(_method_of(r) + (" (stopped)" if r.stopped else ""),
+                os.path.join(folder, r.folder)) for r in runs]
   else:
     paths = sorted(glob.glob(os.path.join(folder, "**", "metrics.jsonl"), recursive=True))
     relative = [os.path.relpath(os.path.dirname(os.path.dirname(p)), folder) for p in paths]
@@ -122,13 +147,12 @@ def read_job(folder: str) -> dict[str, list[list[dict]]]:
   return methods
 
 
-def _method_of(run: dict) -> str:
+def _method_of(run: ManifestRun) -> str:
   """A manifest entry's method and swept value, e.g. "FedAvg lr=0.1": its `method` and `sweep`
   (a manifest written before runs recorded their method: its label without the seed's word)."""
-  method = run.get("method")
-  if method is None:
-    return " ".join(w for w in run["label"].split() if w != f"s{run['seed']}")
-  return " ".join(p for p in (method, run["sweep"]) if p)
+  if run.method is None:
+    return " ".join(w for w in run.label.split() if w != f"s{run.seed}")
+  return " ".join(p for p in (run.method, run.sweep) if p)
 
 
 def first_reach(records: list[dict], metric: str, target: float):
