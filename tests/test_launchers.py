@@ -139,6 +139,22 @@ BAD_FLAGS = [  # (launcher, flags, what the message must name)
     ("run", ["--mode=async", "--concurrency=30", "--num_available=25"], "--concurrency"),
     ("run", ["--mode=async", "--buffer_size=4", "--clients_per_round=5"], "--buffer_size"),
     ("run", ["--mode=async", "--async_alpha=0"], "--async_alpha"),
+    # K set by --buffer_size is named as that flag, not --clients_per_round.
+    ("run", ["--mode=async", "--buffer_size=30", "--num_available=25"],
+     "need --buffer_size <= --num_available"),
+    # A field given where the job's other settings leave it without effect (config.When).
+    ("run", ["--mode=async", "--staleness=constant", "--staleness_b=2"],
+     "--staleness_b=2.0 has no effect with --staleness=constant (it applies with "
+     "--staleness=hinge)"),
+    ("run", ["--shards_per_client=3"], "--shards_per_client=3 has no effect with "
+     "--partition=dirichlet (it applies with --partition=shards)"),
+    ("run", ["--partition=iid", "--dirichlet_alpha=0.1"],
+     "--partition=dirichlet or inner_dirichlet"),
+    ("run", ["--mode=async", "--async_alpha=0.3"], "(it applies with --async_rule=fedasync)"),
+    ("run", ["--lr_decay_every=5"], "(it applies with --lr_decay other than 1.0)"),
+    ("run", ["--corrupt_kinds=flip"], "(it applies with --corrupt_fraction other than 0.0)"),
+    ("run", ["--figure_format=pdf"], "--figure_format=pdf has no effect with --noplot"),
+    ("fedsrc", ["--speed_median=50"], "(it applies with --system_profile=lognormal)"),
     ("run", ["--partition=k_classes", "--classes_per_client=12"], "classes_per_client"),
     ("run", ["--partition=uni_class", "--num_clients=1700", "--num_available=30"], "--num_clients"),
     ("run", ["--dataset=fashion_mnist", "--data_dir=/nonexistent"], "--data_dir"),
@@ -475,7 +491,8 @@ def test_wandb_logs_each_run_as_its_metrics_files(tmp_path):
 def test_wandb_settings_without_wandb_are_refused(tmp_path):
   (result,) = run_cases("run", [["--rounds=1", "--wandb_project=mine", f"--out_dir={tmp_path}/j"]],
                         str(tmp_path), str(tmp_path))
-  assert result["kind"] == "UsageError" and "--wandb_project: settings of --wandb" in result[
+  assert result["kind"] == "UsageError" and ("--wandb_project=mine has no effect with --nowandb "
+                                             "(it applies with --wandb)") in result[
       "message"] and not result["ran"], result
 
 

@@ -193,7 +193,7 @@ LAUNCHER_CASES = [
     ("run", ["--server_opt=adam", "--server_tau=0"], "--server_opt=adam"),
     ("run", ["--server_lr=nan"], "--server_lr"),
     ("run", ["--corrupt_kinds=shuffle,foo"], "--corrupt_kinds"),
-    ("run", ["--deadline_s=5"], "--deadline_s needs --system_profile"),
+    ("run", ["--deadline_s=5"], "--deadline_s=5.0 has no effect with --system_profile=none"),
     ("run", ["--system_profile={tmp}/nothing.csv"], "nothing.csv: no such file"),
     ("run", ["--system_profile=lognormal", "--speed_median=0"], "speed_median"),
     ("run", ["--system_profile=lognormal", "--bandwidth_sigma=nan"], "--bandwidth_sigma"),

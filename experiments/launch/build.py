@@ -162,17 +162,15 @@ def part_defaults(cfg: cfglib.JobConfig, given: frozenset) -> cfglib.JobConfig:
                                                                     ("test_fraction",)):
     raise app.UsageError(f"--test_fraction: --dataset={cfg.parts.dataset.name} has its published "
                          "per-client test split, which the runs use; leave --test_fraction out")
-  stray = set_off_default(cfg, given, ("wandb_project", "wandb_mode"))
-  if stray and not cfg.output.wandb:
-    raise app.UsageError(f"{', '.join(stray)}: settings of --wandb, which is off; add --wandb "
-                         "(or leave them out)")
-  return _required(asynchronous(cfg, given), given, runs)
+  cfg = _required(asynchronous(cfg, given), given, runs)
+  if cfg.engine.mode == "async" and "clients_per_round" not in given:
+    check_population(cfg, "--buffer_size")  # K is the buffer size: name the flag that set it.
+  return cfg
 
 
 def set_off_default(cfg: cfglib.JobConfig, given: frozenset, names) -> list[str]:
-  """The flags among `names` given at a value other than their default (`--name`), the ones a
-  check of flags that would have no effect refuses: a replayed flags.txt names every flag, most
-  at their defaults."""
+  """The flags among `names` given at a value other than their default (`--name`): a replayed
+  flags.txt names every flag, most at their defaults."""
   fresh = cfglib.JobConfig()
   value = lambda c, name: getattr(getattr(c, cfglib.field_section(name)), name)
   return [f"--{name}" for name in names
@@ -185,14 +183,10 @@ PUBLISHED_SPLITS = tuple(federated_sqlite.DATASETS)  # Datasets with their own t
 
 def asynchronous(cfg: cfglib.JobConfig, given: frozenset) -> cfglib.JobConfig:
   """The asynchronous mode's flags resolved: K is --buffer_size when given (one K: the selector's
-  and the buffer's), C defaults to 2 K, the clock is turned on (and said) unless chosen; in the
-  synchronous mode an asynchronous flag is refused, naming it."""
+  and the buffer's), C defaults to 2 K, the clock is turned on (and said) unless chosen (an
+  asynchronous flag in the synchronous mode is refused with the job, `config.without_effect`)."""
   a = cfg.asynchrony
   if cfg.engine.mode == "sync":
-    stray = set_off_default(cfg, given, cfglib.field_names("asynchrony"))
-    if stray:
-      raise app.UsageError(f"{', '.join(stray)} set the asynchronous mode's options; add "
-                           "--mode=async (or leave them out)")
     return cfg
   if a.buffer_size:
     k = cfg.engine.clients_per_round
@@ -210,9 +204,6 @@ def asynchronous(cfg: cfglib.JobConfig, given: frozenset) -> cfglib.JobConfig:
     print("note: --mode=async times the clients: --system_profile=lognormal (log-normal speeds "
           "and bandwidths) is on; set --system_profile to choose others")
     cfg = cfglib.updated(cfg, system_profile="lognormal")
-  if cfg.clock.deadline_s:
-    raise app.UsageError("--deadline_s is a synchronous round's; --mode=async has none (the "
-                         "server steps when --buffer_size updates arrived)")
   return cfg
 
 
@@ -246,12 +237,6 @@ def _required(cfg: cfglib.JobConfig, given: frozenset, runs) -> cfglib.JobConfig
           f"--availability={cfglib.VARIED_AVAILABILITY} (each client available around its own "
           "local noon) is on; set --availability to choose another model")
     cfg = cfglib.updated(cfg, given, availability=cfglib.VARIED_AVAILABILITY)
-  unused = set_off_default(cfg, given, cfglib.field_names("lognormal"))
-  if unused and cfg.clock.system_profile != "lognormal":
-    raise app.UsageError(f"{', '.join(unused)}: settings of the log-normal clock "
-                         "(--system_profile=lognormal); with --system_profile="
-                         f"{cfg.clock.system_profile} they have no effect: drop them or choose "
-                         "lognormal")
   return cfg
 
 
@@ -315,11 +300,15 @@ def open_data_store(cfg: cfglib.JobConfig) -> fs.FederatedDataset:
     raise app.UsageError(f"--store_dir={cfg.data.store_dir}: {e}") from e
 
 
-def check_counts(cfg: cfglib.JobConfig) -> None:
-  """K <= n <= N (n: the uniform model's --num_available; the other models vary it)."""
+K_FLAG = "--clients_per_round"
+
+
+def check_counts(cfg: cfglib.JobConfig, k_flag: str = K_FLAG) -> None:
+  """K <= n <= N (n: the uniform model's --num_available; the other models vary it); `k_flag`:
+  the flag that set K."""
   k, n, total = cfg.engine.clients_per_round, num_available(cfg), cfg.data.num_clients
   if not k <= n <= total:
-    raise app.UsageError(f"need --clients_per_round <= --num_available <= --num_clients, got "
+    raise app.UsageError(f"need {k_flag} <= --num_available <= --num_clients, got "
                          f"{k}, {n}, {total}")
 
 
@@ -355,21 +344,22 @@ def system_profile(cfg: cfglib.JobConfig):
     raise app.UsageError(f"--system_profile={e.system_profile}: {err}") from err
 
 
-def check_population(cfg: cfglib.JobConfig) -> None:
-  """Counts, availability, clock and server optimizer, before any data."""
-  check_counts(cfg)
+def check_population(cfg: cfglib.JobConfig, k_flag: str = K_FLAG) -> None:
+  """Counts, availability, clock and server optimizer, before any data; `k_flag`: the flag that
+  set K (the asynchronous mode's --buffer_size, `asynchronous`)."""
+  check_counts(cfg, k_flag)
   system_profile(cfg)
   server_optimizer(cfg)
   available = availability(cfg).num_available
   k, concurrency = cfg.engine.clients_per_round, cfg.asynchrony.concurrency
-  if cfg.engine.mode == "async" and not k <= concurrency <= available:
-    raise app.UsageError(f"--concurrency={concurrency} must be in "
-                         f"{k}..{available} (the buffer size K up to "
-                         "the clients available at once)")
-  if available < cfg.engine.clients_per_round:
+  if available < k:
     raise app.UsageError(f"--availability={cfg.parts.availability.name} makes at most {available} "
-                         f"clients available at once, fewer than --clients_per_round="
-                         f"{cfg.engine.clients_per_round}; raise --avail_capacity or lower K")
+                         f"clients available at once, fewer than {k_flag}={k}; raise "
+                         "--avail_capacity or lower K")
+  if cfg.engine.mode == "async" and not k <= concurrency <= available:
+    raise app.UsageError(f"--concurrency={concurrency} (C; twice K where not given) must be in "
+                         f"{k}..{available} (the buffer size K up to the clients available at "
+                         "once)")
 
 
 def server_optimizer(cfg: cfglib.JobConfig):

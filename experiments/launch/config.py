@@ -30,13 +30,41 @@ from fedjax_sel.parts.asynchronous import STALENESS
 VERSION = 6  # Of the config.json layout; a file of another version is refused, naming both.
 
 
+@dataclasses.dataclass(frozen=True)
+class When:
+  """A setting of another field (or of a part's flag: `partition`, `staleness`, `dataset`, ...)
+  under which a field has an effect: that field among `values`, or, with `unless`, not among
+  them."""
+
+  field: str
+  values: tuple
+  unless: bool = False
+
+  def holds(self, cfg: JobConfig) -> bool:
+    return (flag_value(cfg, self.field) in self.values) != self.unless
+
+  def __str__(self) -> str:
+    if self.values in ((True,), (False,)) and not self.unless:
+      return f"--{'' if self.values[0] else 'no'}{self.field}"
+    shown = " or ".join(str(v) for v in self.values)
+    return f"--{self.field} other than {shown}" if self.unless else f"--{self.field}={shown}"
+
+
+ASYNC = When("mode", ("async",))
+LOGNORMAL = When("system_profile", ("lognormal",))
+CENTRALIZED = When("store_dir", (None,))  # A store holds its clients' data as they were split.
+
+
 def option(default: Any, help: str, *, choices: tuple | None = None,  # pylint: disable=redefined-builtin
-           within: str | None = None, result: bool = True) -> Any:
+           within: str | None = None, result: bool = True, applies: tuple[When, ...] = ()) -> Any:
   """A config field that is also a flag of the same name: default, help text, accepted values
   (`choices`, or a number's range `within` as `registry.setting` takes it); `result=False` for a
-  field that does not change a run's results (left out of fingerprints)."""
+  field that does not change a run's results (left out of fingerprints); `applies`: the settings
+  of other fields under which it has an effect (all of them; none: always), which its help text
+  states (`without_effect` refuses it set under others)."""
   field = registry.setting(default, help, choices=choices, within=within)
-  return dataclasses.field(default=default, metadata={**field.metadata, "result": result})
+  return dataclasses.field(default=default, metadata={**field.metadata, "result": result,
+                                                      "applies": applies})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,19 +76,26 @@ class DataConfig:
                           "Flower's pathological); uni_class; dominant; shards (label-sorted "
                           "shards); inner_dirichlet (equal sizes, each client's classes ~ "
                           "Dir(alpha)); lognormal_sizes / power_law_sizes (IID labels, skewed "
-                          "sizes: --size_skew).", choices=PARTITIONS)
+                          "sizes: --size_skew).", choices=PARTITIONS, applies=(CENTRALIZED,))
   num_clients: int = option(50, "Total clients in the population (N).", within=">= 1")
   dirichlet_alpha: float = option(0.5, "Concentration of the dirichlet and inner_dirichlet "
-                                  "partitions (alpha); smaller is more skewed.", within="> 0")
+                                  "partitions (alpha); smaller is more skewed.", within="> 0",
+                                  applies=(When("partition", ("dirichlet", "inner_dirichlet")),
+                                           CENTRALIZED))
   classes_per_client: int = option(2, "Classes each client holds under --partition=k_classes (k), "
-                                   "1..C.", within=">= 1")
+                                   "1..C.", within=">= 1",
+                                   applies=(When("partition", ("k_classes",)), CENTRALIZED))
   dominant_fraction: float = option(0.8, "Dominant-class share of the dominant partition.",
-                                    within="[0, 1]")
+                                    within="[0, 1]",
+                                    applies=(When("partition", ("dominant",)), CENTRALIZED))
   shards_per_client: int = option(2, "Shards per client under --partition=shards (the pool "
-                                  "sorted by label, cut into N x this many shards).", within=">= 1")
+                                  "sorted by label, cut into N x this many shards).", within=">= 1",
+                                  applies=(When("partition", ("shards",)), CENTRALIZED))
   size_skew: float = option(1.0, "Client-size skew: the sigma of --partition=lognormal_sizes, the "
                             "Pareto shape of --partition=power_law_sizes (smaller: heavier tail).",
-                            within="> 0")
+                            within="> 0", applies=(When("partition", ("lognormal_sizes",
+                                                                      "power_law_sizes")),
+                                                   CENTRALIZED))
   test_fraction: float = option(0.2, "Share of each client's examples held out as its test split "
                                 "(every launcher reports test accuracy; a run without test "
                                 "examples has none to report).", within="(0, 0.9]")
@@ -69,7 +104,7 @@ class DataConfig:
   public_fraction: float = option(0.0, "Server public set: stratified share of the pool (or of "
                                   "each client for synth/leaf).", within="[0, 0.9]")
   max_examples: int | None = option(None, "Keep at most this many examples of the centralized pool "
-                                    "(a seeded sample).", within=">= 1")
+                                    "(a seeded sample).", within=">= 1", applies=(CENTRALIZED,))
   store_dir: str | None = option(None, "Read the federated dataset from a memory-mapped store "
                                  "folder (fedjax_sel.data.store.write_store / synth_store) instead "
                                  "of --dataset.")
@@ -79,7 +114,8 @@ class DataConfig:
                                           "corrupted, split evenly among them: shuffle (random "
                                           "labels), flip (one wrong class per client), noise "
                                           "(Gaussian features); values among "
-                                          f"{CORRUPTION_KINDS}.")
+                                          f"{CORRUPTION_KINDS}.",
+                                          applies=(When("corrupt_fraction", (0.0,), unless=True),))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +126,8 @@ class LocalConfig:
   lr_decay: float = option(1.0, "Multiply lr by this every --lr_decay_every rounds.",
                            within="[0, 1]")
   lr_decay_every: int = option(10, "Rounds between multiplications of the learning rate by "
-                               "--lr_decay.", within=">= 1")
+                               "--lr_decay.", within=">= 1",
+                               applies=(When("lr_decay", (1.0,), unless=True),))
   momentum: float = option(0.0, "Client SGD momentum (heavy ball; 0 is plain SGD).",
                            within="[0, 1)")
   weight_decay: float = option(0.0, "Client decoupled weight decay (AdamW-style, per step).",
@@ -142,7 +179,9 @@ class ClockConfig:
                                "sim_time_s.")
   deadline_s: float = option(0.0, "Round deadline in simulated seconds: clients that finish later "
                              "are stragglers, left out of the aggregate (0: no deadline; needs "
-                             "--system_profile).", within=">= 0")
+                             "--system_profile; not in --mode=async).", within=">= 0",
+                             applies=(When("system_profile", ("none",), unless=True),
+                                      When("mode", ("sync",))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,12 +190,13 @@ class LognormalConfig:
   bandwidth drawn around their medians, the same population for every seed."""
 
   speed_median: float = option(100.0, "Median compute speed, training samples per second.",
-                               within="> 0")
+                               within="> 0", applies=(LOGNORMAL,))
   speed_sigma: float = option(0.8, "Sigma of log speed (0: every client at the median).",
-                              within=">= 0")
-  bandwidth_median: float = option(1e6, "Median bandwidth, bytes per second.", within="> 0")
+                              within=">= 0", applies=(LOGNORMAL,))
+  bandwidth_median: float = option(1e6, "Median bandwidth, bytes per second.", within="> 0",
+                                   applies=(LOGNORMAL,))
   bandwidth_sigma: float = option(0.8, "Sigma of log bandwidth (0: every client at the median).",
-                                  within=">= 0")
+                                  within=">= 0", applies=(LOGNORMAL,))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,26 +204,31 @@ class AsyncConfig:
   """The asynchronous mode (--mode=async): FedBuff and FedAsync on the simulated clock."""
 
   concurrency: int = option(0, "async: clients training at once, C (0: twice the buffer size).",
-                            within=">= 0")
+                            within=">= 0", applies=(ASYNC,))
   buffer_size: int = option(0, "async: updates per server step, K (0: --clients_per_round; a "
                             "freed slot is refilled at once, the selector asked for one client).",
-                            within=">= 0")
+                            within=">= 0", applies=(ASYNC,))
   async_rule: str = option("fedbuff", "async: fedbuff (staleness-weighted deltas, aggregated) or "
                            "fedasync (the aggregate mixed in with --async_alpha * s(staleness)).",
-                           choices=ASYNC_RULES)
+                           choices=ASYNC_RULES, applies=(ASYNC,))
   staleness: str = option("polynomial", "async: staleness weight s(tau): constant (1), polynomial "
                           "((1 + tau)^-a; FedBuff's 1/sqrt(1 + tau) at a = 0.5) or hinge (1 up to "
                           "b, then 1 / (a (tau - b) + 1)).",
-                          choices=STALENESS)
-  staleness_a: float = option(0.5, "async: the staleness function's a.", within=">= 0")
-  staleness_b: float = option(4.0, "async: the hinge staleness function's b.", within=">= 0")
-  async_alpha: float = option(0.6, "async, fedasync: the mixing weight alpha.", within="(0, 1]")
+                          choices=STALENESS, applies=(ASYNC,))
+  staleness_a: float = option(0.5, "async: the polynomial and hinge staleness functions' a.",
+                              within=">= 0",
+                              applies=(ASYNC, When("staleness", ("polynomial", "hinge"))))
+  staleness_b: float = option(4.0, "async: the hinge staleness function's b.", within=">= 0",
+                              applies=(ASYNC, When("staleness", ("hinge",))))
+  async_alpha: float = option(0.6, "async, fedasync: the mixing weight alpha.", within="(0, 1]",
+                              applies=(ASYNC, When("async_rule", ("fedasync",))))
   avail_window_s: float = option(1.0, "async: simulated seconds per availability index (a client "
                                  "is available at time T when the availability model has it at "
-                                 "round floor(T / window)).", within="> 0")
+                                 "round floor(T / window)).", within="> 0", applies=(ASYNC,))
   max_staleness: int = option(-1, "async: discard updates staler than this many server steps when "
                               "they arrive, counted as stale_dropped (FedScale's and FLSim's "
-                              "bound; -1: keep every update).", within=">= -1")
+                              "bound; -1: keep every update).", within=">= -1",
+                              applies=(ASYNC,))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,7 +249,8 @@ class OutputConfig:
                        "noisy).", within=">= 1")
   plot: bool = option(False, "Draw the figures after the runs (needs matplotlib).")
   figure_format: str = option("png", "File format of the --plot figures: png, or pdf / svg "
-                              "(vector, for papers).", choices=("png", "pdf", "svg"))
+                              "(vector, for papers).", choices=("png", "pdf", "svg"),
+                              applies=(When("plot", (True,)),))
   tensorboard: bool = option(False, "Also write each run's per-round scalars as TensorBoard events "
                              "under its folder (tensorboard --logdir=<out_dir>); needs the "
                              "tensorboard extra, pip install -e '.[tensorboard]'.")
@@ -213,10 +259,11 @@ class OutputConfig:
                        "run's folder); needs the wandb extra, pip install -e '.[wandb]'.",
                        result=False)
   wandb_project: str = option("fedjax_sel", "The W&B project --wandb logs the runs to.",
-                              result=False)
+                              result=False, applies=(When("wandb", (True,)),))
   wandb_mode: str = option("offline", "--wandb: offline (nothing leaves the machine; `wandb sync` "
                            "uploads later) or online (streams; needs `wandb login`).",
-                           choices=("offline", "online"), result=False)
+                           choices=("offline", "online"), result=False,
+                           applies=(When("wandb", (True,)),))
   batch_runs: bool = option(True, "Advance a method's runs (its seeds, and --sweep values) "
                             "together as one batched compiled program (device store); "
                             "--nobatch_runs runs them one after another, still sharing one "
@@ -390,6 +437,48 @@ def field_section(name: str, options: type | None = None) -> str | None:
   if options is not None and name in {f.name for f in dataclasses.fields(options)}:
     return "options"
   return None
+
+
+def flag_value(cfg: JobConfig, name: str) -> Any:
+  """The value of flag `name` in `cfg`: a section's or the options' field, or the name of the
+  part a part's flag chooses ("none" for none)."""
+  section = field_section(name, type(cfg.options) if cfg.options is not None else None)
+  if section is not None:
+    return get(cfg, f"{section}.{name}")
+  kind = next(k for k, flag in PART_FLAG.items() if flag == name)
+  chosen = getattr(cfg.parts, kind)
+  return "none" if chosen is None else chosen.name
+
+
+def _flag_text(name: str, value: Any) -> str:
+  """`--name=value` as a command line gives it (`--name` / `--noname` for a bool)."""
+  if isinstance(value, bool):
+    return f"--{'' if value else 'no'}{name}"
+  shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+  return f"--{name}={shown}"
+
+
+def without_effect(cfg: JobConfig, base: JobConfig, names) -> list[str]:
+  """The fields among `names` (flags) that `cfg` sets off their value in `base` (the launcher's
+  defaults) where they have no effect (an `applies` setting of their `option` unmet), each
+  as "--staleness_b=2.0 has no effect with --staleness=constant (it applies with
+  --staleness=hinge)".
+
+    >>> without_effect(updated(JobConfig(), shards_per_client=3), JobConfig(),
+    ...                {"shards_per_client"})  # doctest: +ELLIPSIS
+    ['--shards_per_client=3 has no effect with --partition=dirichlet (it applies with ...)']
+  """
+  groups = [getattr(cfg, s) for s in SECTIONS] + [cfg.options] * (cfg.options is not None)
+  out = []
+  for group in groups:
+    for f in dataclasses.fields(group):
+      value = getattr(group, f.name)
+      unmet = [w for w in f.metadata.get("applies", ()) if not w.holds(cfg)]
+      if f.name in names and unmet and value != flag_value(base, f.name):
+        now = ", ".join(_flag_text(w.field, flag_value(cfg, w.field)) for w in unmet)
+        out.append(f"{_flag_text(f.name, value)} has no effect with {now} (it applies with "
+                   f"{', '.join(map(str, unmet))})")
+  return out
 
 
 def updated(cfg: JobConfig, skip: set[str] | frozenset = frozenset(), **values) -> JobConfig:

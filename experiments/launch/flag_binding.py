@@ -10,7 +10,10 @@ exactly) or over the launcher's defaults.
 This module and the launchers' entry points are the only readers of `FLAGS`. Since a field and its
 flag share one name, an error about a field names its flag without parsing any text.
 
-A setting flag of a part the job does not use is refused. `binding.flag_lines(cfg)` is the job's
+A setting flag of a part the job does not use is refused, and so is a field set where the job's
+other settings leave it without effect (`config.without_effect`: `--staleness_b` without
+`--staleness=hinge`, `--shards_per_client` without `--partition=shards`, ...).
+`binding.flag_lines(cfg)` is the job's
 flagfile (`flags.txt`): `--flagfile=<out_dir>/flags.txt` replays it too.
 """
 
@@ -356,7 +359,9 @@ Resolve = Callable[[cfglib.JobConfig, frozenset], cfglib.JobConfig]
 def _job_config(bound: Binding, resolve: Resolve | None = None) -> cfglib.JobConfig:
   """The job the command line describes: the given flags over `--config`'s job or the launcher's
   defaults, then `resolve(cfg, given)` (the launcher's presets, the defaults its parts need and
-  its methods; `given`: the flags set on the command line, every field with `--config`), checked.
+  its methods; `given`: the flags set on the command line, every field with `--config`), checked:
+  each value (`check_values`), and each given field that has no effect in the job (set off the
+  launcher's default where its option's `applies` is unmet: `config.without_effect`) refused.
   """
   base = bound.defaults
   from_file = "config" in FLAGS and FLAGS.config is not None
@@ -393,6 +398,12 @@ def _job_config(bound: Binding, resolve: Resolve | None = None) -> cfglib.JobCon
     cfg = resolve(cfg, frozenset(explicit))
   cfg = _given_settings(bound, cfg)
   check_values(cfg)
+  stray = cfglib.without_effect(cfg, bound.defaults, explicit)
+  if stray:
+    one = len(stray) == 1
+    raise app.UsageError("; ".join(stray) + (": drop it or choose the setting it applies with"
+                                             if one else ": drop them or choose the settings "
+                                             "they apply with"))
   return cfg
 
 
