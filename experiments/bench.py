@@ -31,6 +31,7 @@ import numpy as np
 from absl import app, flags
 
 from experiments.launch import cli, report, schema
+from experiments.launch.config import number_text
 from fedjax_sel import registry
 from fedjax_sel.host.plotting import mean_std
 
@@ -171,8 +172,9 @@ def tables(out_dir: str, name: str, columns: tuple[str, ...], heads: tuple[str, 
 
 def write_leaderboard(out_dir: str, rows: list[dict], target: float, last_k: int) -> None:
   """`leaderboard.md`, `leaderboard.csv` and the rank figure."""
+  reach = number_text(target)
   heads = ("scenario", "selector", "seeds", "final acc", f"mean acc, last {last_k} evaluated",
-           f"rounds to {target:g}", f"simulated s to {target:g}", "worst-10% client acc",
+           f"rounds to {reach}", f"simulated s to {reach}", "worst-10% client acc",
            "participation fairness (Jain)", "selection samples (clients / server)", "stragglers")
   lines = tables(out_dir, "leaderboard", COLUMNS, heads, rows)
   lines += ["", "Mean +- sample std over the seeds; rounds and simulated seconds to the target: "
@@ -258,8 +260,8 @@ def target_figure(jobs: dict[tuple[str, str], list[list[dict]]], target: float,
     ax.margins(x=0.25)
   axes[0][0].set_yticks(range(len(selectors)), selectors)
   axes[0][0].invert_yaxis()
-  fig.suptitle(f"time to test accuracy {target:g} (mean over the seeds that reached it; orange: "
-               "not every seed did)", fontsize=9)
+  fig.suptitle(f"time to test accuracy {number_text(target)} (mean over the seeds that reached "
+               "it; orange: not every seed did)", fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=120, bbox_inches="tight")
   plt.close(fig)

@@ -25,6 +25,7 @@ from absl import app, flags
 
 from experiments.launch import cli
 from experiments.launch import report
+from experiments.launch.config import number_text
 from experiments.launch.report import read_job
 from fedjax_sel.host.plotting import mean_std
 
@@ -64,8 +65,9 @@ def row(job: str, method: str, runs: list[list[dict]], metric: str, target: floa
 
 
 def table(jobs: dict[str, dict], metric: str, target: float, last_k: int) -> str:
+  reach = number_text(target)
   lines = [f"| job | method | seeds | final {metric} | mean of the last {last_k} rounds | best | "
-           f"rounds to {target:g} | simulated seconds to {target:g} | {report.TELEMETRY_HEADER} |",
+           f"rounds to {reach} | simulated seconds to {reach} | {report.TELEMETRY_HEADER} |",
            "|" + "---|" * 11]
   for job, methods in jobs.items():
     for method, runs in methods.items():

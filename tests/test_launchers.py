@@ -209,6 +209,16 @@ def test_bad_flags_fail_before_compute(bad_flag_results, index):
   assert not result["ran"], result
 
 
+def test_swept_values_keep_their_exact_text_in_folders_and_labels():
+  """Values that `:g` would round alike (0.1234567, 0.1234568: both 0.123457) get distinct tags,
+  each reading back as its value; short values keep their short text."""
+  from experiments.launch import config  # pylint: disable=import-outside-toplevel
+  sweep = config.Sweep("local.lr", (0.1234567, 0.1234568, 0.1, 2.0, 1e-5), "lr")
+  tags = [sweep.tag(v) for v in sweep.values]
+  assert tags == ["lr=0.1234567", "lr=0.1234568", "lr=0.1", "lr=2", "lr=1e-05"]
+  assert [float(t.split("=")[1]) for t in tags] == list(sweep.values)
+
+
 # experiments/run.py composes every part: by default each selection method of the literature with
 # a robust aggregator, a server optimizer, FedSRC's rule and the clock, and the other parts each
 # with the defaults for the others, two rounds; the remaining parts and combinations are slow.

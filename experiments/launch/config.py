@@ -351,8 +351,20 @@ class Sweep:
   name: str = ""  # The flag that sets it (the folder and label tag); default: the last field.
 
   def tag(self, value: float) -> str:
-    """"NAME=V": the folder and label suffix of a value's runs."""
-    return f"{self.name or self.field.rsplit('.', 1)[-1]}={value:g}"
+    """"NAME=V": the folder and label suffix of a value's runs (V as `number_text` writes it:
+    two values never share a folder)."""
+    return f"{self.name or self.field.rsplit('.', 1)[-1]}={number_text(value)}"
+
+
+def number_text(value: float) -> str:
+  """A number as short text that reads back as the same number: `:g`'s where that is exact
+  (0.1, 1e-05, 2), else Python's shortest exact form (0.12345678, not `:g`'s 0.123457).
+
+    >>> number_text(2.0), number_text(0.12345678)
+    ('2', '0.12345678')
+  """
+  text = f"{value:g}"
+  return text if float(text) == value else repr(float(value))
 
 
 @dataclasses.dataclass(frozen=True)
