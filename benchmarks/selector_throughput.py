@@ -59,7 +59,9 @@ LIMITS = {"divfl": (10000, "an [N, D] gradient table and [N, N] distances"),
 
 # The round table's limits (its first rounds: DivFL fills its table from N gradients).
 ROUND_LIMITS = {"clustered_similarity": LIMITS["clustered_similarity"],
-                "divfl": (1000, "N gradients and an [N, N] facility location on its first round")}
+                "divfl": (1000, "N gradients and an [N, N] facility location on its first round"),
+                "fedcor": (1000, "refused at build: with N / 2 available its GP fit after the "
+                                 "warm-up factors an [N, N] matrix per history row (hours)")}
 
 
 def model():

@@ -62,15 +62,15 @@ from fedjax_sel.parts.selectors.sampling import md_selector
 from fedjax_sel.parts.selectors.uacs import entropy_selector, grad_norm_selector
 from fedjax_sel.parts.server_optimizers import (ServerOptimizer, fedadagrad, fedadam, fedavgm,
                                                 fedyogi, server_sgd)
-from fedjax_sel.parts.types import (AggregateInputs, Aggregator, ClientState, Filter, PartCosts,
-                                    Participation, RoundInputs, RoundOutcome, Selector, everyone)
+from fedjax_sel.parts.types import (AggregateInputs, Aggregator, ClientState, Filter, Footprint,
+                                    PartCosts, Participation, RoundInputs, RoundOutcome, Scale,
+                                    Selector, everyone)
 from fedjax_sel.version import __version__ as __version__  # Re-exported, not an API name.
 
 __all__ = [
     # Parts: types, availability, selectors, filters, rules, aggregators, server optimizers.
-    "AggregateInputs", "Aggregator", "ClientState", "Filter", "PartCosts", "Participation",
-    "RoundInputs",
-    "RoundOutcome", "Selector", "everyone",
+    "AggregateInputs", "Aggregator", "ClientState", "Filter", "Footprint", "PartCosts",
+    "Participation", "RoundInputs", "RoundOutcome", "Scale", "Selector", "everyone",
     "Availability", "uniform_availability", "probability_availability", "diurnal_availability",
     "trace_availability", "load_trace_availability",
     "random_selector", "power_of_choice", "divfl", "all_selector", "group_random_selector",

@@ -34,7 +34,7 @@ from fedjax_sel.client.local_training import (LocalHParams, OptimizerFactory, au
 from fedjax_sel.client.system import Clock, SystemProfile, check_profile
 from fedjax_sel.data import integrity
 from fedjax_sel.data.federated import FederatedDataset
-from fedjax_sel.engine import checks, programs
+from fedjax_sel.engine import checks, footprints, programs
 from fedjax_sel.engine.asynchronous import InFlight
 from fedjax_sel.engine.capacity import Capacity, fits_on_device
 from fedjax_sel.engine.description import (LrSchedule, RoundConfig, client_step_cost, constant_lr,
@@ -260,6 +260,9 @@ def build_run(model: Model, data: FederatedDataset, optimizer: OptimizerFactory,
   if unknown:
     raise ValueError(f"unknown stats {sorted(unknown)}; accepted: {STAT_NAMES}")
   checks.check_split_stats(data, needs)
+  scale = footprints.scale_of(model, n, availability.num_available, clients_per_round)
+  footprints.check_footprints({"filter": filter, "selector": selector,
+                               "participation rule": participation}, scale)
   if filter is not None and filter.uses_public and not np.shape(data.public_y)[0]:
     raise ValueError("the filter evaluates models on the server's public set, but the dataset "
                      "has none (set public_fraction > 0)")

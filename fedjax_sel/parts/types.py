@@ -210,6 +210,59 @@ def _no_costs(*_) -> PartCosts:
   return PartCosts()
 
 
+class Scale(NamedTuple):
+  """The sizes of a run a part's `footprint` may depend on, known when the run is built.
+
+  Attributes:
+    num_clients: N, the clients the part's arrays span.
+    num_available: n, the clients available per round (the availability model's).
+    k: K, the round's training slots.
+    model_size: D, the model's parameters (a flattened model or update holds D values).
+  """
+
+  num_clients: int
+  num_available: int
+  k: int
+  model_size: int
+
+
+class Footprint(NamedTuple):
+  """What a part's own computation takes of the machine in its costliest round, declared by the
+  part so that `build_run` estimates its time and memory before round 0 (`engine/footprints.py`):
+  it warns when that round would take over a minute, and refuses a run whose part would not fit in
+  memory or would take half a day a round. A part whose work grows with N no faster than the
+  engine's own (linearly) declares nothing.
+
+  Attributes:
+    flops: floating-point operations of its dense linear algebra (matrix products, Cholesky
+      factors, triangular solves): compute-bound, timed at the device's FLOP rate.
+    traffic: bytes its memory-bound passes read and write (element-wise operations, reductions,
+      copies of large arrays; a pass that reads an `[N, N]` float32 array and writes another moves
+      8 N^2 bytes), timed at the device's memory bandwidth.
+    memory: bytes its largest arrays take at once (its state and working arrays).
+    step: what the costliest round does, for the messages.
+    cheaper: a cheaper setting or part, suggested when it is too costly.
+
+  Example:
+    >>> def gram_footprint(scale):  # An [N, N] Gram matrix of the clients' updates, every round.
+    ...   n, d = scale.num_clients, scale.model_size
+    ...   return Footprint(flops=2.0 * n * n * d, memory=4.0 * n * (n + d),
+    ...                    step="every round: the [N, N] Gram matrix of the clients' updates")
+    >>> gram_footprint(Scale(num_clients=1000, num_available=100, k=10, model_size=650)).memory
+    6600000.0
+  """
+
+  flops: float = 0.0
+  traffic: float = 0.0
+  memory: float = 0.0
+  step: str = ""
+  cheaper: str = ""
+
+
+def _no_footprint(_) -> Footprint:
+  return Footprint()
+
+
 class Selector(NamedTuple):
   """Picks at most K clients from a mask.
 
@@ -246,6 +299,8 @@ class Selector(NamedTuple):
   """The settings that built it, for provenance and the compiled program's signature."""
   costs: Callable[[Any], PartCosts] = _no_costs
   """`costs(state) -> PartCosts`: the evaluations and gradients the selector charged."""
+  footprint: Callable[[Scale], Footprint] = _no_footprint
+  """`footprint(scale) -> Footprint`: its own work in its costliest round, estimated at build."""
   sampling_weights: Callable[[Any], jax.Array] | None = None
   """`sampling_weights(state) -> [N]`: each chosen client's weight c_k in the aggregate."""
 
@@ -278,6 +333,8 @@ class Filter(NamedTuple):
   """The settings that built it, for provenance and the compiled program's signature."""
   costs: Callable[[dict], PartCosts] = _no_costs
   """`costs(info) -> PartCosts`: what a filtering round charged."""
+  footprint: Callable[[Scale], Footprint] = _no_footprint
+  """`footprint(scale) -> Footprint`: its own work in its costliest round, estimated at build."""
 
 
 class Participation(NamedTuple):
@@ -301,6 +358,8 @@ class Participation(NamedTuple):
   """Whether `observe` reads `outcome.params` (the stacked local models)."""
   report: Callable[[Any], dict] = lambda state: {}
   """`report(state) -> {name: scalar}` written under `"rule"` in the round's metrics."""
+  footprint: Callable[[Scale], Footprint] = _no_footprint
+  """`footprint(scale) -> Footprint`: its own work in its costliest round, estimated at build."""
   spec: dict | None = None
   """The settings that built it, for provenance and the compiled program's signature."""
 

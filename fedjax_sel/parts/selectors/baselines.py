@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel import registry
-from fedjax_sel.parts.types import PartCosts, Selector
+from fedjax_sel.parts.types import Footprint, PartCosts, Scale, Selector
 
 
 def top_k_mask(scores: jax.Array, mask: jax.Array, k: int) -> jax.Array:
@@ -155,6 +155,17 @@ class DivFLState(NamedTuple):
   gradient_samples: jax.Array
 
 
+def divfl_footprint(scale: Scale) -> Footprint:
+  """DivFL's round (every round): the `[N, N]` distances of the `[N, D]` table (2 N^2 D flops;
+  written and their maximum taken, 16 N^2 bytes), then K greedy steps, each reading them (4 N^2
+  bytes). Its buffers hold 8 N^2 bytes (measured at N = 1000-4000) and the table, in and out."""
+  n, d = scale.num_clients, scale.model_size
+  return Footprint(flops=2.0 * n * n * d, traffic=4.0 * (scale.k + 4) * n * n,
+                   memory=8.0 * n * n + 8.0 * n * d,
+                   step="every round: the [N, N] distances of the clients' gradient table",
+                   cheaper="power of choice or entropy selection, which read [N] statistics")
+
+
 def divfl(proxy: str = "gradient") -> Selector:
   """DivFL (docs/papers/filfl.md, 'Selectors after the filter'): a stale table of gradient proxies
   for all N clients, greedy facility location over the mask.
@@ -215,7 +226,7 @@ def divfl(proxy: str = "gradient") -> Selector:
                                         "gradient_samples": state.gradient_samples},
                   costs=lambda state: PartCosts(gradients_computed=state.gradients_computed,
                                                 gradient_samples=state.gradient_samples),
-                  spec={"name": "divfl", "proxy": proxy})
+                  footprint=divfl_footprint, spec={"name": "divfl", "proxy": proxy})
 
 
 def all_selector() -> Selector:
