@@ -41,6 +41,7 @@ from fedjax_sel.engine.capacity import Capacity
 from fedjax_sel.engine.description import LrSchedule, RoundConfig, constant_lr, step_decay_lr
 from fedjax_sel.engine.run_spec import RunSpec, build_run
 from fedjax_sel.engine.runs import RunBatch
+from fedjax_sel.engine.sweeps import program_groups
 from fedjax_sel.engine.simulator import Simulator
 from fedjax_sel.engine.state import Costs, EngineState
 from fedjax_sel.host.compilation import use_persistent_cache
@@ -87,6 +88,6 @@ __all__ = [
     "FederatedDataset", "MODELS", "Model", "build_model", "SystemProfile", "lognormal_profiles",
     # Engine and host.
     "Capacity", "Costs", "EngineState", "LrSchedule", "RoundConfig", "RunSpec", "Simulator",
-    "build_run", "constant_lr", "step_decay_lr", "RunBatch", "run", "run_batch", "summary_table",
-    "use_persistent_cache",
+    "build_run", "constant_lr", "step_decay_lr", "RunBatch", "program_groups", "run", "run_batch",
+    "summary_table", "use_persistent_cache",
 ]

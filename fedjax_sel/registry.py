@@ -42,12 +42,15 @@ import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import jax
+
 KINDS = ("selector", "filter", "rule", "aggregator", "server_optimizer", "availability",
          "dataset", "model")
 ENTRY_POINT_GROUP = "fedjax_sel.parts"
 # The package's folders whose modules register parts, datasets and models: every module in them is
 # imported the first time the registry is read, so a part registered where it is written is found.
 PACKAGES = ("fedjax_sel.parts", "fedjax_sel.data", "fedjax_sel.models")
+SWEEPS = ("value", "structural")  # How a setting's values share a compiled round (`sweeps`).
 
 
 class SettingError(ValueError):
@@ -160,10 +163,18 @@ class Range(NamedTuple):
 
 
 def setting(default: Any, help: str, *, flag: str | None = None,  # pylint: disable=redefined-builtin
-            choices: tuple | None = None, within: str | None = None) -> Any:
+            choices: tuple | None = None, within: str | None = None,
+            sweep: str | None = None) -> Any:
   """A settings field: its default, help text, command-line flag (default `<part>_<field>`) and
   accepted values: for a string among fixed values, `choices`; for a number, the range `within`
   (as `Range.parse` reads it; the help text then ends with it).
+
+  `sweep` says how runs that differ in the setting share a compiled round (`sweeps`): "value",
+  a number the round's arithmetic reads, which then travels as a run value of the batch axis
+  (one program for every value; the part's factory is called with a traced scalar, so it must
+  not turn the setting into a Python number); "structural", one that sets an array's shape, a
+  count, a choice or a branch taken in Python (one program per value). Default: "value" for a
+  float, "structural" for everything else.
 
   Example:
     >>> import dataclasses
@@ -177,11 +188,22 @@ def setting(default: Any, help: str, *, flag: str | None = None,  # pylint: disa
     ...
     fedjax_sel.registry.SettingError: share must be in [0, 1], got 1.5
   """
+  if sweep not in (None,) + SWEEPS:
+    raise ValueError(f"sweep must be one of {SWEEPS}, got {sweep!r}")
   metadata = {"help": help, "flag": flag, "choices": choices,
-              "within": None if within is None else Range.parse(within)}
+              "within": None if within is None else Range.parse(within), "sweep": sweep}
   if isinstance(default, (list, dict)):
     raise TypeError("settings defaults must be immutable (use a tuple)")
   return dataclasses.field(default=default, metadata=metadata)
+
+
+def sweeps(field: dataclasses.Field) -> str:
+  """How runs that differ in `field` share a program: "value" or "structural" (`setting`)."""
+  declared = field.metadata.get("sweep")
+  if declared is not None:
+    return declared
+  float_default = isinstance(field.default, float) and not isinstance(field.default, bool)
+  return "value" if float_default else "structural"
 
 
 def setting_help(field: dataclasses.Field) -> str:
@@ -193,12 +215,27 @@ def setting_help(field: dataclasses.Field) -> str:
 def value_problem(value: Any, metadata) -> str | None:
   """Why `value` is outside the `choices` or the range (`within`) of a field with `metadata`
   ("must be ..., got ..."), or None when it is inside (a None value has no range)."""
+  if isinstance(value, jax.core.Tracer):  # A swept run value: checked as each run was built.
+    return None
   choices, within = metadata.get("choices"), metadata.get("within")
   if choices is not None and value not in choices:
     return f"must be one of {', '.join(map(str, choices))}, got {value!r}"
   if within is not None and value is not None and value not in within:
     return f"must be {within}, got {value}"
   return None
+
+
+def concrete(*values: Any) -> bool:
+  """Whether `values` are known numbers, not the traced scalars of a batch that sweeps them
+  (`sweeps`): a factory checks a setting's range only then (each run's own value was checked when
+  it was built)."""
+  return not any(isinstance(v, jax.core.Tracer) for v in values)
+
+
+def plain(value: Any) -> Any:
+  """A setting as a part's `spec` records it: a Python float, or the traced scalar it is while a
+  batch sweeps it (`sweeps`)."""
+  return value if isinstance(value, jax.core.Tracer) else float(value)
 
 
 def check_values(settings: Any) -> None:
@@ -366,7 +403,35 @@ def check(kind: str, name: str, settings: Any, context: BuildContext) -> None:
     own(context)
 
 
+class Recipe(NamedTuple):
+  """How the registry built a part: rebuilt with other values of its settings (`with_values`),
+  the part's program can take those values as run values (`engine/sweeps.py`)."""
+
+  kind: str
+  name: str
+  settings: Any
+  context: BuildContext
+
+  def value_fields(self) -> tuple[str, ...]:
+    """The settings that travel as run values when runs differ in them (`sweeps`)."""
+    return tuple(f.name for f in dataclasses.fields(self.settings) if sweeps(f) == "value")
+
+  def with_values(self, **values) -> Any:
+    """The part built with `values` in place of those settings (unchecked: they may be traced
+    scalars; each run's own values were checked when it was built)."""
+    settings = dataclasses.replace(self.settings, **values)
+    part = lookup(self.kind, self.name).factory(settings, self.context)
+    return _with_recipe(part, self._replace(settings=settings))
+
+
+def _with_recipe(part: Any, recipe: Recipe) -> Any:
+  fields = getattr(part, "_fields", ())
+  return part._replace(recipe=recipe) if "recipe" in fields else part
+
+
 def build(kind: str, name: str, settings: Any, context: BuildContext) -> Any:
-  """The part `name` of `kind` with `settings`, checked first."""
+  """The part `name` of `kind` with `settings`, checked first (a part type with a `recipe` field
+  records how it was built there)."""
   check(kind, name, settings, context)
-  return lookup(kind, name).factory(settings, context)
+  part = lookup(kind, name).factory(settings, context)
+  return _with_recipe(part, Recipe(kind, name, settings, context))

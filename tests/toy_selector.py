@@ -3,6 +3,7 @@ run by `experiments.run --selector=tests.toy_selector:lowest_index` (test_regist
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 
 import fedjax_sel as fs
@@ -29,3 +30,27 @@ def lowest_index(settings: LowestIndexSettings, context: registry.BuildContext) 
 
   return fs.Selector(init=lambda n, params: (), select=select,
                      spec={"name": "lowest_index", "offset": offset})
+
+
+@dataclasses.dataclass(frozen=True)
+class TemperedLossSettings:
+  """Settings of the tempered-loss selector."""
+
+  temperature: float = registry.setting(1.0, "Softmax temperature over the clients' losses.",
+                                        within="> 0")
+
+
+@registry.register("selector", "tempered_loss", TemperedLossSettings)
+def tempered_loss(settings: TemperedLossSettings, context: registry.BuildContext) -> fs.Selector:
+  """K available clients drawn without replacement with probabilities softmax(loss / T)."""
+  del context
+  temperature = settings.temperature  # A float: a batch sweeps it as a run value.
+
+  def select(state, key, inputs, mask):
+    logits = jnp.where(mask, inputs.stats["loss"] / temperature, -jnp.inf)
+    scores = logits + jax.random.gumbel(key, mask.shape)
+    rank = jnp.argsort(jnp.argsort(-scores))
+    return mask & (rank < inputs.k), state
+
+  return fs.Selector(init=lambda n, params: (), select=select, needs=("loss",),
+                     spec={"name": "tempered_loss", "temperature": temperature})

@@ -76,3 +76,24 @@ def check_contracts(config, metrics: dict, runs_axis: bool = False) -> None:
     raise ContractError(f"round {int(rounds[at])}{run}: the {role} "
                         f"{part_name(getattr(config, role))!r} {what} ({int(counts[at])} "
                         "clients); the run stops here, before anything of this round is kept")
+
+
+def noted(kind: str, part):
+  """`part` whose functions add a note naming the part and the function to any exception they
+  raise (a shape error while the round is traced, a missing statistic), so that the traceback of
+  a user's broken part says which part broke. The wrappers trace as the functions do, and parts
+  equal in structure stay equal (one compiled program)."""
+  if part is None:
+    return None
+  name = (part.spec or {}).get("name", type(part).__name__)
+
+  def wrap(field, fn):
+    def call(*args, **kwargs):
+      try:
+        return fn(*args, **kwargs)
+      except Exception as e:
+        e.add_note(f"raised by the {kind} {name!r} in its {field}")
+        raise
+    return call
+  return part._replace(**{f: wrap(f, getattr(part, f)) for f in part._fields
+                          if f != "spec" and callable(getattr(part, f))})

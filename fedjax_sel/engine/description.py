@@ -88,8 +88,12 @@ def program_key(config: RoundConfig) -> Any:
   parts = {name: getattr(config, name) for name in ("selector", "aggregator", "filter",
                                                     "participation")}
   # A part's spec describes it for fingerprints; it may hold run values (eps) the state carries.
-  stripped = {name: p if p is None else p._replace(init=None, spec=None)
+  # Its recipe says how it was built: its functions say what the program computes.
+  stripped = {name: p if p is None else p._replace(init=None, spec=None, recipe=None)
               for name, p in parts.items()}
+  server = config.server_optimizer
+  if server is not None:
+    stripped["server_optimizer"] = server._replace(spec=None, recipe=None)
   return signature(config._replace(model=config.model._replace(init=None), **stripped))
 
 

@@ -37,6 +37,7 @@ from fedjax_sel.data.federated import FederatedDataset
 from fedjax_sel.engine import checks, footprints, programs
 from fedjax_sel.engine.asynchronous import InFlight
 from fedjax_sel.engine.capacity import Capacity, fits_on_device
+from fedjax_sel.engine.contracts import noted
 from fedjax_sel.engine.description import (LrSchedule, RoundConfig, client_step_cost, constant_lr,
                                            replicated)
 from fedjax_sel.engine.signature import Keyed, signature
@@ -108,27 +109,6 @@ def on_mesh(config: RoundConfig, tree):
   process), or as it is on one device."""
   sharding = replicated(config)
   return tree if sharding is None else jax.device_put(tree, sharding)
-
-
-def _noted(kind: str, part):
-  """`part` whose functions add a note naming the part and the function to any exception they
-  raise (a shape error while the round is traced, a missing statistic), so that the traceback of
-  a user's broken part says which part broke. The wrappers trace as the functions do, and parts
-  equal in structure stay equal (one compiled program)."""
-  if part is None:
-    return None
-  name = (part.spec or {}).get("name", type(part).__name__)
-
-  def wrap(field, fn):
-    def call(*args, **kwargs):
-      try:
-        return fn(*args, **kwargs)
-      except Exception as e:
-        e.add_note(f"raised by the {kind} {name!r} in its {field}")
-        raise
-    return call
-  return part._replace(**{f: wrap(f, getattr(part, f)) for f in part._fields
-                          if f != "spec" and callable(getattr(part, f))})
 
 
 def _clock(system_profile, deadline_s, n: int, model_size: int) -> Clock | None:
@@ -250,9 +230,9 @@ def build_run(model: Model, data: FederatedDataset, optimizer: OptimizerFactory,
     raise ValueError(f"capacity {capacity} is smaller than the dataset (train / val / test rows "
                      f"{[getattr(data, s).x.shape[0] for s in ('train', 'val', 'test')]}, "
                      f"largest client {data.train.max_count})")
-  participation = _noted("participation rule", participation or everyone())
-  selector, aggregator = _noted("selector", selector), _noted("aggregator", aggregator)
-  filter = _noted("filter", filter)
+  participation = noted("participation rule", participation or everyone())
+  selector, aggregator = noted("selector", selector), noted("aggregator", aggregator)
+  filter = noted("filter", filter)
   needs = set(selector.needs) | set(participation.needs)
   if filter is not None:
     needs |= set(filter.needs)

@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_sel.engine import sweeps
 from fedjax_sel.engine.contracts import check_contracts
 from fedjax_sel.engine.description import (RoundConfig, client_step_cost, program_key,
                                            replicated)
@@ -59,10 +60,12 @@ AXIS = "runs"
 
 
 class BatchConfig(NamedTuple):
-  """The static config of a batched program: the round's config and the runs per vmapped chunk."""
+  """The static config of a batched program: the round's config, the runs per vmapped chunk and
+  the `(part, setting)` pairs the runs carry as run values (`sweeps.py`)."""
 
   round: RoundConfig
   runs_chunk: int
+  swept: tuple[tuple[str, str], ...] = ()
 
 
 def stack_runs(trees: Sequence[Any], sharding=None) -> Any:
@@ -94,15 +97,16 @@ def _over_runs(fn, chunk: int, *trees):
 
 
 def _batched_step(cfg, states, arrays, runs):
-  config, chunk = cfg.value
+  config, chunk, pairs = cfg.value
   t = states.round[0]  # The runs advance together: one unbatched round index.
   fn = step_function(config)
-  return _over_runs(lambda s, a, r: fn(config, s._replace(round=t), a, r),
-                    chunk, states, arrays, runs)
+  return _over_runs(
+      lambda s, a, r: fn(sweeps.with_run_settings(config, pairs, r.settings),
+                         s._replace(round=t), a, r), chunk, states, arrays, runs)
 
 
 def _batched_evaluate(cfg, params, arrays):
-  config, chunk = cfg.value
+  config, chunk, _ = cfg.value
   return _over_runs(lambda p, a: evaluate(config, p, a), chunk, params, arrays)
 
 
@@ -156,13 +160,18 @@ class RunBatch:
                          "advance one by one; use store='device' to batch them")
     prox = any(spec.config.proximal for spec in specs)
     configs = [s.config._replace(proximal=prox) for s in specs]
+    pairs = sweeps.swept(configs)
     first = program_key(configs[0])
     for i, config in enumerate(configs[1:], 1):
+      config = sweeps.aligned(config, configs[0], pairs)
       if program_key(config) != first:
         raise ValueError(f"run {i} does not share run 0's program: they differ in "
                          f"{', '.join(_differences(configs[0], config)) or 'their data shapes'} "
-                         "(runs may differ only in seed, learning rate, FedProx mu, data values "
-                         "and part-state values; pad their data to one Capacity)")
+                         "(runs may differ only in seed, learning rate, FedProx mu, data values, "
+                         "part-state values and the parts' value settings, registry.sweeps; "
+                         "pad their data to one Capacity)")
+    values = [sweeps.run_settings(c, pairs) for c in configs]
+    sweeps.check_traceable(configs[0], pairs, values[0])  # A named error before any upload.
     hosts = [padded_arrays(s) for s in specs]  # The runs' data, not yet on the device.
     shapes = {jax.tree.map(np.shape, h) == jax.tree.map(np.shape, hosts[0]) for h in hosts}
     if shapes != {True}:
@@ -182,10 +191,11 @@ class RunBatch:
       mesh = jax.make_mesh((devices,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
       self.placement = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(AXIS))
       config = config._replace(client_sharding=None)
-    self.config = BatchConfig(config, chunk)
-    self.keyed = Keyed((program_key(config), chunk), self.config)
+    self.config = BatchConfig(config, chunk, pairs)
+    self.keyed = Keyed((program_key(config), chunk, pairs), self.config)
     self.arrays = stack_runs(hosts, self.placement)  # Each run's data uploaded once, here.
-    self.run_values = stack_runs([s.run_values for s in specs], self.placement)
+    self.run_values = stack_runs(
+        [s.run_values._replace(settings=v) for s, v in zip(specs, values)], self.placement)
 
   def run_slice(self, tree: Any, i: int) -> Any:
     """Run `i`'s part of a stacked tree (its state, metrics or evaluation)."""

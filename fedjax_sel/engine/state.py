@@ -95,11 +95,14 @@ class RunValues(NamedTuple):
     seed: int32; every key derives from (seed, round, purpose, client id).
     lr: float32 base client learning rate (the config's `lr_factor(t)` multiplies it).
     prox_mu: float32 FedProx coefficient (used when the config's `proximal` is on).
+    settings: float32 values of the parts' settings a batch sweeps, by `"part.setting"`
+      (`sweeps.py`); empty for a run alone, whose parts hold their settings as constants.
   """
 
   seed: jax.Array
   lr: jax.Array
   prox_mu: jax.Array
+  settings: dict = {}
 
 
 def to_host(tree) -> Any:

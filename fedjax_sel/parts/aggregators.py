@@ -163,7 +163,7 @@ def trimmed_mean(beta: float = 0.3, rounding: str = "floor") -> Aggregator:
     beta: share trimmed per side, in [0, 0.5).
     rounding: "floor" (t = int(beta * n), the textbook) or "ceil" (the FedSRC reference code's).
   """
-  if not 0.0 <= beta < 0.5:
+  if registry.concrete(beta) and not 0.0 <= beta < 0.5:
     raise ValueError(f"trimmed-mean beta (share trimmed per side) must be in [0, 0.5), got {beta}")
   if rounding not in TRIM_ROUNDINGS:
     raise ValueError(f"trim rounding must be one of {TRIM_ROUNDINGS}, got {rounding!r}")
@@ -177,7 +177,8 @@ def trimmed_mean(beta: float = 0.3, rounding: str = "floor") -> Aggregator:
     return jnp.sum(jnp.where(keep, s, 0.0), axis=0) / jnp.maximum(n - 2 * t, 1)
 
   return Aggregator(init=lambda n, params: (), apply=_keep_if_empty(leaf),
-                    spec={"name": "trimmed_mean", "beta": float(beta), "rounding": rounding})
+                    spec={"name": "trimmed_mean", "beta": registry.plain(beta),
+                          "rounding": rounding})
 
 
 def flatten_stack(client_params) -> jax.Array:
@@ -281,7 +282,8 @@ def fedasl_weights(losses: jax.Array, mask: jax.Array, alpha: float = 1.0,
 def fedasl(alpha: float = 1.0, beta: float = 0.2) -> Aggregator:
   """FedASL: a weighted mean whose weights shrink with the distance of a client's reported training
   loss from the median loss (`fedasl_weights`)."""
-  if not (0 < alpha < float("inf") and 0 < beta < float("inf")):
+  if registry.concrete(alpha, beta) and not (
+      0 < alpha < float("inf") and 0 < beta < float("inf")):
     raise ValueError(f"fedasl alpha and beta must be finite and > 0, got alpha={alpha}, "
                      f"beta={beta}")
 
@@ -290,7 +292,8 @@ def fedasl(alpha: float = 1.0, beta: float = 0.2) -> Aggregator:
     return weighted_mean(client_params, w, global_params), state
 
   return Aggregator(init=lambda n, params: (), apply=apply,
-                    spec={"name": "fedasl", "alpha": float(alpha), "beta": float(beta)})
+                    spec={"name": "fedasl", "alpha": registry.plain(alpha),
+                          "beta": registry.plain(beta)})
 
 
 AGGREGATORS = ("fedavg", "median", "trimmed_mean", "krum", "multi_krum", "fedasl")

@@ -37,7 +37,7 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +55,7 @@ class ServerOptimizer(NamedTuple):
 
   transform: optax.GradientTransformation
   spec: dict
+  recipe: Any = None  # How the registry built it (`registry.Recipe`): a batch sweeps its settings.
 
 
 class AdaptiveState(NamedTuple):
@@ -67,14 +68,15 @@ class AdaptiveState(NamedTuple):
 def server_sgd(lr: float = 1.0) -> ServerOptimizer:
   """w_{t+1} = w_t - lr (w_t - w_agg): with lr 1, the aggregate itself."""
   registry.check_values(ServerSGDSettings(lr=lr))
-  return ServerOptimizer(optax.sgd(lr), {"name": "sgd", "lr": float(lr)})
+  return ServerOptimizer(optax.sgd(lr), {"name": "sgd", "lr": registry.plain(lr)})
 
 
 def fedavgm(lr: float = 1.0, momentum: float = 0.9) -> ServerOptimizer:
   """FedAvgM (Hsu et al. 2019): v = momentum v + g, w_{t+1} = w_t - lr v (optax's heavy ball)."""
   registry.check_values(FedAvgMSettings(lr=lr, momentum=momentum))
   return ServerOptimizer(optax.sgd(lr, momentum=momentum),
-                         {"name": "momentum", "lr": float(lr), "momentum": float(momentum)})
+                         {"name": "momentum", "lr": registry.plain(lr),
+                          "momentum": registry.plain(momentum)})
 
 
 def _adaptive(name: str, second_moment, lr: float, beta1: float, beta2: float,
@@ -94,8 +96,8 @@ def _adaptive(name: str, second_moment, lr: float, beta1: float, beta2: float,
     updates = jax.tree.map(lambda m_, v_: lr * m_ / (jnp.sqrt(v_) + tau), m, v)
     return updates, AdaptiveState(m, v)
 
-  spec = {"name": name, "lr": float(lr), "beta1": float(beta1), "beta2": float(beta2),
-          "tau": float(tau)}
+  spec = {"name": name, **{k: registry.plain(v) for k, v in
+                           (("lr", lr), ("beta1", beta1), ("beta2", beta2), ("tau", tau))}}
   return ServerOptimizer(optax.GradientTransformation(init, update), spec)
 
 
@@ -143,7 +145,8 @@ _LR_HELP = ("Server learning rate (eta); default 1.0 for sgd and momentum, 0.01 
 class ServerSGDSettings:
   """Server SGD's step size."""
 
-  lr: float | None = registry.setting(None, _LR_HELP, flag="server_lr", within="> 0")
+  lr: float | None = registry.setting(None, _LR_HELP, flag="server_lr", within="> 0",
+                                      sweep="value")
 
   def build(self, name: str) -> ServerOptimizer:
     return make_server_optimizer(name, self.lr, **{

@@ -303,6 +303,8 @@ class Selector(NamedTuple):
   """`footprint(scale) -> Footprint`: its own work in its costliest round, estimated at build."""
   sampling_weights: Callable[[Any], jax.Array] | None = None
   """`sampling_weights(state) -> [N]`: each chosen client's weight c_k in the aggregate."""
+  recipe: Any = None
+  """How the registry built it (`registry.Recipe`), or None: lets a batch sweep its settings."""
 
 
 class Filter(NamedTuple):
@@ -335,6 +337,8 @@ class Filter(NamedTuple):
   """`costs(info) -> PartCosts`: what a filtering round charged."""
   footprint: Callable[[Scale], Footprint] = _no_footprint
   """`footprint(scale) -> Footprint`: its own work in its costliest round, estimated at build."""
+  recipe: Any = None
+  """How the registry built it (`registry.Recipe`), or None: lets a batch sweep its settings."""
 
 
 class Participation(NamedTuple):
@@ -362,6 +366,8 @@ class Participation(NamedTuple):
   """`footprint(scale) -> Footprint`: its own work in its costliest round, estimated at build."""
   spec: dict | None = None
   """The settings that built it, for provenance and the compiled program's signature."""
+  recipe: Any = None
+  """How the registry built it (`registry.Recipe`), or None: lets a batch sweep its settings."""
 
 
 class AggregateInputs(NamedTuple):
@@ -395,6 +401,8 @@ class Aggregator(NamedTuple):
   """The settings that built it, for provenance and the compiled program's signature."""
   applies_sampling_weights: bool = False
   """Whether the aggregate weighs updates by the selector's sampling weights c_k."""
+  recipe: Any = None
+  """How the registry built it (`registry.Recipe`), or None: lets a batch sweep its settings."""
 
 
 def everyone() -> Participation:

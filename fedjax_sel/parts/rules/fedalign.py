@@ -93,9 +93,9 @@ def check_schedule(schedule, eps0: float, rounds: int, warmup_fraction: float) -
   """Raises ValueError naming the bad argument and its accepted range."""
   if not callable(schedule) and schedule not in SCHEDULES:
     raise ValueError(f"eps_schedule must be one of {SCHEDULES} or a callable, got {schedule!r}")
-  if not (np.isfinite(eps0) and eps0 >= 0):
+  if registry.concrete(eps0) and not (np.isfinite(eps0) and eps0 >= 0):
     raise ValueError(f"eps0 (initial alignment tolerance) must be a finite number >= 0, got {eps0}")
-  if not 0.0 <= warmup_fraction < 1.0:
+  if registry.concrete(warmup_fraction) and not 0.0 <= warmup_fraction < 1.0:
     raise ValueError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}")
   if rounds < 1:
     raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -206,7 +206,7 @@ def fedalign_rule(priority, rounds: int, eps0: float = 0.2, schedule: str | Sche
     return {k: v for k, v in state._asdict().items() if k not in ("eps0", "priority")}
 
   spec = {"name": "fedalign", "priority": np.flatnonzero(priority).tolist(), "rounds": rounds,
-          "eps0": float(eps0), "warmup_fraction": float(warmup_fraction), "metric": metric,
+          "eps0": registry.plain(eps0), "warmup_fraction": float(warmup_fraction), "metric": metric,
           "split": split, "schedule": schedule if isinstance(schedule, str) else getattr(
               schedule, "__qualname__", "callable")}
   return Participation(init=init, apply=apply, needs=(stat,), report=report, spec=spec)
@@ -291,7 +291,7 @@ class FedALIGNSettings:
                                    "after the warm-up.", flag="eps_schedule", choices=SCHEDULES)
   warmup_fraction: float = registry.setting(0.1, "Share of the rounds at the start with priority "
                                             "clients only.", flag="warmup_fraction",
-                                            within="[0, 1)")
+                                            within="[0, 1)", sweep="structural")  # A round count.
   metric: str = registry.setting("loss", "What clients compare with the priority clients: loss, or "
                                  "accuracy (the paper's experiments' proxy).", flag="align_metric",
                                  choices=METRICS)

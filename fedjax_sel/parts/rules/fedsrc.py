@@ -149,9 +149,9 @@ def check_config(cfg: FedSRCConfig) -> None:
   """Raises `registry.SettingError` (a ValueError) naming the bad field and its accepted range,
   before any compute."""
   registry.check_values(cfg)
-  if cfg.alpha0 > cfg.alpha_max:
+  if registry.concrete(cfg.alpha0, cfg.alpha_max) and cfg.alpha0 > cfg.alpha_max:
     raise registry.SettingError("alpha0", f"({cfg.alpha0}) must be <= alpha_max ({cfg.alpha_max})")
-  if np.isnan(cfg.cut) or cfg.cut == -np.inf:
+  if registry.concrete(cfg.cut) and (np.isnan(cfg.cut) or cfg.cut == -np.inf):
     raise registry.SettingError("cut", f"must be a number or +inf (every client passes), got "
                                 f"{cfg.cut}")
 

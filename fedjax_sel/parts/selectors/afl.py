@@ -75,7 +75,8 @@ def afl_selector(alpha1: float = 0.75, alpha2: float = 0.01, alpha3: float = 0.1
     valuation: "paper" (`sqrt(m_k)` times the mean loss) or "plato" (the mean loss over
       `sqrt(m_k)`).
   """
-  if not (0.0 <= alpha1 < 1.0 and alpha2 >= 0.0 and 0.0 <= alpha3 <= 1.0):
+  if registry.concrete(alpha1, alpha2, alpha3) and not (
+      0.0 <= alpha1 < 1.0 and alpha2 >= 0.0 and 0.0 <= alpha3 <= 1.0):
     raise ValueError(f"AFL needs alpha1 in [0, 1), alpha2 >= 0, alpha3 in [0, 1]; got "
                      f"alpha1={alpha1}, alpha2={alpha2}, alpha3={alpha3}")
   if valuation not in VALUATIONS:
@@ -112,7 +113,8 @@ class AFLSettings:
   alpha1: float = registry.setting(0.75, "Share of the lowest-valued clients left out of the "
                                    "weighted draw.", within="[0, 1)")
   alpha2: float = registry.setting(0.01, "Softmax temperature on the valuations.", within=">= 0")
-  alpha3: float = registry.setting(0.1, "Share of the K drawn uniformly.", within="[0, 1]")
+  alpha3: float = registry.setting(0.1, "Share of the K drawn uniformly.", within="[0, 1]",
+                                   sweep="structural")  # A count of clients.
   valuation: str = registry.setting("paper", "A client's valuation: paper (sqrt(m_k) x mean loss) "
                                     "or plato (mean loss / sqrt(m_k)).", choices=VALUATIONS)
 

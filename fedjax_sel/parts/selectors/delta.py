@@ -84,7 +84,7 @@ def delta_selector(variant: str = "practical", beta: float = 0.5) -> Selector:
   """
   if variant not in VARIANTS:
     raise ValueError(f"delta variant must be one of {VARIANTS}, got {variant!r}")
-  if not 0.0 <= beta <= 1.0:
+  if registry.concrete(beta) and not 0.0 <= beta <= 1.0:
     raise ValueError(f"delta beta must be in [0, 1], got {beta}")
   full = variant == "full"
 

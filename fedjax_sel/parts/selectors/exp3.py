@@ -79,7 +79,7 @@ def exp3_selector(rounds: int, eta: float = 0.4, bound: float = 1.0,
   """
   if rounds < 1:
     raise ValueError(f"exp3 needs rounds >= 1, got {rounds}")
-  if not (0.0 < eta <= 1.0 and bound > 0.0):
+  if registry.concrete(eta, bound) and not (0.0 < eta <= 1.0 and bound > 0.0):
     raise ValueError(f"exp3 needs eta in (0, 1] and bound > 0, got eta={eta}, bound={bound}")
   if feedback not in FEEDBACKS:
     raise ValueError(f"exp3 feedback must be one of {FEEDBACKS}, got {feedback!r}")
@@ -126,8 +126,9 @@ class EXP3Settings:
   """EXP3 bandit sampling (FedLab's MultiArmedBanditSampler)."""
 
   eta: float = registry.setting(0.4, "The uniform share of the sampling distribution (FedLab's "
-                                "0.4).", within="(0, 1]")
-  bound: float = registry.setting(1.0, "L, a bound on the clients' feedback.", within="> 0")
+                                "0.4).", within="(0, 1]", sweep="structural")  # Sets gamma.
+  bound: float = registry.setting(1.0, "L, a bound on the clients' feedback.", within="> 0",
+                                  sweep="structural")  # Sets gamma, a Python number.
   feedback: str = registry.setting("update_norm", "A trained client's feedback: update_norm (data "
                                    "share x update norm) or loss.", choices=FEEDBACKS)
 

@@ -81,7 +81,7 @@ def fedcs_selector(compute, transfer, deadline_s: float, request: float = 0.1) -
   transfer = np.asarray(transfer, np.float32)
   if not (math.isfinite(deadline_s) and deadline_s > 0):
     raise ValueError(f"fedcs deadline must be a finite number of seconds > 0, got {deadline_s}")
-  if not 0.0 < request <= 1.0:
+  if registry.concrete(request) and not 0.0 < request <= 1.0:
     raise ValueError(f"fedcs request must be in (0, 1], got {request}")
 
   def init(n, params):
@@ -114,7 +114,8 @@ class FedCSSettings:
                                               "twice the median client's expected round alone).",
                                               within="> 0")
   request: float = registry.setting(0.1, "Share of the clients asked for their resources each "
-                                    "round (the paper's C; at least K).", within="(0, 1]")
+                                    "round (the paper's C; at least K).", within="(0, 1]",
+                                    sweep="structural")  # A count of clients asked.
 
 
 def default_deadline(context: registry.BuildContext, round_alone: np.ndarray) -> float:

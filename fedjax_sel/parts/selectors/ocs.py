@@ -83,7 +83,7 @@ def ocs_selector(budget: float = 3.0 / 32.0, steps: int = 4) -> Selector:
   """
   if steps < 1:
     raise ValueError(f"ocs needs steps >= 1, got {steps}")
-  if not 0.0 < budget <= 1.0:
+  if registry.concrete(budget) and not 0.0 < budget <= 1.0:
     raise ValueError(f"ocs budget (expected uploads per cohort client) must be in (0, 1], got "
                      f"{budget}")
 
@@ -119,7 +119,8 @@ class OCSSettings:
   """Optimal client sampling (Chen et al. 2022), the authors' defaults."""
 
   budget: float = registry.setting(3.0 / 32.0, "Expected uploads per round as a share of the "
-                                   "K-client cohort (the authors': 3 of 32).", within="(0, 1]")
+                                   "K-client cohort (the authors': 3 of 32).", within="(0, 1]",
+                                   sweep="structural")  # Branches of the rescaling.
   steps: int = registry.setting(4, "AOCS's rescaling steps j_max (the authors' 4; many give the "
                                 "exact optimum).", within=">= 1")
 

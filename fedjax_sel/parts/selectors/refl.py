@@ -46,7 +46,7 @@ def refl_selector(accuracy: float = 0.9) -> Selector:
     accuracy: the availability predictor's accuracy, in (0, 1]: each round a random
       `1 - accuracy` share of the priority clients and of the others is not considered.
   """
-  if not 0.0 < accuracy <= 1.0:
+  if registry.concrete(accuracy) and not 0.0 < accuracy <= 1.0:
     raise ValueError(f"refl accuracy must be in (0, 1], got {accuracy}")
 
   def select(state, key, inputs: RoundInputs, mask):

@@ -50,7 +50,7 @@ class EntropyState(NamedTuple):
 
 def entropy_selector(eps: float = 0.1) -> Selector:
   """Epsilon-greedy top-m on the mean predictive entropy (state: `EntropyState`)."""
-  if not 0.0 <= eps <= 1.0:
+  if registry.concrete(eps) and not 0.0 <= eps <= 1.0:
     raise ValueError(f"exploration probability eps must be in [0, 1], got {eps}")
 
   def select(state, key, inputs, mask):
@@ -62,7 +62,7 @@ def entropy_selector(eps: float = 0.1) -> Selector:
 
   return Selector(init=lambda n, params: EntropyState(jnp.float32(eps), jnp.asarray(False)),
                   select=select, needs=("entropy",),
-                  spec={"name": "entropy", "eps": float(eps)})
+                  spec={"name": "entropy", "eps": registry.plain(eps)})
 
 
 def grad_norm_selector() -> Selector:
