@@ -85,14 +85,12 @@ DEFAULTS = config.updated(
                      parts=config.PartsConfig(rule=config.part("rule", "fedalign"))),
     rounds=50, num_clients=30, partition="uni_class", model="logreg", local_epochs=5, lr=0.1,
     batch_size=32, out_dir="runs/fedalign", clients_per_round=1, num_available=0)
-SWEEPABLE = {"lr": "local.lr", "prox_mu": "local.prox_mu", "eps0": "parts.rule.settings.eps0"}
 # Its own participation (full, or per group) and its own noise (--synth_noise): no availability,
 # K or corruption flags.
 NOT_USED = ("clients_per_round", "corrupt_fraction", "corrupt_kinds")
 BINDING = flag_binding.define(DEFAULTS, exclude=NOT_USED,
                               choose=("server_optimizer", "dataset", "model"),
-                              parts={"rule": ("fedalign",), "aggregator": ("fedavg",)},
-                              sweepable=SWEEPABLE)
+                              parts={"rule": ("fedalign",), "aggregator": ("fedavg",)})
 
 
 def resolve(cfg: config.JobConfig, given: frozenset) -> config.JobConfig:

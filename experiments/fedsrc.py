@@ -58,12 +58,9 @@ DEFAULTS = config.updated(
     rounds=40, num_clients=50, clients_per_round=10, num_available=0, avail_period=1,
     model="mlp", local_epochs=2, lr=0.1, batch_size=16, val_fraction=0.1, corrupt_fraction=0.3,
     out_dir="runs/fedsrc")
-SWEEPABLE = {"lr": "local.lr", "prox_mu": "local.prox_mu",  # Run values or part state.
-             "participation_target": "parts.rule.settings.target",
-             "fedsrc_beta": "parts.rule.settings.beta"}
 BINDING = flag_binding.define(DEFAULTS,
                               choose=("server_optimizer", "availability", "dataset", "model"),
-                              parts={"rule": ("fedsrc",), "aggregator": None}, sweepable=SWEEPABLE)
+                              parts={"rule": ("fedsrc",), "aggregator": None})
 
 
 def _listed(flag: str, values, accepted) -> None:

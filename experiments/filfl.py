@@ -86,11 +86,9 @@ DEFAULTS = config.updated(
     weighting="uniform", eval_every=2, lr=0.1, corrupt_fraction=0.4, corrupt_kinds=["shuffle"],
     out_dir="runs/filfl")
 DEFAULTS = dataclasses.replace(DEFAULTS, seeds=(0, 1, 2))
-SWEEPABLE = {"lr": "local.lr", "prox_mu": "local.prox_mu"}
 BINDING = flag_binding.define(DEFAULTS, choose=("selector", "server_optimizer", "availability",
                                                "dataset", "model"),
-                              parts={"filter": ("dgf",)},
-                              sweepable=SWEEPABLE)
+                              parts={"filter": ("dgf",)})
 
 
 def resolve(cfg: config.JobConfig, given: frozenset) -> config.JobConfig:

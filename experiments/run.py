@@ -35,8 +35,7 @@ from experiments.launch.job import Job
 from fedjax_sel import registry
 
 DEFAULTS = config.JobConfig()
-SWEEPABLE = {"lr": "local.lr", "prox_mu": "local.prox_mu"}  # --sweep NAME: config field.
-BINDING = flag_binding.define(DEFAULTS, choose=registry.KINDS, sweepable=SWEEPABLE)
+BINDING = flag_binding.define(DEFAULTS, choose=registry.KINDS)
 
 
 ASYNC = {"fedbuff": "FedBuff", "fedasync": "FedAsync"}

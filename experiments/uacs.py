@@ -54,12 +54,9 @@ DEFAULTS = config.updated(
                      parts=config.PartsConfig(selector=config.part("selector", "entropy"))),
     rounds=60, num_clients=100, clients_per_round=10, num_available=0, model="logreg",
     local_epochs=1, batch_size=10, lr=0.5, weighting="uniform", out_dir="runs/uacs")
-SWEEPABLE = {"lr": "local.lr", "prox_mu": "local.prox_mu",
-             "explore_prob": "parts.selector.settings.explore_prob"}
 BINDING = flag_binding.define(DEFAULTS, exclude=("corrupt_fraction", "corrupt_kinds"),
                               choose=("server_optimizer", "availability", "dataset", "model"),
-                              parts={"selector": ("entropy",), "aggregator": ("fedavg",)},
-                              sweepable=SWEEPABLE)
+                              parts={"selector": ("entropy",), "aggregator": ("fedavg",)})
 SELECTORS = {"entropy_eps": None,  # The job's selector: entropy with --explore_prob.
              "entropy": config.part("selector", "entropy", explore_prob=0.0),
              "random": config.part("selector", "random"),

@@ -213,10 +213,11 @@ def test_swept_values_keep_their_exact_text_in_folders_and_labels():
   """Values that `:g` would round alike (0.1234567, 0.1234568: both 0.123457) get distinct tags,
   each reading back as its value; short values keep their short text."""
   from experiments.launch import config  # pylint: disable=import-outside-toplevel
-  sweep = config.Sweep("local.lr", (0.1234567, 0.1234568, 0.1, 2.0, 1e-5), "lr")
-  tags = [sweep.tag(v) for v in sweep.values]
+  values = (0.1234567, 0.1234568, 0.1, 2.0, 1e-5)
+  sweep = config.Sweep(("lr",), ("local.lr",), tuple((v,) for v in values))
+  tags = [sweep.tag(p) for p in sweep.points]
   assert tags == ["lr=0.1234567", "lr=0.1234568", "lr=0.1", "lr=2", "lr=1e-05"]
-  assert [float(t.split("=")[1]) for t in tags] == list(sweep.values)
+  assert [float(t.split("=")[1]) for t in tags] == list(values)
 
 
 # experiments/run.py composes every part: by default each selection method of the literature with

@@ -107,7 +107,7 @@ for name in sorted(f.name for f in FLAGS.flags_by_module_dict()[module_name]):
     names = ("none",) + registry.names(kinds[name])
     value = next(n for n in names if n != default)
   elif name == "sweep":
-    value = sorted(bound.sweepable)[0] + ":0.05,0.2"
+    value = "lr:0.05,0.2"
   elif name == "seeds":
     value = ["3"]
   elif flag.flag_type() == "bool":

@@ -135,14 +135,22 @@ def asker(who: Asker) -> str:
 def check_runs(cfg: cfglib.JobConfig) -> None:
   """`check_parts` for every run of the job (each method and swept value); a swept value that a
   part refuses names --sweep."""
-  for _, value, run in cfg.runs():
+  methods = cfg.methods or (cfglib.Method("", ""),)
+  for sweep in cfg.sweeps:
+    if all(sweep.applied(m.apply(cfg), sweep.points[0]) is None for m in methods):
+      owners = sorted({t.split("/")[1].rsplit(".", 1)[0] for t in "|".join(sweep.targets)
+                       .split("|") if "/" in t})
+      raise app.UsageError(f"--sweep={'+'.join(sweep.names)}:...: no run of the job has the "
+                           f"setting (it belongs to {', '.join(owners)}): choose that part, or "
+                           "sweep a setting of the job's parts")
+  for _, points, run in cfg.runs():
     try:
       check_parts(run)
     except app.UsageError as e:
-      if value is None:
+      if not points:
         raise
-      raise app.UsageError(f"--sweep={cfg.sweep.name}:{','.join(map(str, cfg.sweep.values))}: "
-                           f"--{cfg.sweep.tag(value)} is refused: {e}") from e
+      raise app.UsageError(f"--sweep: the runs of {cfglib.points_tag(points)} are refused: "
+                           f"{e}") from e
 
 
 def _public_text(cfg: cfglib.JobConfig) -> bool:

@@ -1,4 +1,4 @@
-"""A job as one typed value: data, model, local training, engine, parts, seeds, sweep, outputs.
+"""A job as one typed value: data, model, local training, engine, parts, seeds, sweeps, outputs.
 
 `JobConfig` describes everything a launcher runs; it is built once from the command line
 (`experiments.launch.flag_binding`: each field below is the flag of the same name, its help text and
@@ -6,7 +6,7 @@ accepted values written here once), checked once, passed down, and written besid
 `config.json`, from which `--config=<out_dir>/config.json` replays the job exactly. Python users
 build it directly:
 
-  >>> from experiments import config
+  >>> from experiments.launch import config
   >>> cfg = config.JobConfig()
   >>> cfg.parts.selector.name, cfg.engine.clients_per_round
   ('random', 10)
@@ -27,7 +27,7 @@ from fedjax_sel.data.partition import PARTITIONS
 from fedjax_sel.parts.asynchronous import RULES as ASYNC_RULES
 from fedjax_sel.parts.asynchronous import STALENESS
 
-VERSION = 6  # Of the config.json layout; a file of another version is refused, naming both.
+VERSION = 7  # Of the config.json layout; a file of another version is refused, naming both.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,17 +343,75 @@ class Method:
 
 @dataclasses.dataclass(frozen=True)
 class Sweep:
-  """One continuous setting swept: a run per value for each seed (`field` is a config field's
-  dotted path, e.g. `local.lr` or `parts.rule.settings.beta`)."""
+  """Settings swept together: one `--sweep` (a run per point, for each seed). One name is a plain
+  sweep (`--sweep=lr:0.05,0.1`); several, joined by `+`, are zipped: their i-th values form the
+  i-th point (`--sweep=lr:0.05,0.1+prox_mu:0,0.01`). Several `Sweep`s form their product.
 
-  field: str
-  values: tuple[float, ...]
-  name: str = ""  # The flag that sets it (the folder and label tag); default: the last field.
+  Attributes:
+    names: the flags swept (the folder and label tags).
+    targets: where each sets its value: a config field's dotted path (`local.lr`), or a part's
+      setting as `kind/part.field` (`selector/oort.exploration_factor`), which applies to the
+      runs whose method has that part.
+    points: the swept values, a tuple of one value per name for each point.
+  """
 
-  def tag(self, value: float) -> str:
-    """"NAME=V": the folder and label suffix of a value's runs (V as `number_text` writes it:
-    two values never share a folder)."""
-    return f"{self.name or self.field.rsplit('.', 1)[-1]}={number_text(value)}"
+  names: tuple[str, ...]
+  targets: tuple[str, ...]
+  points: tuple[tuple[bool | int | float | str, ...], ...]
+
+  def tag(self, point: tuple) -> str:
+    """"NAME=V" (joined by "," for a zipped sweep): the folder and label tag of a point's runs
+    (V as `number_text` writes it: two values never share a folder)."""
+    return ",".join(f"{n}={number_text(v) if isinstance(v, float) else v}"
+                    for n, v in zip(self.names, point))
+
+  def applied(self, cfg: JobConfig, point: tuple) -> JobConfig | None:
+    """`cfg` with the point's values, or None when none of its targets is in `cfg` (a method
+    without the swept part: the sweep leaves its runs alone)."""
+    paths = [target_path(cfg, target) for target in self.targets]
+    if all(path is None for path in paths):
+      return None
+    for path, value in zip(paths, point):
+      cfg = cfg if path is None else replace(cfg, path, value)
+    return cfg
+
+
+RUN_VALUE_FIELDS = ("lr", "prox_mu")  # Section fields that are run values (one program).
+# The kinds of part a batch rebuilds from their recipes (`fedjax_sel.engine.sweeps`); the others'
+# settings (availability, model) compile a program per value.
+SWEPT_KINDS = ("selector", "filter", "rule", "aggregator", "server_optimizer")
+
+
+def target_kind(target: str) -> str:
+  """How runs that differ at a sweep target share a program: "value" when every part it may set
+  calls it a value (`registry.sweeps`) or it is a run value (`RUN_VALUE_FIELDS`); else
+  "structural" (a program per value)."""
+  kinds = set()
+  for one in target.split("|"):
+    if "/" not in one:
+      kinds.add("value" if one.rsplit(".", 1)[-1] in RUN_VALUE_FIELDS else "structural")
+      continue
+    kind, rest = one.split("/", 1)
+    part, field = rest.rsplit(".", 1)
+    fields = dataclasses.fields(registry.lookup(kind, part).settings)
+    swept = registry.sweeps(next(f for f in fields if f.name == field))
+    kinds.add(swept if kind in SWEPT_KINDS else "structural")
+  return "value" if kinds == {"value"} else "structural"
+
+
+def target_path(cfg: JobConfig, target: str) -> str | None:
+  """The config path a sweep target sets in `cfg`: a field path as it is, a part's setting
+  (`kind/part.field`, alternatives joined by "|") where `cfg`'s part of that kind is that part
+  (else None)."""
+  for one in target.split("|"):  # A flag several parts share: the one `cfg` has.
+    if "/" not in one:
+      return one
+    kind, rest = one.split("/", 1)
+    name, field = rest.rsplit(".", 1)
+    part = getattr(cfg.parts, kind, None)
+    if part is not None and part.name.rsplit(":", 1)[-1] == name.rsplit(":", 1)[-1]:
+      return f"parts.{kind}.settings.{field}"
+  return None
 
 
 def number_text(value: float) -> str:
@@ -381,24 +439,43 @@ class JobConfig:
   asynchrony: AsyncConfig = dataclasses.field(default_factory=AsyncConfig)
   parts: PartsConfig = dataclasses.field(default_factory=PartsConfig)
   seeds: tuple[int, ...] = (0,)
-  sweep: Sweep | None = None
+  sweeps: tuple[Sweep, ...] = ()
   output: OutputConfig = dataclasses.field(default_factory=OutputConfig)
   distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
   launcher: str = "experiments.run"
   options: Any = None
   methods: tuple[Method, ...] = ()
 
-  def runs(self) -> list[tuple[Method, float | None, JobConfig]]:
-    """(method, swept value or None, the run's config) per method and swept value, in that
-    order (a run per seed of each)."""
+  def runs(self) -> list[tuple[Method, tuple[tuple[Sweep, tuple], ...], JobConfig]]:
+    """(method, its swept points, the run's config) per method and point of the sweeps'
+    product, in that order (a run per seed of each). A sweep none of whose settings a method
+    has leaves it out of that method's points (its runs are not repeated)."""
     methods = self.methods or (Method("", ""),)
-    values = self.sweep.values if self.sweep is not None else (None,)
     out = []
     for method in methods:
-      for value in values:
-        cfg = self if value is None else replace(self, self.sweep.field, value)
-        out.append((method, value, method.apply(cfg)))
+      combos = [((), method.apply(self))]
+      for sweep in self.sweeps:
+        grown = []
+        for points, cfg in combos:
+          for point in sweep.points:
+            swept = sweep.applied(cfg, point)
+            if swept is None:  # Not this method's setting: one run, untagged.
+              grown.append((points, cfg))
+              break
+            grown.append((points + ((sweep, point),), swept))
+        combos = grown
+      out.extend((method, points, cfg) for points, cfg in combos)
     return out
+
+
+def points_tag(points: tuple[tuple[Sweep, tuple], ...]) -> str:
+  """A run's folder path below its method for its swept points ("lr=0.1/poc_d=4"; "" for none)."""
+  return "/".join(sweep.tag(point) for sweep, point in points)
+
+
+def points_values(points: tuple[tuple[Sweep, tuple], ...]) -> dict[str, Any]:
+  """{flag: value} of a run's swept points (job.json records them for experiments.compare)."""
+  return {n: v for sweep, point in points for n, v in zip(sweep.names, point)}
 
 
 SECTIONS = {"data": DataConfig, "local": LocalConfig, "engine": EngineConfig,

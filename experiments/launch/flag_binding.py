@@ -55,6 +55,12 @@ PART_HELP = {
                     "--avail_capacity",
 }
 NOT_REPLAYED = ("resume", "overwrite", "config")  # A replay decides these itself.
+# The section fields `--sweep` takes besides the part settings (the data, loaded once per seed
+# for all of a method's runs, and the outputs are not swept).
+SWEEP_FIELDS = ("lr", "prox_mu", "local_epochs", "local_steps", "batch_size", "clients_per_round",
+                "deadline_s", "concurrency", "buffer_size", "staleness_a", "staleness_b",
+                "async_alpha", "max_staleness")
+SWEEP_MARKS = {"value": "one program", "structural": "a program per value"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +72,6 @@ class Binding:
   fields: dict[str, tuple[str, Any]]  # flag -> (section or "options", type hint)
   choices: tuple[str, ...]  # Kinds with a flag choosing the part.
   settings: dict[str, list[tuple[str, str, str]]]  # flag -> [(kind, part, field)]
-  sweepable: dict[str, str]
 
   def job_config(self, resolve: Resolve | None = None) -> cfglib.JobConfig:
     """The job the command line describes (`_job_config`)."""
@@ -132,7 +137,7 @@ def _import_named_modules() -> None:
 
 def define(defaults: cfglib.JobConfig, *, exclude: tuple[str, ...] = (),
            choose: tuple[str, ...] = (), parts: dict[str, tuple[str, ...] | None] | None = None,
-           sweepable: dict[str, str] | None = None, replay: bool = True) -> Binding:
+           replay: bool = True) -> Binding:
   """Declares a launcher's flags, with `defaults` (its default job) as their defaults.
 
   Args:
@@ -141,7 +146,6 @@ def define(defaults: cfglib.JobConfig, *, exclude: tuple[str, ...] = (),
     choose: kinds of part the command line chooses (`--selector`, `--filter`, ...).
     parts: kind -> the names of the parts whose settings are flags (None: every registered
       one); kinds in `choose` default to every registered part.
-    sweepable: `--sweep` names -> config field paths (no `--sweep` without them).
     replay: define `--config` (a job's config.json to run again).
 
   Returns:
@@ -184,14 +188,16 @@ def define(defaults: cfglib.JobConfig, *, exclude: tuple[str, ...] = (),
     _define(flag, hint, default, f, f"{', '.join(name for _, name, _ in users)} {'/'.join(kinds)}")
   flags.DEFINE_list("seeds", [str(s) for s in defaults.seeds], "Comma-separated seeds, one run "
                     "each (distinct integers >= 0), run as one batch.")
-  if sweepable:
-    flags.DEFINE_string("sweep", None, "Sweep one continuous setting: NAME:V1,V2,... adds a run "
-                        "per value to each method (labelled NAME=V), batched with its seeds. "
-                        f"NAME: {', '.join(sorted(sweepable))}.")
+  flags.DEFINE_multi_string(
+      "sweep", None, "Sweep a setting: NAME:V1,V2,... adds a run per value to each method that "
+      "has the setting (labelled and filed NAME=V), batched with its seeds. Repeat it for a grid "
+      "(the product); join NAME:values by + to pair values instead (--sweep=lr:0.05,0.1+"
+      "prox_mu:0,0.01). NAME: any setting of a chosen part (each says [sweep: one program] or "
+      f"[sweep: a program per value]), or {', '.join(SWEEP_FIELDS)}.")
   if replay:
     flags.DEFINE_string("config", None, "A job's config.json (in its --out_dir): run that job "
                         "again exactly; flags given beside it override its values.")
-  return Binding(defaults, fields, tuple(choose), settings, dict(sweepable or {}))
+  return Binding(defaults, fields, tuple(choose), settings)
 
 
 HELP_GROUPS = {"data": "Data", "local": "Local training", "engine": "Rounds",
@@ -218,7 +224,9 @@ def _short_help(bound: Binding, doc: str) -> str:
     flag = FLAGS[name]
     first = flag.help.split(". ")[0].rstrip(".")
     default = "" if flag.default in (None, "", []) else f" (default {flag.default_as_str})"
-    groups[owners.get(name, "job")].append(f"  --{name}: {first}{default}")
+    how = sweep_kind(bound, name) if name != "sweep" else None
+    mark = "" if how is None else f" [sweep: {SWEEP_MARKS[how]}]"
+    groups[owners.get(name, "job")].append(f"  --{name}: {first}{default}{mark}")
   lines = [doc.strip(), ""]
   for group, entries in groups.items():
     if entries:
@@ -299,32 +307,84 @@ def seeds() -> tuple[int, ...]:
   return tuple(values)
 
 
-def _sweep(sweepable: dict[str, str]) -> cfglib.Sweep:
-  """--sweep=NAME:V1,V2 as a `Sweep` (each value is checked with the config)."""
-  text = FLAGS.sweep
-  name, _, values = text.partition(":")
-  if name not in sweepable or not values:
-    raise app.UsageError(f"--sweep must be NAME:V1,V2,... with NAME among {sorted(sweepable)}, "
-                         f"got {text!r}")
+def sweep_targets(bound: Binding, name: str) -> tuple[str, ...] | None:
+  """Where `--sweep=NAME:...` sets its values (`config.Sweep`'s targets; a setting flag shared
+  by several parts targets each), or None for a name the launcher cannot sweep."""
+  if name in SWEEP_FIELDS and name in bound.fields:
+    return (f"{bound.fields[name][0]}.{name}",)
+  owners = [o for o in bound.settings.get(name, ()) if o[0] != "dataset"]  # Data: once a seed.
+  return tuple(f"{kind}/{part}.{field}" for kind, part, field in owners) or None
+
+
+def sweep_kind(bound: Binding, name: str) -> str | None:
+  """How runs that differ in `name` share a program (`config.target_kind`), or None when
+  `--sweep` cannot take it."""
+  targets = sweep_targets(bound, name)
+  return None if targets is None else cfglib.target_kind("|".join(targets))
+
+
+def _target_hint(bound: Binding, target: str):
+  """The type of the field a sweep target sets."""
+  if "/" not in target:
+    section, field = target.rsplit(".", 1)
+    return bound.fields[field][1] if field in bound.fields else float
+  kind, rest = target.split("/", 1)
+  part, field = rest.rsplit(".", 1)
+  return typing.get_type_hints(registry.lookup(kind, part).settings)[field]
+
+
+def _parse(name: str, text: str, hint) -> Any:
+  """One swept value as its field's type, naming the flag."""
+  base = _base_type(hint)
   try:
-    parsed = tuple(float(v) for v in values.split(","))
+    if base is bool:
+      if text.lower() not in ("true", "false"):
+        raise ValueError(text)
+      return text.lower() == "true"
+    if base in (int, float, str):
+      return base(text)
   except ValueError as e:
-    raise app.UsageError(f"--sweep values must be numbers, got {values!r}") from e
-  if len(set(parsed)) != len(parsed):
-    raise app.UsageError(f"--sweep values must be distinct, got {values!r}")
-  return cfglib.Sweep(sweepable[name], parsed, name)
+    raise app.UsageError(f"--sweep={name}:...: {text!r} is not a valid --{name} (a "
+                         f"{base.__name__})") from e
+  raise app.UsageError(f"--sweep={name}:... cannot sweep --{name}: it takes a list, not one value")
 
 
-def _field_meta(cfg: cfglib.JobConfig, path: str) -> dict:
-  """The metadata of the field at a dotted path (sections, options or part settings)."""
-  *head, name = path.split(".")
-  try:
-    owner = cfglib.get(cfg, ".".join(head)) if head else cfg
-  except AttributeError:  # A part the job's own parts lack (a method's).
-    return {}
-  if not dataclasses.is_dataclass(owner):
-    return {}
-  return next((dict(f.metadata) for f in dataclasses.fields(owner) if f.name == name), {})
+def _sweep(bound: Binding, text: str) -> cfglib.Sweep:
+  """One --sweep (`NAME:V1,V2` or zipped `NAME:V1,V2+NAME2:W1,W2`) as a `Sweep` (each value is
+  then checked with the config, `check_values`)."""
+  names, targets, columns = [], [], []
+  for piece in text.split("+"):
+    name, _, values = piece.partition(":")
+    found = sweep_targets(bound, name)
+    if found is None or not values:
+      raise app.UsageError(f"--sweep must be NAME:V1,V2,... (or NAME:...+NAME:... paired), NAME "
+                           f"a setting flag of a chosen part or one of "
+                           f"{', '.join(SWEEP_FIELDS)}; got {text!r} (--help marks "
+                           "each part setting [sweep: ...])")
+    if name in names:
+      raise app.UsageError(f"--sweep={text}: {name} is given twice")
+    hint = _target_hint(bound, found[0])
+    names.append(name)
+    targets.append("|".join(found))
+    columns.append([_parse(name, v, hint) for v in values.split(",")])
+  if len({len(c) for c in columns}) != 1:
+    raise app.UsageError(f"--sweep={text}: paired settings need as many values each, got "
+                         + ", ".join(f"{n}: {len(c)}" for n, c in zip(names, columns)))
+  points = tuple(zip(*columns))
+  if len(set(points)) != len(points):
+    raise app.UsageError(f"--sweep={text}: values must be distinct")
+  return cfglib.Sweep(tuple(names), tuple(targets), points)
+
+
+def _sweeps(bound: Binding) -> tuple[cfglib.Sweep, ...]:
+  """Every --sweep given, its names distinct across them."""
+  sweeps = tuple(_sweep(bound, text) for text in FLAGS.sweep or ())
+  names = [n for sweep in sweeps for n in sweep.names]
+  twice = sorted({n for n in names if names.count(n) > 1})
+  if twice:
+    raise app.UsageError(f"--sweep: {', '.join(twice)} swept by more than one --sweep; pair "
+                         "values with + or list them in one")
+  return sweeps
 
 
 def check_values(cfg: cfglib.JobConfig) -> None:
@@ -335,14 +395,28 @@ def check_values(cfg: cfglib.JobConfig) -> None:
   for group in groups:
     for f in dataclasses.fields(group):
       _check_value(f.name, getattr(group, f.name), dict(f.metadata))
-  if cfg.sweep is not None:
-    meta = _field_meta(cfg, cfg.sweep.field)
-    for v in cfg.sweep.values:
-      try:
-        _check_value(cfg.sweep.name, v, meta)
-      except app.UsageError as e:
-        raise app.UsageError(f"--sweep={cfg.sweep.name}:...: {v} is not a valid "
-                             f"--{cfg.sweep.name} ({e})") from e
+  for sweep in cfg.sweeps:
+    for i, name in enumerate(sweep.names):
+      meta = _target_meta(sweep.targets[i])
+      for point in sweep.points:
+        try:
+          _check_value(name, point[i], meta)
+        except app.UsageError as e:
+          raise app.UsageError(f"--sweep={name}:...: {point[i]} is not a valid --{name} "
+                               f"({e})") from e
+
+
+def _target_meta(target: str) -> dict:
+  """The metadata of the field a sweep target sets (its first alternative's)."""
+  target = target.split("|")[0]
+  if "/" in target:
+    kind, rest = target.split("/", 1)
+    part, field = rest.rsplit(".", 1)
+    fields = dataclasses.fields(registry.lookup(kind, part).settings)
+  else:
+    section, field = target.rsplit(".", 1)
+    fields = dataclasses.fields(cfglib.SECTIONS[section]) if section in cfglib.SECTIONS else ()
+  return next((dict(f.metadata) for f in fields if f.name == field), {})
 
 
 def _check_value(flag: str, value: Any, meta: dict) -> None:
@@ -389,7 +463,7 @@ def _job_config(bound: Binding, resolve: Resolve | None = None) -> cfglib.JobCon
   if given("seeds"):
     cfg = dataclasses.replace(cfg, seeds=seeds())
   if given("sweep"):
-    cfg = dataclasses.replace(cfg, sweep=None if FLAGS.sweep is None else _sweep(bound.sweepable))
+    cfg = dataclasses.replace(cfg, sweeps=_sweeps(bound))
   explicit = {name for name in FLAGS if given(name)}
   if from_file:
     explicit |= set(bound.fields) | set(bound.settings)
@@ -443,8 +517,9 @@ def _flag_values(bound: Binding, cfg: cfglib.JobConfig) -> dict[str, Any]:
     chosen = getattr(cfg.parts, kind)
     values[PART_FLAG[kind]] = NONE if chosen is None else chosen.name
   values["seeds"] = cfg.seeds
-  if cfg.sweep is not None:
-    values["sweep"] = f"{cfg.sweep.name}:{','.join(repr(v) for v in cfg.sweep.values)}"
+  if cfg.sweeps:
+    values["sweep"] = tuple("+".join(f"{n}:{','.join(str(p[i]) for p in sweep.points)}"
+                                     for i, n in enumerate(sweep.names)) for sweep in cfg.sweeps)
   return values
 
 
@@ -456,7 +531,9 @@ def _flag_lines(bound: Binding, cfg: cfglib.JobConfig) -> list[str]:
   for name, value in sorted(_flag_values(bound, cfg).items()):
     if name in NOT_REPLAYED or value is None:
       continue
-    if isinstance(value, bool):
+    if name == "sweep":  # A repeated flag: one line each.
+      lines += [f"--sweep={text}" for text in value]
+    elif isinstance(value, bool):
       lines.append(f"--{'' if value else 'no'}{name}")
     elif isinstance(value, tuple):
       lines.append(f"--{name}={','.join(str(v) for v in value)}")

@@ -53,8 +53,8 @@ DERIVED = ("data", "param_shapes", "parts", "lr_schedule", "availability_draws")
 class Run(NamedTuple):
   """One run of a job: its built run (`fs.RunSpec`), folder under the job's out_dir, method (its
   group and method label, e.g. "scenario1 Random"), seed, swept value's tag ("NAME=V" or ""),
-  optional per-round `extra(state, record) -> dict`, and its fingerprint settings
-  (`settings(cfg)`)."""
+  optional per-round `extra(state, record) -> dict`, its fingerprint settings
+  (`settings(cfg)`) and its swept values by flag."""
 
   spec: fs.RunSpec
   path: tuple[str, ...]
@@ -63,11 +63,13 @@ class Run(NamedTuple):
   tag: str = ""
   extra: Callable | None = None
   settings: dict | None = None
+  swept: dict | None = None
 
   @property
   def label(self) -> str:
-    """Its progress label, "<method> s<seed> <tag> "."""
-    return " ".join(p for p in (self.method, f"s{self.seed}", self.tag) if p) + " "
+    """Its progress label, "<method> s<seed> <tag> " (a grid's tags space-separated)."""
+    parts = (self.method, f"s{self.seed}", self.tag.replace("/", " "))
+    return " ".join(p for p in parts if p) + " "
 
 
 def settings(run: cfglib.JobConfig) -> dict:
@@ -255,10 +257,18 @@ def _holds_checkpoint(folder: str) -> bool:
   return os.path.exists(path) or os.path.exists(checkpoint_previous(path))
 
 
+def _structural(cfg: cfglib.JobConfig) -> str:
+  """The swept flags of `cfg` that compile a program per value, as "--a, --b"."""
+  return ", ".join(f"--{name}" for sweep in cfg.sweeps
+                   for name, target in zip(sweep.names, sweep.targets)
+                   if cfglib.target_kind(target) == "structural")
+
+
 class RunSpec(NamedTuple):
   """One run to build: its group of runs, method, run config (the method's parts and the swept
-  value in place), seed, swept value's tag ("NAME=V" or ""), its data (what the launcher's `load`
-  returned for this seed and group, the dataset first) and the `Capacity` its group pads to."""
+  values in place), seed, swept points' tag ("NAME=V", "A=1/B=2" or ""), its data (what the
+  launcher's `load` returned for this seed and group, the dataset first) and the `Capacity` its
+  group pads to."""
 
   group: str
   method: cfglib.Method
@@ -271,12 +281,12 @@ class RunSpec(NamedTuple):
   @property
   def name(self) -> str:
     """The method's label, then " NAME=V": the key of its results."""
-    return f"{self.method.label} {self.tag}".strip()
+    return f"{self.method.label} {self.tag.replace('/', ' ')}".strip()
 
   @property
   def path(self) -> tuple[str, ...]:
-    """The run's folder under the job's: `<group>/<method key>/<NAME=V>/seed<s>`, empty levels
-    left out."""
+    """The run's folder under the job's: `<group>/<method key>/<NAME=V>/.../seed<s>` (a level per
+    `--sweep`), empty levels left out."""
     return tuple(p for p in (self.group, self.method.key, self.tag, f"seed{self.seed}") if p)
 
 
@@ -310,7 +320,8 @@ class Job:
     out_dir)."""
     for r in runs:
       self.manifest.append({"launcher": self.cfg.launcher, "label": r.label.strip(),
-                            "method": r.method, "seed": r.seed, "sweep": r.tag or None,
+                            "method": r.method, "seed": r.seed,
+                            "sweep": r.tag.replace("/", " ") or None, "swept": r.swept or None,
                             "folder": os.path.join(*r.path)})
     self._write_manifest()
 
@@ -360,6 +371,14 @@ class Job:
                              for group in (True, False)) if b]
     else:
       batches = [list(range(len(runs)))]
+    if batched:  # Runs of a structural setting's values run as a batch per program.
+      programs = fs.program_groups([r.spec.config for r in runs])
+      batches = [[i for i in batch if i in group] for group in programs for batch in batches]
+      batches = [b for b in batches if b]
+      if len(programs) > 1:
+        print(f"-- {len(programs)} compiled programs for these runs, one per value of "
+              f"{_structural(cfg) or 'their shapes'} (settings that set shapes or branches)",
+              flush=True)
     results = {}
     for batch in batches:
       records = _run_batch(cfg, [runs[i] for i in batch], [folders[i] for i in batch])
@@ -391,10 +410,10 @@ class Job:
       out = {}
       for method in cfg.methods:
         runs, names = [], []
-        for m, value, run in cfg.runs():
+        for m, points, run in cfg.runs():
           if m is not method:
             continue
-          tag = "" if value is None else cfg.sweep.tag(value)
+          tag, swept = cfglib.points_tag(points), cfglib.points_values(points)
           for seed in cfg.seeds:
             spec = RunSpec(group, method, run, seed, tag, loaded[(seed, group)], capacity)
             try:
@@ -402,7 +421,7 @@ class Job:
             except (ValueError, TypeError) as e:  # The library's refusal, before any compute.
               raise app.UsageError(f"{spec.name} seed {seed}: {e}") from e
             label = " ".join(p for p in (group, method.label) if p)
-            runs.append(Run(sim, spec.path, label, seed, tag, extra, settings(run)))
+            runs.append(Run(sim, spec.path, label, seed, tag, extra, settings(run), swept))
           names.append(spec.name)
         records = self.run_all(runs)
         n = len(cfg.seeds)

@@ -11,6 +11,7 @@ import dataclasses
 import glob
 import math
 import os
+from typing import Any
 
 import numpy as np
 from absl import app
@@ -106,6 +107,7 @@ class ManifestRun:
   launcher: str = ""
   method: str | None = None
   sweep: str | None = None
+  swept: dict[str, Any] | None = None
   stopped: str | None = None
 
 
