@@ -13,7 +13,9 @@ the simulated seconds (`sim_time_s`, with `--system_profile`) until it first rea
 (the mean over the seeds that did, and how many did). With `--out=PREFIX`: `PREFIX.md` holds the
 table and `PREFIX_<metric>.png` one figure per `--plot_metrics` entry (mean over seeds per method,
 the seeds' range shaded, x in rounds trained, or in simulated seconds with `--x=sim_time`, which
-puts asynchronous server steps and synchronous rounds on one axis).
+puts asynchronous server steps and synchronous rounds on one axis). `--by=NAME` groups a sweep's
+runs by one swept setting instead (a row and a line per value, its other swept values pooled), and
+the table ends with each job's best row.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ flags.DEFINE_integer("last_k", 10, "Rounds of the table's last-k mean, >= 1.", l
 flags.DEFINE_enum("figure_format", "png", ("png", "pdf", "svg"), "File format of the figures.")
 flags.DEFINE_list("plot_metrics", ["test_accuracy", "test_loss"], "Metrics drawn, one figure each "
                   "(keys of the records).")
+flags.DEFINE_string("by", None, "Group each job's runs by the value of this swept setting (a "
+                    "--sweep NAME): a row and a line per value, pooling the runs of its other "
+                    "swept values and methods; default: a row per method and swept point.")
 
 
 def job_names(folders: list[str]) -> list[str]:
@@ -73,7 +78,22 @@ def table(jobs: dict[str, dict], metric: str, target: float, last_k: int) -> str
     for method, runs in methods.items():
       lines.append(row(job, method, runs, metric, target, last_k))
   return "\n".join(lines + ["", "Mean +- sample std over the seeds (n = seeds; one seed: its "
-                            "value). Rounds count the rounds trained."])
+                            "value). Rounds count the rounds trained.", "", *best(jobs, metric)])
+
+
+def best(jobs: dict[str, dict], metric: str) -> list[str]:
+  """Per job with several rows, the row with the best final `metric` (the highest; the lowest
+  for a loss) and its spread over seeds."""
+  lower = "loss" in metric
+  lines = []
+  for job, methods in jobs.items():
+    finals = {m: [[r[metric] for r in recs if metric in r][-1] for recs in runs]
+              for m, runs in methods.items()}
+    if len(finals) > 1:
+      pick = (min if lower else max)(finals, key=lambda m: np.mean(finals[m]))
+      lines.append(f"Best final {metric} of {job}: {pick}, {mean_std(finals[pick])} "
+                   f"({len(finals[pick])} runs).")
+  return lines
 
 
 LEGIBLE = 8  # Methods one panel of curves shows legibly.
@@ -109,6 +129,7 @@ def figure(jobs: dict[str, dict], metric: str, path: str, x: str = "rounds") -> 
   their final value (mean and sample std over seeds), coloured as their curves, in place of a
   legend."""
   import matplotlib  # pylint: disable=import-outside-toplevel
+  import matplotlib.ticker  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   styles = ["-", "--", "-.", ":"]
@@ -135,6 +156,9 @@ def figure(jobs: dict[str, dict], metric: str, path: str, x: str = "rounds") -> 
   ax.set_xlabel("rounds trained" if x == "rounds" else "simulated seconds (log scale)")
   if x == "sim_time":  # Asynchronous runs end in a fraction of a synchronous run's time.
     ax.set_xscale("log")
+    ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # No crowded 2x10^0 labels.
   ax.set_ylabel(metric.replace("_", " "))
   ax.set_title(f"{metric.replace('_', ' ')}: mean over seeds"
                + ("" if many else ", their range shaded"))
@@ -163,7 +187,7 @@ def main(argv):
   missing = [f for f in folders if not os.path.isdir(f)]
   if missing:
     raise app.UsageError(f"no such job folder: {', '.join(missing)}")
-  jobs = {name: read_job(f) for name, f in zip(job_names(folders), folders)}
+  jobs = {name: read_job(f, FLAGS.by) for name, f in zip(job_names(folders), folders)}
   text = table(jobs, FLAGS.metric, FLAGS.target, FLAGS.last_k)
   print(text)
   if FLAGS.out:

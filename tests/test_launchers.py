@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -46,6 +47,51 @@ def test_sweep_runs_a_value_per_run_in_one_batch(tmp_path):
       recs = records(out / f"lr={lr:g}" / f"seed{seed}" / "metrics.jsonl")
       assert [r["lr"] for r in recs] == pytest.approx([lr, lr])
       assert f"| FedAvg lr={lr:g} seed {seed} |" in proc.stdout
+
+
+SMALL_GRID = ("--rounds=2", "--num_clients=12", "--num_available=8", "--clients_per_round=3")
+
+
+def test_a_selector_setting_grid_runs_as_one_batch_equal_to_its_runs_alone(tmp_path):
+  """3 Oort explorations x 2 learning rates x 2 seeds: one batch of 12 runs (one compiled round),
+  each filed under its values; a run of the grid equals the same run launched alone."""
+  out = tmp_path / "grid"
+  proc = launch("experiments.run", *SMALL_GRID, "--selector=oort", "--seeds=0,1",
+                "--sweep=oort_exploration:0.3,0.6,0.9", "--sweep=lr:0.05,0.1", f"--out_dir={out}")
+  assert "(12 runs) [   2/2]  runs 12/12" in proc.stdout
+  assert "compiled programs" not in proc.stdout
+  assert "| FedAvg + oort oort_exploration=0.6 lr=0.1 seed 1 |" in proc.stdout
+  job = json.loads((out / "job.json").read_text(encoding="utf-8"))
+  assert {"oort_exploration": 0.6, "lr": 0.1} in [r["swept"] for r in job["runs"]]
+  alone = tmp_path / "alone"
+  launch("experiments.run", *SMALL_GRID, "--selector=oort", "--seeds=1", "--oort_exploration=0.6",
+         "--lr=0.1", f"--out_dir={alone}")
+  grid_run = records(out / "oort_exploration=0.6" / "lr=0.1" / "seed1" / "metrics.jsonl")
+  alone_run = records(alone / "seed1" / "metrics.jsonl")
+  for a, b in zip(grid_run, alone_run):
+    assert a["selected"] == b["selected"]
+    assert a["test_accuracy"] == b["test_accuracy"] and a["train_loss"] == b["train_loss"]
+
+
+def test_a_user_selector_setting_sweeps_from_the_command_line(tmp_path):
+  """tests/toy_selector.py's temperature (a float setting, nothing else written) is a run value:
+  two temperatures run as one batch."""
+  out = tmp_path / "tempered"
+  proc = launch("experiments.run", *SMALL_GRID, "--selector=tests.toy_selector:tempered_loss",
+                "--sweep=tempered_loss_temperature:0.01,100", f"--out_dir={out}")
+  assert "(2 runs) [   2/2]" in proc.stdout
+  for t in ("0.01", "100"):
+    assert (out / f"tempered_loss_temperature={t}" / "seed0" / "metrics.jsonl").exists()
+
+
+def test_a_structural_setting_compiles_a_program_per_value_and_says_so(tmp_path):
+  """Power of choice's d sets how many candidates it scores: one program per value, logged."""
+  out = tmp_path / "poc"
+  proc = launch("experiments.run", *SMALL_GRID, "--selector=poc", "--seeds=0,1",
+                "--sweep=poc_d:4,6", "--sweep=lr:0.05+prox_mu:0", f"--out_dir={out}")
+  assert "-- 2 compiled programs for these runs, one per value of --poc_d" in proc.stdout
+  assert proc.stdout.count("(2 runs) [   2/2]") == 2
+  assert (out / "poc_d=6" / "lr=0.05,prox_mu=0" / "seed1" / "metrics.jsonl").exists()
 
 
 def test_filfl_launcher_writes_filter_outputs(tmp_path):
@@ -123,6 +169,10 @@ def test_fedsrc_launcher_writes_savings_and_exclusions(tmp_path):
 
 BAD_FLAGS = [  # (launcher, flags, what the message must name)
     ("run", ["--sweep=momentum:0.1,0.9"], "--sweep"),
+    ("run", ["--sweep=poc_d:12,20"], "no run of the job has the setting (it belongs to poc)"),
+    ("run", ["--sweep=lr:0.1,0.2", "--sweep=lr:0.3"], "lr swept by more than one --sweep"),
+    ("run", ["--sweep=lr:0.1,0.2+prox_mu:0"], "paired settings need as many values each"),
+    ("run", ["--selector=poc", "--sweep=poc_d:4,x"], "'x' is not a valid --poc_d"),
     ("run", ["--sweep=lr:0.1,-1"], "--sweep"),
     ("uacs", ["--sweep=explore_prob:0.5,1.5"], "--sweep"),
     ("fedalign", ["--sweep=eps0:-1,2"], "--sweep"),
@@ -644,3 +694,25 @@ def test_help_is_short_grouped_and_exits_0(launcher):
   assert len(lines) < 260 and "Data:" in lines and "Local training:" in lines
   assert any(line.startswith("  --seeds: ") for line in lines)
   assert lines[-1].startswith("--helpfull")
+
+
+SWEEPABLE_TABLE = """
+from absl import flags
+from experiments import run
+from experiments.launch import flag_binding
+flags.FLAGS(["run"])
+for name in list(flag_binding.SWEEP_FIELDS) + sorted(run.BINDING.settings):
+  kind = flag_binding.sweep_kind(run.BINDING, name)
+  if kind is not None:
+    print(name, flag_binding.SWEEP_MARKS[kind], sep="|")
+"""
+
+
+def test_the_sweep_guide_lists_every_sweepable_setting_as_the_launcher_sweeps_it():
+  proc = subprocess.run([sys.executable, "-c", SWEEPABLE_TABLE], cwd=REPO, capture_output=True,
+                        text=True, timeout=300, check=True)
+  wanted = dict(line.split("|") for line in proc.stdout.strip().splitlines())
+  guide = open(os.path.join(REPO, "docs", "guides", "sweep.md"), encoding="utf-8").read()
+  listed = {m[0]: m[1] for m in re.findall(r"^\| `--(\w+)` \| [^|]+ \| ([^|]+) \|$", guide,
+                                            flags=re.M)}
+  assert {k: v.strip() for k, v in listed.items()} == wanted

@@ -313,7 +313,10 @@ def sweep_targets(bound: Binding, name: str) -> tuple[str, ...] | None:
   if name in SWEEP_FIELDS and name in bound.fields:
     return (f"{bound.fields[name][0]}.{name}",)
   owners = [o for o in bound.settings.get(name, ()) if o[0] != "dataset"]  # Data: once a seed.
-  return tuple(f"{kind}/{part}.{field}" for kind, part, field in owners) or None
+  targets = tuple(f"{kind}/{part}.{field}" for kind, part, field in owners)
+  if not targets or typing.get_origin(_base_type(_target_hint(bound, targets[0]))) is tuple:
+    return None  # A list's values cannot be told apart by commas.
+  return targets
 
 
 def sweep_kind(bound: Binding, name: str) -> str | None:
@@ -346,7 +349,7 @@ def _parse(name: str, text: str, hint) -> Any:
   except ValueError as e:
     raise app.UsageError(f"--sweep={name}:...: {text!r} is not a valid --{name} (a "
                          f"{base.__name__})") from e
-  raise app.UsageError(f"--sweep={name}:... cannot sweep --{name}: it takes a list, not one value")
+  raise app.UsageError(f"--sweep={name}:... cannot sweep --{name}, a {base}")
 
 
 def _sweep(bound: Binding, text: str) -> cfglib.Sweep:

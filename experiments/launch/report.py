@@ -118,9 +118,11 @@ class Manifest:
   runs: tuple[ManifestRun, ...]
 
 
-def read_job(folder: str) -> dict[str, list[list[dict]]]:
+def read_job(folder: str, by: str | None = None) -> dict[str, list[list[dict]]]:
   """{method label: [records of each seed]} of one job folder (its job.json checked against
-  `Manifest`, a usage error naming the field at fault)."""
+  `Manifest`, a usage error naming the field at fault). With `by` (a swept flag), the runs are
+  grouped by its value instead ("NAME=V": every run with that value, whatever its method and
+  other swept values)."""
   manifest = os.path.join(folder, "job.json")
   methods: dict[str, list[list[dict]]] = {}
   if os.path.exists(manifest):
@@ -129,8 +131,12 @@ def read_job(folder: str) -> dict[str, list[list[dict]]]:
     except ValueError as e:
       raise app.UsageError(str(e)) from e
     # A run that stopped (diverged) is its own row: "(stopped)" after its method's label.
-    entries = [(_method_of(r) + (" (stopped)" if r.stopped else ""),
-                os.path.join(folder, r.folder)) for r in runs]
+    entries = [((_method_of(r) if by is None else _value_of(r, by, manifest))
+                + (" (stopped)" if r.stopped else ""), os.path.join(folder, r.folder))
+               for r in runs]
+  elif by is not None:
+    raise app.UsageError(f"{folder}: --by={by} reads the swept values from job.json, which the "
+                         "folder lacks")
   else:
     paths = sorted(glob.glob(os.path.join(folder, "**", "metrics.jsonl"), recursive=True))
     relative = [os.path.relpath(os.path.dirname(os.path.dirname(p)), folder) for p in paths]
@@ -147,6 +153,16 @@ def read_job(folder: str) -> dict[str, list[list[dict]]]:
   if not methods:
     raise app.UsageError(f"{folder}: no job.json and no metrics.jsonl under it")
   return methods
+
+
+def _value_of(run: ManifestRun, by: str, manifest: str) -> str:
+  """"NAME=V" of a run's swept value of `by`; a usage error when the run did not sweep it."""
+  swept = run.swept or {}
+  if by not in swept:
+    raise app.UsageError(f"{manifest}: run {run.folder} did not sweep --{by} (it swept "
+                         f"{', '.join(sorted(swept)) or 'nothing'})")
+  value = swept[by]
+  return f"{by}={cfglib.number_text(value) if isinstance(value, float) else value}"
 
 
 def _method_of(run: ManifestRun) -> str:
