@@ -15,7 +15,11 @@ scenario (mean +- sample std over the seeds): final test accuracy, the mean of t
 the worst-10% client's accuracy, Jain's index of participation, the samples clients spent on
 selection alone, and stragglers; `leaderboard_ranks.png` ranks the selectors per scenario by
 final accuracy, and `participation.png` shows each selector's histogram of how often the clients
-took part.
+took part. With `--tune`, a selector the scenarios file tunes (`"tune": {"oort":
+["--sweep=oort_exploration:0.1,0.5,0.9"]}`) is compared at its best setting: its job sweeps them
+(one batched program where the settings are values), a tenth of each client's data is held out,
+and the setting with the best final validation accuracy gives its row (`tuning.md` lists every
+setting's validation and test accuracy; the test split never chooses).
 """
 
 from __future__ import annotations
@@ -43,6 +47,10 @@ flags.DEFINE_list("scenarios", [], "Scenarios of the scenarios file (default: al
 flags.DEFINE_string("scenarios_file", SCENARIOS_FILE, "The benchmark's scenarios: a JSON file of "
                     "common flags, quick flags, a target accuracy and named scenarios.")
 flags.DEFINE_bool("quick", False, "Tiny jobs of two rounds (the suite's and CI's smoke run).")
+flags.DEFINE_bool("tune", False, "Compare each selector the scenarios file tunes (its `tune` "
+                  "entry) at its best setting: its job sweeps them, a tenth of each client's data "
+                  "is held out, and the setting with the best final validation accuracy (mean "
+                  "over the seeds, never the test accuracy) gives its row.")
 flags.DEFINE_integer("last_k", 10, "Evaluated rounds of the last-k mean, >= 1.")
 cli.define_finite_float("job_timeout_s", 1800.0, "Wall seconds after which a job's process is "
                         "taken as hung: killed and resumed from its checkpoint once.", above=0)
@@ -55,13 +63,15 @@ COLUMNS = ("scenario", "selector", "seeds", "final_acc", "last_k_acc", "rounds_t
 class Scenarios:
   """The scenarios file (`--scenarios_file`): the `experiments.run` flags every job shares
   (`common`; `quick` in their place with --quick), the target test accuracy of the leaderboard's
-  time-to-target columns, and each scenario's own flags by name."""
+  time-to-target columns, each scenario's own flags by name, and per selector the `--sweep`
+  flags of its tuning (`tune`, used with --tune)."""
 
   common: tuple[str, ...]
   quick: tuple[str, ...]
   target: float
   scenarios: dict[str, tuple[str, ...]]
   about: str = ""
+  tune: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 OWN_FLAGS = ("--out_dir", "--selector", "--resume", "--overwrite")  # The benchmark sets these.
@@ -76,7 +86,13 @@ def load_scenarios(path: str) -> Scenarios:
   if not 0 < spec.target <= 1:
     raise ValueError(f"{path}: target must be a test accuracy in (0, 1], got {spec.target}")
   lists = {"common": spec.common, "quick": spec.quick,
-           **{f"scenarios.{name}": flags_ for name, flags_ in spec.scenarios.items()}}
+           **{f"scenarios.{name}": flags_ for name, flags_ in spec.scenarios.items()},
+           **{f"tune.{name}": flags_ for name, flags_ in spec.tune.items()}}
+  for name, flags_ in spec.tune.items():
+    for i, flag in enumerate(flags_):
+      if not flag.startswith("--sweep="):
+        raise ValueError(f"{path}: tune.{name}[{i}] must be a '--sweep=NAME:V1,V2' flag, got "
+                         f"{flag!r}")
   for field, flags_ in lists.items():
     for i, flag in enumerate(flags_):
       if not flag.startswith("--"):
@@ -167,7 +183,7 @@ def tables(out_dir: str, name: str, columns: tuple[str, ...], heads: tuple[str, 
     writer.writeheader()
     writer.writerows(rows)
   return (["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-          + ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows])
+          + ["| " + " | ".join(str(r.get(c, "")) for c in columns) + " |" for r in rows])
 
 
 def write_leaderboard(out_dir: str, rows: list[dict], target: float, last_k: int) -> None:
@@ -176,7 +192,11 @@ def write_leaderboard(out_dir: str, rows: list[dict], target: float, last_k: int
   heads = ("scenario", "selector", "seeds", "final acc", f"mean acc, last {last_k} evaluated",
            f"rounds to {reach}", f"simulated s to {reach}", "worst-10% client acc",
            "participation fairness (Jain)", "selection samples (clients / server)", "stragglers")
-  lines = tables(out_dir, "leaderboard", COLUMNS, heads, rows)
+  columns = COLUMNS
+  if any(r.get("setting") for r in rows):  # --tune: the setting each tuned row was run at.
+    columns, heads = (*COLUMNS[:2], "setting", *COLUMNS[2:]), (*heads[:2], "tuned setting",
+                                                              *heads[2:])
+  lines = tables(out_dir, "leaderboard", columns, heads, rows)
   lines += ["", "Mean +- sample std over the seeds; rounds and simulated seconds to the target: "
             "the mean over the seeds that reached it (how many, in brackets)."]
   with open(os.path.join(out_dir, "leaderboard.md"), "w", encoding="utf-8") as f:
@@ -330,6 +350,41 @@ def participation_figure(jobs: dict[tuple[str, str], list[list[dict]]], path: st
   plt.close(fig)
 
 
+def best_point(points: dict[str, list[list[dict]]]) -> str:
+  """The swept point (a `read_job` key) whose runs end with the best mean validation accuracy
+  (ties: the first); chosen on the clients' held-out split, never on the test split."""
+  def score(name):
+    finals = [[r["val_accuracy"] for r in recs if "val_accuracy" in r] for recs in points[name]]
+    if not all(finals):
+      raise app.UsageError(f"{name}: its runs report no val_accuracy (no validation split)")
+    return np.mean([f[-1] for f in finals])
+  return max(points, key=score)
+
+
+def setting_of(point: str) -> str:
+  """The swept values of a `read_job` key ("FedAvg + oort oort_exploration=0.9" ->
+  "oort_exploration=0.9")."""
+  return " ".join(word for word in point.split() if "=" in word)
+
+
+def write_tuning(out_dir: str, tuned: list[tuple]) -> None:
+  """`tuning.md`: per tuned selector and scenario, every setting's final validation and test
+  accuracy (mean +- sample std over the seeds), the chosen one marked."""
+  lines = ["| scenario | selector | setting | final val acc | final test acc | chosen |",
+           "|---|---|---|---|---|---|"]
+  for scenario, selector, chosen, points in tuned:
+    for name, runs in points.items():
+      val = [[r["val_accuracy"] for r in recs if "val_accuracy" in r][-1] for recs in runs]
+      test = [[r["test_accuracy"] for r in recs if "test_accuracy" in r][-1] for recs in runs]
+      lines.append(f"| {scenario} | {selector} | {setting_of(name)} | {mean_std(val)} | "
+                   f"{mean_std(test)} | {'yes' if name == chosen else ''} |")
+  text = "\n".join(lines + ["", "Each tuned selector's leaderboard row is its setting with the "
+                            "best final validation accuracy (the clients' held-out tenth), never "
+                            "chosen on the test accuracy shown here."]) + "\n"
+  with open(os.path.join(out_dir, "tuning.md"), "w", encoding="utf-8") as f:
+    f.write(text)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -349,18 +404,28 @@ def main(argv):
   if FLAGS.last_k < 1:
     raise app.UsageError(f"--last_k must be >= 1, got {FLAGS.last_k}")
   common = spec.quick if FLAGS.quick else spec.common
-  rows, jobs, timings = [], {}, {}
+  rows, jobs, timings, tuned = [], {}, {}, []
   for scenario in scenarios:
     for selector in selectors:
       folder = os.path.join(FLAGS.out_dir, scenario, selector.replace(":", "_"))
       print(f"== {scenario} / {selector}", flush=True)
+      tuning = list(spec.tune.get(selector, ())) if FLAGS.tune else []
+      held_out = [] if not tuning or any(f.startswith("--val_fraction=")
+                                         for f in spec.scenarios[scenario]) else [
+                                             "--val_fraction=0.1"]
       timings[scenario, selector] = run_job(
-          folder, [*common, *spec.scenarios[scenario], f"--selector={selector}"],
-          FLAGS.job_timeout_s)
-      runs = [r for method in report.read_job(folder).values() for r in method]
-      jobs[scenario, selector] = runs
-      rows.append(row(scenario, selector, runs, spec.target, FLAGS.last_k))
+          folder, [*common, *spec.scenarios[scenario], f"--selector={selector}", *tuning,
+                   *held_out], FLAGS.job_timeout_s)
+      points = report.read_job(folder)
+      chosen = best_point(points) if tuning else next(iter(points))
+      if tuning:
+        tuned.append((scenario, selector, chosen, points))
+      jobs[scenario, selector] = runs = points[chosen]
+      rows.append(row(scenario, selector, runs, spec.target, FLAGS.last_k)
+                  | ({"setting": setting_of(chosen)} if tuning else {}))
   write_leaderboard(FLAGS.out_dir, rows, spec.target, FLAGS.last_k)
+  if tuned:
+    write_tuning(FLAGS.out_dir, tuned)
   participation_figure(jobs, os.path.join(FLAGS.out_dir, "participation.png"))
   target_figure(jobs, spec.target, os.path.join(FLAGS.out_dir, "time_to_target.png"))
   rounds = max(recs[-1]["round"] + 1 for runs in jobs.values() for recs in runs)

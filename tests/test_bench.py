@@ -94,3 +94,31 @@ def test_a_killed_scenario_resumes_to_the_same_leaderboard(tmp_path):
   assert _bench(killed).returncode == 0
   assert "resuming" in open(os.path.join(folder, "bench.log"), encoding="utf-8").read()
   assert _rows(killed) == _rows(whole)
+
+
+@pytest.mark.xdist_group("bench")
+def test_a_tuned_selector_is_ranked_at_its_best_validation_setting(tmp_path):
+  """--tune: Oort's job sweeps its exploration (one batch), and its leaderboard row is the setting
+  whose final validation accuracy is best (mean over seeds), read back from the job's records;
+  tuning.md lists every setting with the chosen one marked."""
+  out = tmp_path / "tuned"
+  proc = subprocess.run([sys.executable, "-m", "experiments.bench", "--quick", "--tune",
+                         "--selectors=random,oort", "--scenarios=label_skew",
+                         f"--out_dir={out}"], cwd=REPO, capture_output=True, text=True,
+                        timeout=600, check=False)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  job = out / "label_skew" / "oort"
+  runs = json.loads((job / "job.json").read_text(encoding="utf-8"))["runs"]
+  final_val = {}
+  for run in runs:
+    with open(job / run["folder"] / "metrics.jsonl", encoding="utf-8") as f:
+      last = [json.loads(line) for line in f][-1]
+    final_val.setdefault(run["swept"]["oort_exploration"], []).append(last["val_accuracy"])
+  assert sorted(final_val) == [0.1, 0.5, 0.9]
+  best = max(final_val, key=lambda v: sum(final_val[v]) / len(final_val[v]))
+  rows = {r["selector"]: r for r in _rows(out)}
+  assert rows["oort"]["setting"] == f"oort_exploration={best:g}" and rows["random"]["setting"] == ""
+  tuning = (out / "tuning.md").read_text(encoding="utf-8")
+  assert f"| label_skew | oort | oort_exploration={best:g} |" in tuning
+  assert tuning.count("| yes |") == 1
+  assert "(6 runs)" in (job / "bench.log").read_text(encoding="utf-8")  # 3 settings x 2 seeds.

@@ -6,9 +6,11 @@ import pytest
 from tests.golden_jobs import JOBS, expected, run_job
 
 DEFAULT = {"run_robust"}  # One composition of every kind of part; the rest: pytest -m slow.
-# Record fields added after the records were made (issue 33's telemetry): new keys, not changed
-# values, so the recorded fields are compared and these may stand beside them.
-ADDED = {"participation", "participations", "client_test_accuracy"}
+# Record fields added after the records were made (issue 33's telemetry, issue 50's validation
+# metrics): new keys, not changed values, so the recorded fields are compared and these may stand
+# beside them.
+ADDED = {"participation", "participations", "client_test_accuracy", "val_loss", "val_accuracy",
+         "clean_val_loss", "clean_val_accuracy"}
 
 
 @pytest.mark.parametrize("name", [n if n in DEFAULT else pytest.param(n, marks=pytest.mark.slow)

@@ -23,10 +23,14 @@ from fedjax_sel.models.bundle import Model, example_metrics
 
 
 def evaluate(config: RoundConfig, params, arrays: DataArrays) -> dict:
-  """Global model metrics: pooled test and train loss / accuracy (and over `eval_mask`), and on
-  the public set when there is one."""
+  """Global model metrics: pooled test and train loss / accuracy (and over `eval_mask`), the
+  clients' validation split's when they hold one (what a tuned setting is chosen on, never the
+  test split), and on the public set when there is one."""
+  splits = [("test", arrays.test), ("train", arrays.train)]
+  if arrays.val.y.shape[0]:  # Static: the data have a validation split.
+    splits.append(("val", arrays.val))
   per_split = {split: client_metrics(config.model, params, pool, config.eval_batch_size)
-               for split, pool in (("test", arrays.test), ("train", arrays.train))}
+               for split, pool in splits}
   out = pooled_metrics(config, per_split, arrays.eval_mask)
   if arrays.public_y.shape[0]:
     out.update(public_metrics(config.model, params, arrays.public_x, arrays.public_y))

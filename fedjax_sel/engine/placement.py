@@ -204,7 +204,7 @@ class HostPlacement(_Placement):
     n = self.spec.num_clients
     metrics_fn = self.program(programs.pool_metrics)
     per_split = {}
-    for split in ("test", "train"):
+    for split in ("test", "train") + (("val",) if data.val.y.shape[0] else ()):
       pool = getattr(data, split)
       fields = [np.zeros(n, np.float32) for _ in ClientMetrics._fields]
       for ids in client_chunks(n, self._stream_clients):
