@@ -141,3 +141,14 @@ def test_run_times_and_schedules_clients_by_the_traces(tmp_path):
     trained = r["trained_clients"]  # Client ids.
     assert trained and table[r["round"] % len(table), trained].all()  # Online in the trace.
     assert r["round_time_s"] > 0
+
+
+def test_a_table_too_large_to_build_is_refused_with_its_size_before_it_is_built(tmp_path):
+  """FedScale's traces cycle over up to weeks: at rounds of a millisecond the [rounds, N] table
+  would need terabytes; it is refused naming the file, the size and the flag to change."""
+  trace = {"active": [1.0], "inactive": [5.0], "finish_time": 2.0e9}
+  path = dump(tmp_path / "client_behave_trace", {1: trace})
+  with pytest.raises(ValueError, match=r"client_behave_trace: the availability table of rounds "
+                                       r"of 0.001 s is 2000000000000 rounds x 100 clients.*GiB to "
+                                       r"build.*--avail_trace_round_s"):
+    traces.availability_table(path, 100, round_s=1e-3)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import pickle
 
 import numpy as np
@@ -148,6 +149,15 @@ def availability_table(path: str, num_clients: int, round_s: float, seed: int = 
   picked = [users[i] for i in assign(len(users), num_clients, seed)]
   if rounds is None:
     rounds = max(1, math.ceil(max(u[2] for u in picked) / round_s))
+  # The table, and per client its rounds' times and one comparison per session, before any is made.
+  need = rounds * (num_clients + 8 + 2 * max(len(u[0]) for u in picked))
+  memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  if need > memory // 2:
+    raise ValueError(f"{path}: the availability table of rounds of {round_s} s is {rounds} rounds "
+                     f"x {num_clients} clients (its longest cycle, {max(u[2] for u in picked):.4g} "
+                     f"s), about {need / 2**30:.4g} GiB to build, more than half of this "
+                     f"machine's {memory / 2**30:.4g} GiB: use longer rounds "
+                     f"(--avail_trace_round_s) or fewer clients")
   times = np.arange(rounds, dtype=np.float64) * round_s
   table = np.zeros((rounds, num_clients), bool)
   for k, (active, inactive, finish) in enumerate(picked):
