@@ -189,7 +189,7 @@ def define(defaults: cfglib.JobConfig, *, exclude: tuple[str, ...] = (),
   flags.DEFINE_list("seeds", [str(s) for s in defaults.seeds], "Comma-separated seeds, one run "
                     "each (distinct integers >= 0), run as one batch.")
   flags.DEFINE_multi_string(
-      "sweep", None, "Sweep a setting: NAME:V1,V2,... adds a run per value to each method that "
+      "sweep", None, "Sweep a setting: NAME:V1,V2 adds a run per value to each method that "
       "has the setting (labelled and filed NAME=V), batched with its seeds. Repeat it for a grid "
       "(the product); join NAME:values by + to pair values instead (--sweep=lr:0.05,0.1+"
       "prox_mu:0,0.01). NAME: any setting of a chosen part (each says [sweep: one program] or "
@@ -208,6 +208,22 @@ HELP_GROUPS = {"data": "Data", "local": "Local training", "engine": "Rounds",
                "distributed": "Several hosts"}
 
 
+def first_sentence(text: str) -> str:
+  """`text` up to its first full stop outside parentheses (not an "e.g." or "i.e.", nor an
+  ellipsis), without it.
+
+    >>> first_sentence("A count (e.g. 3). More.")
+    'A count (e.g. 3)'
+  """
+  depth = 0
+  for i, ch in enumerate(text):
+    depth += {"(": 1, ")": -1}.get(ch, 0)
+    if (ch == "." and depth <= 0 and text[i + 1:i + 2] in ("", " ")
+        and not text[max(0, i - 3):i].endswith(("e.g", "i.e")) and text[i - 1:i] != "."):
+      return text[:i]
+  return text.rstrip(".")
+
+
 def _short_help(bound: Binding, doc: str) -> str:
   """The launcher's help: its docstring, then each flag `bound` declares in one line (name, the
   first sentence of its help, its default), grouped by what it configures; `--helpfull` gives
@@ -222,7 +238,7 @@ def _short_help(bound: Binding, doc: str) -> str:
     if name not in FLAGS:
       continue
     flag = FLAGS[name]
-    first = flag.help.split(". ")[0].rstrip(".")
+    first = first_sentence(flag.help)
     default = "" if flag.default in (None, "", []) else f" (default {flag.default_as_str})"
     how = sweep_kind(bound, name) if name != "sweep" else None
     mark = "" if how is None else f" [sweep: {SWEEP_MARKS[how]}]"
