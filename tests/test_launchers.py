@@ -716,3 +716,21 @@ def test_the_sweep_guide_lists_every_sweepable_setting_as_the_launcher_sweeps_it
   listed = {m[0]: m[1] for m in re.findall(r"^\| `--(\w+)` \| [^|]+ \| ([^|]+) \|$", guide,
                                             flags=re.M)}
   assert {k: v.strip() for k, v in listed.items()} == wanted
+
+
+def test_the_installed_command_runs_a_launcher_from_any_folder(tmp_path):
+  """`pip install` gives `fedjax-sel LAUNCHER`: from a folder outside the clone it runs a selector
+  sweep, and `python -m experiments.run` works there too."""
+  command = os.path.join(os.path.dirname(sys.executable), "fedjax-sel")
+  assert os.path.exists(command), "the README's install gives the fedjax-sel console script"
+  small = ["--rounds=1", "--num_clients=12", "--num_available=6", "--clients_per_round=3"]
+  proc = subprocess.run([command, "run", *small, "--selector=oort",
+                         "--sweep=oort_exploration:0.3,0.9", "--out_dir=oort"], cwd=tmp_path,
+                        capture_output=True, text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert (tmp_path / "oort" / "oort_exploration=0.9" / "seed0" / "metrics.jsonl").exists()
+  proc = subprocess.run([sys.executable, "-m", "experiments.run", *small, "--out_dir=plain"],
+                        cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  listing = subprocess.run([command, "--help"], capture_output=True, text=True, check=True)
+  assert all(name in listing.stdout for name in ("run", "filfl", "bench", "compare"))
