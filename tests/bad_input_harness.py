@@ -18,6 +18,8 @@ import sys
 
 from absl import app, flags
 
+from tests.hang_guard import HANG_GUARD_S
+
 
 def _wrote_metrics(out_dir) -> bool:
   """Whether a round's metrics line was written under `out_dir` (a round ran)."""
@@ -36,7 +38,7 @@ def run_cases(launcher: str, cases: list[list[str]], folder: str, cwd: str) -> l
     json.dump(cases, f)
   proc = subprocess.run([sys.executable, "-m", "tests.bad_input_harness",
                          f"experiments.{launcher}", path], cwd=cwd, capture_output=True,
-                        text=True, timeout=600, env={**os.environ, "PYTHONPATH": repo})
+                        text=True, timeout=HANG_GUARD_S, env={**os.environ, "PYTHONPATH": repo})
   lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
   assert len(lines) == len(cases), proc.stdout + proc.stderr
   return lines

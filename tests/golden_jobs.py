@@ -15,6 +15,8 @@ import os
 import subprocess
 import sys
 
+from tests.hang_guard import HANG_GUARD_S
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN = os.path.join(REPO, "tests", "golden")
 WALL_CLOCK = {"wall_s"}  # Fields that differ run to run.
@@ -58,7 +60,7 @@ def run_job(name: str, out_dir: str) -> dict[str, list[dict]]:
   the wall-clock fields}. A failing launcher raises with its output."""
   module, args = JOBS[name]
   proc = subprocess.run([sys.executable, "-m", module, *args, f"--out_dir={out_dir}"], cwd=REPO,
-                        capture_output=True, text=True, timeout=600, check=False)
+                        capture_output=True, text=True, timeout=HANG_GUARD_S, check=False)
   if proc.returncode:
     raise AssertionError(f"{module} {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
   runs = {}

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from tests.hang_guard import HANG_GUARD_S
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARGS = ["--quick", "--selectors=random,md", "--scenarios=label_skew,diurnal"]
 
@@ -17,7 +19,7 @@ ARGS = ["--quick", "--selectors=random,md", "--scenarios=label_skew,diurnal"]
 def _bench(out, *extra):
   return subprocess.run([sys.executable, "-m", "experiments.bench", *ARGS, *extra,
                          f"--out_dir={out}"], cwd=REPO, capture_output=True, text=True,
-                        timeout=600, check=False)
+                        timeout=HANG_GUARD_S, check=False)
 
 
 def bench_spec():
@@ -73,7 +75,7 @@ def test_fresh_rerun_gives_the_same_leaderboard(tmp_path):
 def test_refuses_unknown_names_before_any_job(tmp_path, flag, needle):
   proc = subprocess.run([sys.executable, "-m", "experiments.bench", "--quick", flag,
                          f"--out_dir={tmp_path}"], cwd=REPO, capture_output=True, text=True,
-                        timeout=120, check=False)
+                        timeout=HANG_GUARD_S, check=False)
   assert proc.returncode == 1 and needle in proc.stderr
   assert not os.listdir(tmp_path)
 
@@ -89,7 +91,7 @@ def test_a_killed_scenario_resumes_to_the_same_leaderboard(tmp_path):
   first = subprocess.run([sys.executable, "-m", "experiments.run", *spec["quick"],
                           *spec["scenarios"]["diurnal"], "--selector=md", "--rounds=1",
                           f"--out_dir={folder}"], cwd=REPO, capture_output=True, text=True,
-                         timeout=600, check=False)
+                         timeout=HANG_GUARD_S, check=False)
   assert first.returncode == 0, first.stderr
   assert _bench(killed).returncode == 0
   assert "resuming" in open(os.path.join(folder, "bench.log"), encoding="utf-8").read()
@@ -105,7 +107,7 @@ def test_a_tuned_selector_is_ranked_at_its_best_validation_setting(tmp_path):
   proc = subprocess.run([sys.executable, "-m", "experiments.bench", "--quick", "--tune",
                          "--selectors=random,oort", "--scenarios=label_skew",
                          f"--out_dir={out}"], cwd=REPO, capture_output=True, text=True,
-                        timeout=600, check=False)
+                        timeout=HANG_GUARD_S, check=False)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   job = out / "label_skew" / "oort"
   runs = json.loads((job / "job.json").read_text(encoding="utf-8"))["runs"]

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from tests.hang_guard import HANG_GUARD_S
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -39,7 +41,7 @@ def test_benchmark_quick_mode(tmp_path, script, keys, extra):
   script, *args = script.split()
   proc = subprocess.run([sys.executable, "-m", f"benchmarks.{script}", "--quick", *args,
                          f"--out={tmp_path}"], cwd=REPO, capture_output=True, text=True,
-                        timeout=600)
+                        timeout=HANG_GUARD_S)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   script += "_k" if args else ""
   with open(tmp_path / f"{script}_quick.json", encoding="utf-8") as f:
@@ -69,6 +71,7 @@ def test_peer_models_are_ours_in_pytorch(name):
 RUNS_AXIS_CHECK = """
 import jax, numpy as np
 from benchmarks import runs_axis_cpu as bench
+
 key = jax.random.PRNGKey(1)
 params = bench.init(key, 6)
 x = jax.random.normal(key, (6, bench.BATCH, bench.DIMS[0]))
@@ -91,5 +94,5 @@ def test_the_runs_axis_formulations_compute_one_step_each():
   step a plain loop over the clients gives it (in a process of its own: the benchmark's flags
   would clash with the launchers' in this one)."""
   proc = subprocess.run([sys.executable, "-c", RUNS_AXIS_CHECK], cwd=REPO, capture_output=True,
-                        text=True, timeout=600)
+                        text=True, timeout=HANG_GUARD_S)
   assert proc.returncode == 0 and "same" in proc.stdout, proc.stdout + proc.stderr

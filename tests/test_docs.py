@@ -11,6 +11,8 @@ import zlib
 
 import pytest
 
+from tests.hang_guard import HANG_GUARD_S
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 GUIDES = sorted((REPO / "docs" / "guides").glob("*.md"))
 
@@ -20,7 +22,7 @@ def site(tmp_path_factory):
   """The site built by `mkdocs build --strict` (any warning fails the build)."""
   out = tmp_path_factory.mktemp("site")
   proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
-                         str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+                         str(out)], cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   return out
 

@@ -18,6 +18,8 @@ import pytest
 import fedjax_sel as fs
 from fedjax_sel.data import federated_sqlite as fsql
 
+from tests.hang_guard import HANG_GUARD_S
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA = ("CREATE TABLE federated_data (client_id BLOB NOT NULL PRIMARY KEY, data BLOB NOT NULL, "
           "num_examples INTEGER NOT NULL);")
@@ -187,7 +189,7 @@ def test_a_3400_client_emnist_file_runs_through_the_host_store(tmp_path):
       [sys.executable, "-m", "experiments.run", "--dataset=emnist",
        f"--data_dir={tmp_path / 'emnist'}", "--num_clients=3400", "--num_available=200",
        "--clients_per_round=10", "--rounds=2", "--model=logreg", "--store=host", "--seeds=0",
-       f"--out_dir={out}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+       f"--out_dir={out}"], cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   recs = [json.loads(line) for line in open(out / "seed0" / "metrics.jsonl", encoding="utf-8")]
   assert [r["round"] for r in recs] == [0, 1] and recs[-1]["num_trained"] == 10
@@ -207,7 +209,7 @@ def test_filfl_shakespeare_preset_reads_fedjax_shakespeare(tmp_path):
       [sys.executable, "-m", "experiments.filfl", "--preset=shakespeare", "--dataset=shakespeare",
        f"--data_dir={tmp_path}", "--num_clients=12", "--num_available=6", "--clients_per_round=3",
        "--rounds=1", "--filters=dgf", "--seeds=0", f"--out_dir={out}"], cwd=REPO,
-      capture_output=True, text=True, timeout=600)
+      capture_output=True, text=True, timeout=HANG_GUARD_S)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   data = fs.build_dataset(fs.DatasetSpec("shakespeare", num_clients=12, data_dir=str(tmp_path),
                                          public_text=fs.data.sources.PUBLIC_TEXT), seed=0)
@@ -320,14 +322,14 @@ def test_stackoverflow_store_from_make_store_trains_the_word_lstm(tmp_path):
   common = ["--dataset=stackoverflow_nwp", f"--data_dir={tmp_path / 'so'}", "--num_clients=12"]
   proc = subprocess.run([sys.executable, "-m", "experiments.make_store", *common,
                          f"--store_out={tmp_path / 'store'}"], cwd=REPO, capture_output=True,
-                        text=True, timeout=600)
+                        text=True, timeout=HANG_GUARD_S)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   out = tmp_path / "run"
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.run", f"--store_dir={tmp_path / 'store'}",
        "--store=host", "--num_clients=12", "--num_available=6", "--clients_per_round=3",
        "--rounds=2", "--model=word_lstm", "--seeds=0", f"--out_dir={out}"], cwd=REPO,
-      capture_output=True, text=True, timeout=600)
+      capture_output=True, text=True, timeout=HANG_GUARD_S)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   recs = [json.loads(line) for line in open(out / "seed0" / "metrics.jsonl", encoding="utf-8")]
   assert [r["round"] for r in recs] == [0, 1] and recs[-1]["num_trained"] == 3

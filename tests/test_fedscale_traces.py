@@ -15,6 +15,8 @@ import pytest
 from fedjax_sel.client.system import Clock, client_times, fedscale_profile
 from fedjax_sel.data import fedscale_traces as traces
 
+from tests.hang_guard import HANG_GUARD_S
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -133,7 +135,8 @@ def test_run_times_and_schedules_clients_by_the_traces(tmp_path):
       [sys.executable, "-m", "experiments.run", f"--system_profile=fedscale:{cap}",
        "--availability=trace", f"--avail_trace=fedscale:{beh}", "--avail_trace_round_s=10",
        "--num_clients=20", "--clients_per_round=3", "--rounds=3", "--model=logreg",
-       "--seeds=0", f"--out_dir={out}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+       "--seeds=0", f"--out_dir={out}"], cwd=REPO, capture_output=True, text=True,
+      timeout=HANG_GUARD_S)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   recs = [json.loads(line) for line in open(out / "seed0" / "metrics.jsonl", encoding="utf-8")]
   table = traces.availability_table(beh, 20, 10.0)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests.test_launchers import REPO, launch
+from tests.hang_guard import HANG_GUARD_S
 
 SMALL = ["--num_clients=6", "--num_available=4", "--clients_per_round=2", "--rounds=2",
          "--seeds=0", "--filters=dgf", "--eval_every=1"]
@@ -49,7 +50,7 @@ def test_cifar10_preset_on_tfds_mock_data(tmp_path):
           "with tfds.testing.mock_data(num_examples=150):\n"
           f"  app.run(filfl.main, argv=['filfl'] + {args!r})\n")
   proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                        timeout=900)
+                        timeout=HANG_GUARD_S)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   assert "tfds/dirichlet" in proc.stdout and "model=resnet18 (BatchNorm)" in proc.stdout
   assert "public m=10," in proc.stdout  # 1% of each class, at least one.
@@ -84,7 +85,7 @@ def test_shakespeare_preset_on_tiny_leaf_json_and_public_text(tmp_path):
 def test_missing_preset_data_says_how_to_prepare_it(tmp_path, preset, needle):
   proc = subprocess.run([sys.executable, "-m", "experiments.filfl", f"--preset={preset}",
                          f"--out_dir={tmp_path}"], cwd=tmp_path, capture_output=True, text=True,
-                        timeout=300, env={**os.environ, "PYTHONPATH": REPO})
+                        timeout=HANG_GUARD_S, env={**os.environ, "PYTHONPATH": REPO})
   assert proc.returncode != 0
   assert "no such file" in proc.stderr and needle in proc.stderr
   assert "[   1/" not in proc.stdout

@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 
 from tests.bad_input_harness import run_cases
+from tests.hang_guard import HANG_GUARD_S
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def launch(module, *args, check=True):
   proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True,
-                        text=True, timeout=600)
+                        text=True, timeout=HANG_GUARD_S)
   if check and proc.returncode:
     raise AssertionError(proc.stdout + proc.stderr)
   return proc
@@ -561,13 +562,13 @@ def test_the_tensorboard_extra_installs_the_viewer_the_docs_run():
   """`pip install -e '.[tensorboard]'` (the test command installs it) brings `tensorboard`, which
   docs/workflow.md tells users to run, beside the writer."""
   proc = subprocess.run([sys.executable, "-m", "tensorboard.main", "--version"],
-                        capture_output=True, text=True, timeout=120)
+                        capture_output=True, text=True, timeout=HANG_GUARD_S)
   assert proc.returncode == 0 and proc.stdout.strip()[0].isdigit(), proc.stdout + proc.stderr
 
 
 def test_make_store_help_lists_only_what_it_uses():
   proc = subprocess.run([sys.executable, "-m", "experiments.make_store", "--help"], cwd=REPO,
-                        capture_output=True, text=True, timeout=120)
+                        capture_output=True, text=True, timeout=HANG_GUARD_S)
   listed = {line.split(":")[0].strip().lstrip("-").replace("[no]", "")
             for line in proc.stdout.splitlines() if line.startswith("  --")}
   assert {"dataset", "store_out", "synth_clients", "seeds", "overwrite"} <= listed, listed
@@ -620,7 +621,7 @@ def test_a_diverging_sweep_value_leaves_the_others_summarized(tmp_path):
   proc = subprocess.run([sys.executable, "-m", "experiments.run", "--num_clients=12",
                          "--num_available=6", "--clients_per_round=3", "--rounds=3", "--seeds=0",
                          "--sweep=lr:0.1,1e30", f"--out_dir={out}"], cwd=REPO,
-                        capture_output=True, text=True, timeout=600, check=False)
+                        capture_output=True, text=True, timeout=HANG_GUARD_S, check=False)
   assert proc.returncode == 1 and "lr=1e+30" in proc.stderr, proc.stderr
   summary = (out / "summary.md").read_text(encoding="utf-8")
   assert "| FedAvg lr=0.1 | 1 |" in summary
@@ -653,11 +654,11 @@ def test_resume_with_an_added_seed_resumes_the_others(tmp_path):
   base = [sys.executable, "-m", "experiments.run", "--num_clients=12", "--num_available=6",
           "--clients_per_round=3", "--rounds=3", "--checkpoint_every=1", f"--out_dir={out}"]
   first = subprocess.run(base + ["--seeds=0"], cwd=REPO, capture_output=True, text=True,
-                         timeout=600, check=False)
+                         timeout=HANG_GUARD_S, check=False)
   assert first.returncode == 0, first.stderr
   before = records(out / "seed0" / "metrics.jsonl")
   again = subprocess.run(base + ["--seeds=0,1", "--rounds=4", "--resume"], cwd=REPO,
-                         capture_output=True, text=True, timeout=600, check=False)
+                         capture_output=True, text=True, timeout=HANG_GUARD_S, check=False)
   assert again.returncode == 0, again.stderr
   assert "resuming" in again.stdout and "starting them fresh" not in again.stdout
   after = records(out / "seed0" / "metrics.jsonl")
@@ -710,7 +711,7 @@ for name in list(flag_binding.SWEEP_FIELDS) + sorted(run.BINDING.settings):
 
 def test_the_sweep_guide_lists_every_sweepable_setting_as_the_launcher_sweeps_it():
   proc = subprocess.run([sys.executable, "-c", SWEEPABLE_TABLE], cwd=REPO, capture_output=True,
-                        text=True, timeout=300, check=True)
+                        text=True, timeout=HANG_GUARD_S, check=True)
   wanted = dict(line.split("|") for line in proc.stdout.strip().splitlines())
   guide = open(os.path.join(REPO, "docs", "guides", "sweep.md"), encoding="utf-8").read()
   listed = {m[0]: m[1] for m in re.findall(r"^\| `--(\w+)` \| [^|]+ \| ([^|]+) \|$", guide,
@@ -726,11 +727,12 @@ def test_the_installed_command_runs_a_launcher_from_any_folder(tmp_path):
   small = ["--rounds=1", "--num_clients=12", "--num_available=6", "--clients_per_round=3"]
   proc = subprocess.run([command, "run", *small, "--selector=oort",
                          "--sweep=oort_exploration:0.3,0.9", "--out_dir=oort"], cwd=tmp_path,
-                        capture_output=True, text=True, timeout=600, check=False)
+                        capture_output=True, text=True, timeout=HANG_GUARD_S, check=False)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   assert (tmp_path / "oort" / "oort_exploration=0.9" / "seed0" / "metrics.jsonl").exists()
   proc = subprocess.run([sys.executable, "-m", "experiments.run", *small, "--out_dir=plain"],
-                        cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
+                        cwd=tmp_path, capture_output=True, text=True, timeout=HANG_GUARD_S,
+                        check=False)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   listing = subprocess.run([command, "--help"], capture_output=True, text=True, check=True)
   assert all(name in listing.stdout for name in ("run", "filfl", "bench", "compare"))

@@ -20,6 +20,7 @@ from flax import serialization
 
 from fedjax_sel.host import checkpoint
 from tests.test_launchers import REPO
+from tests.hang_guard import HANG_GUARD_S
 
 COMMON = ["--rounds=3", "--num_clients=12", "--num_available=8", "--clients_per_round=4",
           "--seeds=0", "--checkpoint_every=1", "--hidden=16"]
@@ -75,7 +76,7 @@ def test_two_processes_equal_one_process_of_four_devices_and_of_one(tmp_path, na
   }
   for label, procs in jobs.items():
     for proc in procs:
-      out = proc.communicate(timeout=600)[0]
+      out = proc.communicate(timeout=HANG_GUARD_S)[0]
       assert proc.returncode == 0, f"{label}:\n{out}"
   one, four, two = (outputs(os.path.join(tmp_path, d, sub)) for d in ("one", "four", "two"))
   for other in (four, two):
@@ -94,7 +95,7 @@ def two_processes(module, args, folder):
   procs = [launch(module, args + [f"--out_dir={folder}", f"--process_id={i}",
                                   f"--coordinator_address=localhost:{port}",
                                   "--num_processes=2"], 2) for i in (0, 1)]
-  outs = [proc.communicate(timeout=600)[0] for proc in procs]
+  outs = [proc.communicate(timeout=HANG_GUARD_S)[0] for proc in procs]
   return [proc.returncode for proc in procs], outs
 
 
@@ -106,7 +107,7 @@ def test_two_process_run_resumes_like_an_uninterrupted_one(tmp_path):
   module, sub, extra = LAUNCHERS["filfl"]
   base = [a for a in COMMON if not a.startswith("--rounds")] + extra
   one = launch(module, base + ["--rounds=3", f"--out_dir={tmp_path}/one"], 1)
-  assert one.wait(timeout=600) == 0, one.communicate()[0]
+  assert one.wait(timeout=HANG_GUARD_S) == 0, one.communicate()[0]
   codes, outs = two_processes(module, base + ["--rounds=2"], tmp_path / "two")
   assert codes == [0, 0], outs
   codes, outs = two_processes(module, base + ["--rounds=3", "--resume"], tmp_path / "two")
@@ -137,6 +138,6 @@ def test_unreachable_coordinator_or_bad_counts_fail_in_bounded_time(tmp_path, ar
   before JAX's coordinator starts means no native abort and no stack dump."""
   args = [a.replace("{port}", str(free_port())) for a in args]
   proc = launch("experiments.run", COMMON + [f"--out_dir={tmp_path}"] + args, 1)
-  out = proc.communicate(timeout=120)[0]
+  out = proc.communicate(timeout=HANG_GUARD_S)[0]
   assert proc.returncode == 1 and needle in out, out
   assert "Traceback" not in out and "Check failed" not in out and "*** " not in out, out

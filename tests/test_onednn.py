@@ -14,6 +14,7 @@ from fedjax_sel.models import PatchConv, build_model, from_flax, onednn, resolve
 from fedjax_sel.models.conv import spatial_pads
 from tests import test_local_training
 from tests.test_launchers import REPO
+from tests.hang_guard import HANG_GUARD_S
 
 needs_onednn = pytest.mark.skipif(onednn.unavailable_reason() is not None,
                                   reason=f"oneDNN unavailable: {onednn.unavailable_reason()}")
@@ -99,7 +100,7 @@ def test_auto_is_onednn_on_one_cpu_where_available_else_patches(monkeypatch):
 def test_launcher_asking_for_unavailable_onednn_names_the_flag_and_the_extra(tmp_path):
   proc = subprocess.run([sys.executable, "-m", "experiments.run", "--model=resnet18",
                          "--conv_impl=onednn", "--rounds=1", f"--out_dir={tmp_path}"],
-                        cwd=REPO, capture_output=True, text=True, timeout=300,
+                        cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S,
                         env={**os.environ, "CXX": "/nonexistent/g++"})
   assert proc.returncode != 0
   assert "--conv_impl=onednn" in proc.stderr and "fedjax_sel[onednn]" in proc.stderr
@@ -115,13 +116,13 @@ def test_a_corrupt_cached_library_is_rebuilt_with_a_warning(tmp_path):
             "((1, 1), (1, 1)))[0, 1, 1, 0]))")
   env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
   first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                         timeout=300, check=False)
+                         timeout=HANG_GUARD_S, check=False)
   if first.returncode and "unavailable" in (first.stdout + first.stderr).lower():
     pytest.skip("oneDNN is not installed here")
   assert first.returncode == 0 and first.stdout.strip() == "9.0", first.stderr
   [library] = (tmp_path / "fedjax_sel" / "onednn").glob("onednn_conv-*.so")
   library.write_bytes(library.read_bytes()[:4096])  # Truncated, as a full disk leaves it.
   second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
+                          text=True, timeout=HANG_GUARD_S, check=False)
   assert second.returncode == 0 and second.stdout.strip() == "9.0", second.stderr
   assert "is not the library built there (truncated or replaced): rebuilding it" in second.stderr

@@ -18,6 +18,8 @@ from experiments.launch import config
 from fedjax_sel import registry
 from fedjax_sel.data.boundary import BoundaryShape
 
+from tests.hang_guard import HANG_GUARD_S
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -86,6 +88,7 @@ import runpy, sys
 import fedjax_sel.parts.selectors as selectors
 selectors.__path__.append(sys.argv[1])  # As if the module were written in that folder.
 from fedjax_sel import registry
+
 print("listed:", "lowest_index" in registry.names("selector"))
 sys.argv = ["experiments.run", "--selector=lowest_index", "--num_clients=12",
             "--num_available=6", "--clients_per_round=3", "--rounds=2", "--seeds=0",
@@ -103,7 +106,7 @@ def test_a_new_selector_is_one_module_registered_where_it_is_written(tmp_path):
   shutil.copy(os.path.join(ROOT, "tests", "toy_selector.py"), folder / "lowest_first.py")
   out = tmp_path / "job"
   proc = subprocess.run([sys.executable, "-c", NEW_PART, str(folder), str(out)], cwd=ROOT,
-                        capture_output=True, text=True, timeout=300, check=False)
+                        capture_output=True, text=True, timeout=HANG_GUARD_S, check=False)
   assert proc.returncode == 0 and "listed: True" in proc.stdout, proc.stdout + proc.stderr
   with open(out / "config.json", encoding="utf-8") as f:
     assert json.load(f)["parts"]["selector"]["name"] == "lowest_index"

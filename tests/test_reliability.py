@@ -28,6 +28,7 @@ from fedjax_sel.parts.selectors.baselines import all_selector, power_of_choice
 from tests.bad_input_harness import run_cases
 from tests.conftest import ragged_dataset
 from tests.test_launchers import REPO
+from tests.hang_guard import HANG_GUARD_S
 
 FEMNIST_ROW = [0.5] * 784
 
@@ -1164,7 +1165,7 @@ def test_a_job_around_a_running_job_is_refused_before_compute(tmp_path):
     assert holder.stdout.readline().strip() == "held"
     proc = subprocess.run([sys.executable, "-m", "experiments.run", "--rounds=1",
                            f"--out_dir={tmp_path / 'D'}"], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, check=False)
+                          text=True, timeout=HANG_GUARD_S, check=False)
   finally:
     holder.kill()
   assert proc.returncode == 1 and "is in use by another job" in proc.stderr, proc.stderr
@@ -1200,7 +1201,7 @@ def test_an_out_dir_that_cannot_be_a_folder_is_named_in_one_line(tmp_path, where
   (tmp_path / "a_file").write_text("not a folder", encoding="utf-8")
   proc = subprocess.run([sys.executable, "-m", "experiments.run", "--rounds=1",
                          f"--out_dir={tmp_path / where}"], cwd=REPO, capture_output=True,
-                        text=True, timeout=300)
+                        text=True, timeout=HANG_GUARD_S)
   assert proc.returncode == 1, proc.stdout + proc.stderr
   assert "Traceback" not in proc.stderr and str(tmp_path) in proc.stderr, proc.stderr
   assert proc.stderr.strip().startswith("error: "), proc.stderr
@@ -1218,7 +1219,7 @@ def test_a_nan_row_of_a_host_store_stops_the_job_in_one_line(tmp_path):
       [sys.executable, "-m", "experiments.run", f"--store_dir={tmp_path / 'store'}",
        "--store=host", "--num_clients=3", "--num_available=3", "--clients_per_round=3",
        "--rounds=2", "--model=logreg", f"--out_dir={tmp_path / 'run'}"], cwd=REPO,
-      capture_output=True, text=True, timeout=300)
+      capture_output=True, text=True, timeout=HANG_GUARD_S)
   assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
   assert "client 2: row" in proc.stderr and "non-finite feature (nan)" in proc.stderr, proc.stderr
   assert "--resume" in proc.stderr

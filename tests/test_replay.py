@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from tests.hang_guard import HANG_GUARD_S
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--num_clients=12", "--num_available=6", "--clients_per_round=3", "--rounds=2",
          "--seeds=0,1"]
@@ -33,7 +35,7 @@ DEFAULT = {"run", "filfl"}  # The rest: pytest -m slow.
 
 def launch(module: str, *args: str) -> None:
   proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True,
-                        text=True, timeout=600, check=False)
+                        text=True, timeout=HANG_GUARD_S, check=False)
   assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -89,6 +91,7 @@ import importlib, json, sys
 from absl import flags
 from experiments.launch import config, flag_binding
 from fedjax_sel import registry
+
 module_name = sys.argv[1]
 launcher = importlib.import_module(module_name)
 FLAGS = flags.FLAGS
@@ -145,7 +148,7 @@ def test_every_flag_of_a_launcher_changes_its_config(launcher):
   """Each flag a launcher accepts (besides absl's own), set to another value (with its part
   chosen, for a part's setting), changes the job config: no flag is accepted and ignored."""
   proc = subprocess.run([sys.executable, "-c", CHANGE_EVERY_FLAG, f"experiments.{launcher}"],
-                        cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+                        cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S, check=False)
   assert proc.returncode == 0, proc.stderr
   assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
 

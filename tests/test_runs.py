@@ -21,6 +21,7 @@ from fedjax_sel.parts.filters import filfl as filtering
 from fedjax_sel.parts.rules import fedalign, fedsrc
 from fedjax_sel.parts.selectors import uacs
 from tests.conftest import ragged_dataset
+from tests.hang_guard import HANG_GUARD_S
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = ([23, 5, 40, 8, 17, 9, 31, 12, 3, 28], [14, 30, 6, 22, 9, 41, 7, 18, 25, 11],
@@ -148,7 +149,7 @@ def test_a_second_process_loads_the_round_untraced_and_runs_it_the_same(tmp_path
   """) % REPO
   run = lambda cache: subprocess.run(
       [sys.executable, "-c", script], env=dict(os.environ, FEDJAX_SEL_CACHE_DIR=cache),
-      capture_output=True, text=True, check=True, timeout=600).stdout
+      capture_output=True, text=True, check=True, timeout=HANG_GUARD_S).stdout
   outs = [run(str(tmp_path / "cache")) for _ in range(2)]
   assert f"cache {tmp_path / 'cache'}" in outs[0]
   counts = [out.split("loaded ")[1].split("\n")[0] for out in outs]
@@ -259,7 +260,7 @@ def test_runs_sharded_over_four_devices_equal_one_device(tmp_path):
   for count in (4, 1):
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={count}")
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=REPO)
+                          timeout=HANG_GUARD_S, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     outs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
   assert outs[0]["devices"] == 4 and "runs" in outs[0]["sharding"]
