@@ -11,8 +11,9 @@ method, over its seeds (mean +- sample std, n stated; no spread for one seed): t
 `--metric`, its mean over the last `--last_k` rounds, its best value, and the rounds trained and
 the simulated seconds (`sim_time_s`, with `--system_profile`) until it first reaches `--target`
 (the mean over the seeds that did, and how many did). With `--out=PREFIX`: `PREFIX.md` holds the
-table and `PREFIX_<metric>.png` one figure per `--plot_metrics` entry (mean over seeds per method,
-the seeds' range shaded, x in rounds trained, or in simulated seconds with `--x=sim_time`, which
+table and `PREFIX_<metric>.png` one figure per `--plot_metrics` entry (mean over seeds per
+method, its sample std shaded as in the launchers' figures, the jobs' setup under the title, x in
+rounds trained, or in simulated seconds with `--x=sim_time` (`--x_scale=log` or `linear`), which
 puts asynchronous server steps and synchronous rounds on one axis). `--by=NAME` groups a sweep's
 runs by one swept setting instead (a row and a line per value, its other swept values pooled), and
 the table ends with each job's best row.
@@ -20,6 +21,7 @@ the table ends with each job's best row.
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -29,7 +31,7 @@ from experiments.launch import cli
 from experiments.launch import report
 from experiments.launch.config import number_text
 from experiments.launch.report import read_job
-from fedjax_sel.host.plotting import mean_std
+from fedjax_sel.host.plotting import bounds_of, mean_std, seed_spread
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "Prefix of the files to write (PREFIX.md, PREFIX_<metric>.png); "
@@ -45,6 +47,8 @@ flags.DEFINE_integer("last_k", 10, "Rounds of the table's last-k mean, >= 1.", l
 flags.DEFINE_enum("figure_format", "png", ("png", "pdf", "svg"), "File format of the figures.")
 flags.DEFINE_list("plot_metrics", ["test_accuracy", "test_loss"], "Metrics drawn, one figure each "
                   "(keys of the records).")
+flags.DEFINE_enum("x_scale", "log", ["log", "linear"], "The simulated-seconds axis' scale "
+                  "(--x=sim_time).")
 flags.DEFINE_string("by", None, "Group each job's runs by the value of this swept setting (a "
                     "--sweep NAME): a row and a line per value, pooling the runs of its other "
                     "swept values and methods; default: a row per method and swept point.")
@@ -121,10 +125,11 @@ def curves(runs: list[list[dict]], metric: str, x: str) -> tuple[np.ndarray, np.
   return grid, np.array(values)
 
 
-def figure(jobs: dict[str, dict], metric: str, path: str, x: str = "rounds") -> None:
+def figure(jobs: dict[str, dict], metric: str, path: str, x: str = "rounds",
+           x_scale: str = "log", setup: str = "") -> None:
   """One panel of `metric` per round (`x="rounds"`) or simulated second (`x="sim_time"`, for
-  asynchronous runs beside synchronous ones): every method's mean over seeds, its seeds' range
-  shaded.
+  asynchronous runs beside synchronous ones; `x_scale` "log" or "linear"): every method's mean
+  over seeds, its sample std shaded as the launchers' figures shade it; `setup` under the title.
   With more than `LEGIBLE` methods the curves go unshaded and a second panel ranks the methods by
   their final value (mean and sample std over seeds), coloured as their curves, in place of a
   legend."""
@@ -133,8 +138,9 @@ def figure(jobs: dict[str, dict], metric: str, path: str, x: str = "rounds") -> 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   styles = ["-", "--", "-.", ":"]
-  named = [(job if m == job else f"{job}: {m}", runs) for job, methods in jobs.items()
-           for m, runs in methods.items()]
+  one_job = len(jobs) == 1
+  named = [(m if one_job else job if m == job else f"{job}: {m}", runs)
+           for job, methods in jobs.items() for m, runs in methods.items()]
   many = len(named) > LEGIBLE
   if many:
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, max(4.5, 0.28 * len(named) + 1.5)),
@@ -148,20 +154,26 @@ def figure(jobs: dict[str, dict], metric: str, path: str, x: str = "rounds") -> 
       continue
     line, = ax.plot(xs, values.mean(0), styles[i % len(styles)], label=label, marker="o",
                     markevery=max(len(xs) // 8, 1), markersize=4)
-    if len(runs) > 1 and not many:
-      ax.fill_between(xs, values.min(0), values.max(0), color=line.get_color(), alpha=0.15)
+    if len(runs) > 1 and not many:  # The launchers' band: mean +- sample std over seeds.
+      mean, std = seed_spread(values)
+      low, high = bounds_of(metric)
+      ax.fill_between(xs, np.clip(mean - std, low, high), np.clip(mean + std, low, high),
+                      color=line.get_color(), alpha=0.15)
     last = values[:, -1]
     finals.append((last.mean(), last.std(ddof=1) if len(last) > 1 else 0.0, label,
                    line.get_color()))
-  ax.set_xlabel("rounds trained" if x == "rounds" else "simulated seconds (log scale)")
-  if x == "sim_time":  # Asynchronous runs end in a fraction of a synchronous run's time.
+  log = x == "sim_time" and x_scale == "log"
+  ax.set_xlabel("rounds trained" if x == "rounds" else
+                f"simulated seconds{' (log scale)' if log else ''}")
+  if log:  # Asynchronous runs end in a fraction of a synchronous run's time.
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # No crowded 2x10^0 labels.
   ax.set_ylabel(metric.replace("_", " "))
   ax.set_title(f"{metric.replace('_', ' ')}: mean over seeds"
-               + ("" if many else ", their range shaded"))
+               + ("" if many else " +- sample std") + (f"\n{setup}" if setup else ""),
+               fontsize=10)
   ax.grid(alpha=0.3)
   if many:
     finals.sort()
@@ -180,6 +192,24 @@ def figure(jobs: dict[str, dict], metric: str, path: str, x: str = "rounds") -> 
   plt.close(fig)
 
 
+def setup_line(folders: list[str]) -> str:
+  """The jobs' setups from their config.json ("digits, N=50, K=10, 30 rounds"), each distinct one
+  once; "" where a job has none."""
+  setups = []
+  for folder in folders:
+    try:
+      with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+      data, engine = cfg["data"], cfg["engine"]
+      text = (f"{cfg['parts']['dataset']['name']}, N={data['num_clients']}, "
+              f"K={engine['clients_per_round']}, {engine['rounds']} rounds")
+    except (OSError, ValueError, KeyError, TypeError):
+      continue
+    if text not in setups:
+      setups.append(text)
+  return "; ".join(setups)
+
+
 def main(argv):
   folders = argv[1:]
   if not folders:
@@ -196,7 +226,7 @@ def main(argv):
       f.write(text + "\n")
     for metric in FLAGS.plot_metrics:
       path = f"{FLAGS.out}_{metric}.{FLAGS.figure_format}"
-      figure(jobs, metric, path, FLAGS.x)
+      figure(jobs, metric, path, FLAGS.x, FLAGS.x_scale, setup_line(folders))
       print(f"figure: {path}")
 
 
