@@ -6,9 +6,12 @@ published format: each dataset's preprocessing and published test split, the dow
 import json
 import os
 import re
+import socket
 import sqlite3
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 import zlib
 
 import msgpack
@@ -133,10 +136,52 @@ def test_download_refuses_a_file_whose_digest_differs(tmp_path, monkeypatch):
   assert not os.listdir(tmp_path / "cache")  # Nothing half-written is left.
 
 
-def test_a_missing_file_names_where_it_is_published(tmp_path):
-  with pytest.raises(FileNotFoundError, match="storage.googleapis.com/gresearch/fedjax/emnist/"
-                     "federated_emnist_train.sqlite: run with --download"):
+def test_download_offline_names_the_address_and_every_file_to_copy(tmp_path, monkeypatch):
+  write_emnist(str(tmp_path / "mirror" / "emnist"))
+  fsql.download("emnist", str(tmp_path / "cache"), base_url=(tmp_path / "mirror").as_uri())
+  os.remove(tmp_path / "cache" / "federated_emnist_test.sqlite")  # One file fetched, one not.
+
+  def offline(source, timeout):
+    del source, timeout
+    raise urllib.error.URLError(socket.gaierror(-2, "Name or service not known"))
+  monkeypatch.setattr(urllib.request, "urlopen", offline)
+  with pytest.raises(FileNotFoundError) as e:
+    fsql.download("emnist", str(tmp_path / "cache"))
+  published = "https://storage.googleapis.com/gresearch/fedjax/emnist/federated_emnist_test.sqlite"
+  assert str(e.value) == (
+      f"--download of emnist: cannot reach {published} ([Errno -2] Name or service not known): "
+      f"this machine seems offline. Copy emnist's published files into --data_dir "
+      f"({tmp_path / 'cache'}) from a machine with a network, then run again: "
+      f"federated_emnist_test.sqlite (published at {published})")
+  assert sorted(os.listdir(tmp_path / "cache")) == ["federated_emnist_train.sqlite"]
+
+
+def test_download_names_the_servers_refusal(tmp_path, monkeypatch):
+  def refused(source, timeout):
+    del timeout
+    raise urllib.error.HTTPError(source, 403, "Forbidden", None, None)
+  monkeypatch.setattr(urllib.request, "urlopen", refused)
+  with pytest.raises(FileNotFoundError, match=r"shakespeare_train.sqlite answered HTTP 403 "
+                     r"Forbidden\. Copy .* shakespeare_test.sqlite \(published at") as e:
+    fsql.download("shakespeare", str(tmp_path))
+  assert "offline" not in str(e.value)
+
+
+def test_missing_files_are_named_all_at_once(tmp_path):
+  published = "https://storage.googleapis.com/gresearch/fedjax/emnist/federated_emnist"
+  with pytest.raises(FileNotFoundError) as e:
     fsql.load("emnist", str(tmp_path))
+  assert str(e.value) == (
+      f"no such files in {tmp_path}: federated_emnist_train.sqlite (published at "
+      f"{published}_train.sqlite), federated_emnist_test.sqlite (published at "
+      f"{published}_test.sqlite): run with --download to fetch them, or copy them into --data_dir")
+  write_stackoverflow(str(tmp_path))
+  os.remove(tmp_path / "stackoverflow_test.sqlite")
+  os.remove(tmp_path / fsql.VOCAB_FILE)
+  with pytest.raises(FileNotFoundError, match=r"in \S+: stackoverflow_test.sqlite \(published at "
+                     r".*\), stackoverflow.word_count \(published at .*\): run with --download "
+                     "to fetch them"):
+    fsql.load("stackoverflow_nwp", str(tmp_path))
 
 
 def _rewrite(path, sql, *args):
@@ -298,8 +343,9 @@ def test_a_malformed_vocabulary_is_refused_naming_file_and_line(tmp_path, text, 
   with pytest.raises(ValueError, match=f"{fsql.VOCAB_FILE}: {needle}"):
     fsql.load("stackoverflow_nwp", str(tmp_path))
   os.remove(tmp_path / fsql.VOCAB_FILE)
-  with pytest.raises(FileNotFoundError, match="fedjax/stackoverflow/stackoverflow.word_count: run "
-                     "with --download"):
+  with pytest.raises(FileNotFoundError, match=r"no such file in \S+: stackoverflow.word_count "
+                     r"\(published at \S+/fedjax/stackoverflow/stackoverflow.word_count\): run "
+                     "with --download to fetch it"):
     fsql.load("stackoverflow_nwp", str(tmp_path))
 
 

@@ -56,8 +56,10 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import http.client
 import os
 import sqlite3
+import urllib.error
 import urllib.request
 import zlib
 from collections.abc import Iterator
@@ -73,6 +75,7 @@ COLUMNS = ("client_id", "data", "num_examples")
 EXT_ARRAY, EXT_SCALAR, EXT_BYTES_ARRAY = 1, 3, 4
 DEFAULT_DIR = os.path.join(os.path.expanduser("~"), ".cache", "fedjax")
 BASE_URL = "https://storage.googleapis.com/gresearch/fedjax"
+TIMEOUT_S = 60  # A download's wait for the server, per connection attempt and read.
 
 # Shakespeare, as fedjax tokenizes it: byte `TABLE[i]` is id 3 + i; 0 pads, 1 begins and 2 ends a
 # snippet; any other byte is the out-of-vocabulary id 89.
@@ -136,6 +139,36 @@ def url(name: str, filename: str) -> str:
                      f"once where fedjax is installed and copy {filename} from ~/.cache/fedjax")
   folder = "stackoverflow" if name == "stackoverflow_nwp" else name
   return f"{BASE_URL}/{folder}/{filename}"
+
+
+def published_files(name: str, only_digits: bool = False) -> tuple[str, ...]:
+  """Every file dataset `name` reads: its (train, test) files, then Stack Overflow's vocabulary."""
+  return (*files(name, only_digits), *((VOCAB_FILE,) if name == "stackoverflow_nwp" else ()))
+
+
+def _absent(name: str, data_dir: str, only_digits: bool) -> list[str]:
+  """Dataset `name`'s files (`published_files`) that `data_dir` lacks."""
+  return [f for f in published_files(name, only_digits)
+          if not os.path.isfile(os.path.join(data_dir, f))]
+
+
+def _listing(name: str, filenames: list[str]) -> str:
+  """Dataset `name`'s files `filenames`, each with where it is published."""
+  return ", ".join(f"{f} (published at {url(name, f)})" for f in filenames)
+
+
+def _missing(name: str, data_dir: str, missing: list[str]) -> FileNotFoundError:
+  """The error of dataset `name`'s files `missing` (all of them) that `data_dir` lacks, with
+  where each is published and how to get it."""
+  where = f"no such file{'s' if len(missing) > 1 else ''} in {data_dir}"
+  if name == "cifar100_fed":
+    return FileNotFoundError(f"{where}: {', '.join(missing)}. fedjax converts TFF's CIFAR-100 on "
+                             "first use: run fedjax.datasets.cifar100.load_data() once where "
+                             "fedjax is installed and copy ~/.cache/fedjax/federated_cifar100_"
+                             "*.sqlite into --data_dir")
+  them = "them" if len(missing) > 1 else "it"
+  return FileNotFoundError(f"{where}: {_listing(name, missing)}: run with --download to fetch "
+                           f"{them}, or copy {them} into --data_dir")
 
 
 # Published SHA-256 digests (none for fedjax's EMNIST and Shakespeare files).
@@ -397,19 +430,13 @@ DATASETS = {  # name -> (features, classes); the preprocessing is `_reader`'s.
 
 
 def _reader(name: str, data_dir: str, only_digits: bool) -> _Reader:
-  """Dataset `name`'s files (checked to exist) and preprocessing."""
+  """Dataset `name`'s files (checked to exist, every missing one named at once) and
+  preprocessing."""
   features, classes = DATASETS[name]
+  missing = _absent(name, data_dir, only_digits)
+  if missing:
+    raise _missing(name, data_dir, missing)
   train_file, test_file = (os.path.join(data_dir, f) for f in files(name, only_digits))
-  for path in (train_file, test_file):
-    if not os.path.isfile(path):
-      if name == "cifar100_fed":
-        raise FileNotFoundError(f"{path}: no such file. fedjax converts TFF's CIFAR-100 on first "
-                                "use: run fedjax.datasets.cifar100.load_data() once where fedjax "
-                                "is installed and copy ~/.cache/fedjax/federated_cifar100_*.sqlite "
-                                "into --data_dir")
-      raise FileNotFoundError(f"{path}: no such file. It is published at "
-                              f"{url(name, os.path.basename(path))}: run with --download to fetch "
-                              "it, or copy it into --data_dir")
   prepare = {"emnist": _emnist, "shakespeare": _shakespeare, "cifar100_fed": _cifar}.get(name)
   if name == "emnist" and only_digits:
     classes = 10
@@ -478,7 +505,7 @@ def load(name: str, data_dir: str = DEFAULT_DIR, num_clients: int = 0,
   splits (see the module's table), in memory (`write_store` for populations that do not fit).
 
   Raises:
-    FileNotFoundError: naming the missing file, where it is published and `--download`.
+    FileNotFoundError: naming every missing file, where each is published and `--download`.
     ValueError: naming the file and the client of malformed data, or test clients the train file
       does not hold.
   """
@@ -525,6 +552,25 @@ def write_store(name: str, folder: str, data_dir: str = DEFAULT_DIR, num_clients
   return writer.close(name)
 
 
+def _unreachable(source: str, error: Exception) -> str:
+  """Why `source` could not be fetched: the server's answer, or that this machine seems offline."""
+  if isinstance(error, urllib.error.HTTPError):
+    return f"{source} answered HTTP {error.code} {error.reason}"
+  reason = error.reason if isinstance(error, urllib.error.URLError) else error
+  return f"cannot reach {source} ({reason or type(error).__name__}): this machine seems offline"
+
+
+def _fetch(source: str, part: str) -> str:
+  """Streams `source` into the file `part`; the SHA-256 (hex) of what it wrote."""
+  digest = hashlib.sha256()
+  with (urllib.request.urlopen(source, timeout=TIMEOUT_S) as response,  # noqa: S310
+        open(part, "wb") as out):
+    while chunk := response.read(1 << 20):
+      digest.update(chunk)
+      out.write(chunk)
+  return digest.hexdigest()
+
+
 def download(name: str, data_dir: str, only_digits: bool = False, base_url: str = BASE_URL,
              log=print) -> list[str]:
   """Fetches dataset `name`'s published files into `data_dir` (those not there yet): each into
@@ -532,33 +578,40 @@ def download(name: str, data_dir: str, only_digits: bool = False, base_url: str 
   first blob, or the vocabulary's first line), then moved in place. Returns the paths.
 
   Raises:
+    FileNotFoundError: a file that cannot be fetched (no network, or the server's refusal): naming
+      its address, why, and every file still missing with where it is published, to copy into
+      `data_dir` by hand (the `.part` removed).
     ValueError: naming the file whose digest or structure does not match (the `.part` removed).
   """
   os.makedirs(data_dir, exist_ok=True)
   paths = []
-  extra = (VOCAB_FILE,) if name == "stackoverflow_nwp" else ()
-  for filename in (*files(name, only_digits), *extra):
+  for filename in published_files(name, only_digits):
     path = os.path.join(data_dir, filename)
     paths.append(path)
     if os.path.exists(path):
       continue
     source = url(name, filename).replace(BASE_URL, base_url.rstrip("/"), 1)
     log(f"downloading {source}")
-    digest, part = hashlib.sha256(), path + ".part"
-    with urllib.request.urlopen(source) as response, open(part, "wb") as out:  # noqa: S310
-      while chunk := response.read(1 << 20):
-        digest.update(chunk)
-        out.write(chunk)
+    part = path + ".part"
+    try:
+      digest = _fetch(source, part)
+    except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError) as e:
+      if os.path.exists(part):
+        os.remove(part)
+      raise FileNotFoundError(f"--download of {name}: {_unreachable(source, e)}. Copy {name}'s "
+                              f"published files into --data_dir ({data_dir}) from a machine with "
+                              "a network, then run again: "
+                              f"{_listing(name, _absent(name, data_dir, only_digits))}") from e
     want = CHECKSUMS.get(filename)
     try:
-      if want is not None and digest.hexdigest() != want:
-        raise ValueError(f"{source}: SHA-256 {digest.hexdigest()}, published {want}")
+      if want is not None and digest != want:
+        raise ValueError(f"{source}: SHA-256 {digest}, published {want}")
       what = (f"{len(read_vocab(part, 1 << 30))} words" if filename == VOCAB_FILE
               else f"{check_file(part)} clients")
     except ValueError:
       os.remove(part)
       raise
     os.replace(part, path)
-    log(f"{path}: {what}, SHA-256 {digest.hexdigest()}"
+    log(f"{path}: {what}, SHA-256 {digest}"
         + ("" if want else " (no published digest to check against)"))
   return paths
