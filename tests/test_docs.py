@@ -97,3 +97,13 @@ def test_no_file_outside_tests_points_outside_the_repository():
     offenders += [f"{name}:{i + 1}" for i, line in enumerate(text.splitlines())
                   if pattern.search(line)]
   assert not offenders, offenders
+
+
+def test_the_formulas_typeset_without_a_network(site):
+  """MathJax is bundled (docs/javascripts/mathjax): every script the site loads for its maths is
+  a file of the site, none a CDN's."""
+  page = (site / "papers" / "filfl" / "index.html").read_text(encoding="utf-8")
+  scripts = re.findall(r'<script src="([^"]+)"', page)
+  maths = [s for s in scripts if "mathjax" in s.lower()]
+  assert maths and not [s for s in maths if s.startswith(("http:", "https:", "//"))], maths
+  assert all((site / "papers" / "filfl" / s).resolve().is_file() for s in maths), maths
