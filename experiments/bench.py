@@ -5,8 +5,8 @@ r"""The selection benchmark: every selector x named scenarios, one leaderboard.
   python -m experiments.bench --quick --out_dir=/tmp/bench         # tiny jobs, two rounds
 
 The scenarios are `experiments/bench_scenarios.json` (each the `experiments.run` flags of one job,
-beside the common ones: label skew, quantity skew, corrupted clients, heterogeneous speeds with a
-deadline, diurnal availability). Each (scenario, selector) is one `experiments.run` job in
+beside the common ones; the help of `--scenarios` below names those of the file the benchmark
+comes with). Each (scenario, selector) is one `experiments.run` job in
 `<out_dir>/<scenario>/<selector>`, its seeds batched into one compiled program; a job that
 finished is read again, one that stopped is resumed (`--resume`), so a killed benchmark goes on
 where it was. `<out_dir>/leaderboard.md` and `leaderboard.csv` hold one row per selector and
@@ -41,9 +41,18 @@ from fedjax_sel.host.plotting import mean_std
 
 FLAGS = flags.FLAGS
 SCENARIOS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_scenarios.json")
+
+
+def scenario_names(path: str = SCENARIOS_FILE) -> list[str]:
+  """The names of the scenarios of the scenarios file `path`, in its order (for `--help`)."""
+  with open(path, encoding="utf-8") as f:
+    return list(json.load(f)["scenarios"])
+
+
 flags.DEFINE_string("out_dir", "runs/bench", "Folder of the benchmark's jobs and leaderboard.")
 flags.DEFINE_list("selectors", [], "Selectors to rank (default: every registered one).")
-flags.DEFINE_list("scenarios", [], "Scenarios of the scenarios file (default: all).")
+flags.DEFINE_list("scenarios", [], "Scenarios of the scenarios file to run (default: all; the "
+                  f"default file's: {', '.join(scenario_names())}).")
 flags.DEFINE_string("scenarios_file", SCENARIOS_FILE, "The benchmark's scenarios: a JSON file of "
                     "common flags, quick flags, a target accuracy and named scenarios.")
 flags.DEFINE_bool("quick", False, "Tiny jobs of two rounds (the suite's and CI's smoke run).")

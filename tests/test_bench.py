@@ -5,6 +5,7 @@ quick leaderboard, read again identically when rerun, recomputed identically fro
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -78,6 +79,13 @@ def test_refuses_unknown_names_before_any_job(tmp_path, flag, needle):
                         timeout=HANG_GUARD_S, check=False)
   assert proc.returncode == 1 and needle in proc.stderr
   assert not os.listdir(tmp_path)
+
+
+def test_help_names_every_scenario_of_the_file():
+  proc = subprocess.run([sys.executable, "-m", "experiments.bench", "--help"], cwd=REPO,
+                        capture_output=True, text=True, timeout=HANG_GUARD_S, check=False)
+  named = re.search(r"--scenarios: .*?the default file's: (.*?)\)\.", " ".join(proc.stdout.split()))
+  assert named and named[1].split(", ") == list(bench_spec()["scenarios"])
 
 
 @pytest.mark.slow
