@@ -1,6 +1,6 @@
 """The documentation: it builds with warnings as errors, its API reference covers the public
-namespace, its guides' code runs as written, and no file outside tests/ points outside the
-repository."""
+namespace, its lists of parts and partitioners name every registered one, its guides' code runs as
+written, and no file outside tests/ points outside the repository."""
 
 import ast
 import pathlib
@@ -73,6 +73,34 @@ def test_every_page_is_in_the_nav_and_every_paper_page_shows_its_figure():
     figures = re.findall(r"!\[[^\]]*\]\((figures/[^)]+)\)\n\n\*Drawn by `python -m experiments",
                          text)
     assert figures and all((REPO / "docs" / "papers" / f).exists() for f in figures), paper
+
+
+def between(page: str, start: str, end: str) -> str:
+  """The text of docs/`page` from `start` up to the first `end` after it."""
+  text = (REPO / "docs" / page).read_text(encoding="utf-8")
+  return text[text.index(start):text.index(end, text.index(start))]
+
+
+def has_word(text: str, name: str) -> bool:
+  """Whether `text` holds `name` as a word of its own (not part of `selection.md` or `--a_b`)."""
+  return re.search(rf"(?<![\w./-]){name}(?![\w/-])", text) is not None
+
+
+def test_the_docs_name_every_registered_part_and_partitioner():
+  from fedjax_sel import registry  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.data.partition import PARTITIONS  # pylint: disable=import-outside-toplevel
+  vocabulary = between("workflow.md", "**One vocabulary.**", "The library's factories")
+  unnamed = [f"workflow.md: {kind} {name}" for kind in registry.KINDS
+             for name in registry.names(kind) if f"`{name}`" not in vocabulary]
+  selectors = between("papers/beyond.md", "**Selectors**", "**Filters**")
+  unnamed += [f"papers/beyond.md: selector {name}" for name in registry.names("selector")
+              if not has_word(selectors, name)]
+  for page, start, end in (("guides/data.md", "partitions it with", "usable on your own"),
+                           ("data.md", "## Partitioners", "## Bad clients")):
+    section = between(page, start, end)
+    unnamed += [f"{page}: partition {name}" for name in PARTITIONS
+                if not has_word(section, name)]
+  assert not unnamed, unnamed
 
 
 @pytest.mark.parametrize("page", GUIDES, ids=[p.stem for p in GUIDES])
