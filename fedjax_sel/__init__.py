@@ -37,6 +37,7 @@ from fedjax_sel.client.local_training import (LocalHParams, LocalResult, local_t
 from fedjax_sel.client.system import SystemProfile, lognormal_profiles
 from fedjax_sel.data.builders import DATASETS, DatasetSpec, build_dataset
 from fedjax_sel.data.federated import ClientPool, FederatedDataset
+from fedjax_sel.data.flower import flower_dataset
 from fedjax_sel.engine.capacity import Capacity
 from fedjax_sel.engine.description import LrSchedule, RoundConfig, constant_lr, step_decay_lr
 from fedjax_sel.engine.run_spec import RunSpec, build_run
@@ -85,7 +86,8 @@ __all__ = [
     # Clients, data and models.
     "ClientMetrics", "client_gradients", "client_metrics", "LocalHParams", "LocalResult",
     "local_train", "steps_per_client", "DATASETS", "DatasetSpec", "build_dataset", "ClientPool",
-    "FederatedDataset", "MODELS", "Model", "build_model", "SystemProfile", "lognormal_profiles",
+    "FederatedDataset", "flower_dataset", "MODELS", "Model", "build_model", "SystemProfile",
+    "lognormal_profiles",
     # Engine and host.
     "Capacity", "Costs", "EngineState", "LrSchedule", "RoundConfig", "RunSpec", "Simulator",
     "build_run", "constant_lr", "step_decay_lr", "RunBatch", "program_groups", "run", "run_batch",

@@ -2,6 +2,9 @@
 on an in-memory dataset, and our partitioners against Flower's of the same name on the same
 labels (where `flwr-datasets` is installed: `pip install -e '.[flower]'`)."""
 
+import inspect
+import os
+
 import numpy as np
 import pytest
 
@@ -9,6 +12,7 @@ import fedjax_sel as fs
 from fedjax_sel.data import flower
 from fedjax_sel.data import partition as part
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 Y = np.repeat(np.arange(10), 60)  # 10 classes x 60 examples.
 
 
@@ -53,8 +57,17 @@ def test_the_adapter_needs_no_flower():
     def load_partition(self, i):
       return {"x": np.full((4, 2), i, np.float32), "label": np.arange(4) % 2}
 
-  data = flower.flower_dataset(Fake(), 2, test_fraction=0.25)
+  data = fs.flower_dataset(Fake(), 2, test_fraction=0.25)  # Exported as fs.flower_dataset.
   assert data.num_clients == 3 and data.train.counts.tolist() == [3, 3, 3]
+
+
+def test_the_data_page_gives_the_adapters_defaults():
+  defaults = inspect.signature(fs.flower_dataset).parameters
+  call = (f'fs.flower_dataset(partitioner, num_classes, features="{defaults["features"].default}", '
+          f'label="{defaults["label"].default}")')
+  for page in ("data.md", os.path.join("guides", "data.md")):
+    with open(os.path.join(REPO, "docs", page), encoding="utf-8") as f:
+      assert call in " ".join(f.read().split()), page
 
 
 def test_iid_sizes_equal_flowers():
