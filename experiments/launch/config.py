@@ -247,6 +247,9 @@ class OutputConfig:
                           "last; the records keep every round).", within=">= 1")
   last_k: int = option(10, "Rounds of the summaries' last-k mean (the final round alone is "
                        "noisy).", within=">= 1")
+  target: float = option(0.85, "The test accuracy whose first crossing the summary reports per "
+                         "method: rounds trained and, on the simulated clock, simulated seconds "
+                         "to reach it.", within="(0, 1]", result=False)
   plot: bool = option(False, "Draw the figures after the runs (needs matplotlib).")
   figure_format: str = option("png", "File format of the --plot figures: png, or pdf / svg "
                               "(vector, for papers).", choices=("png", "pdf", "svg"),

@@ -1,7 +1,8 @@
 """Figures of per-round metrics: mean and sample standard deviation over seeds (matplotlib).
 
 Every figure reads the same way: at most `MAX_COLUMNS` panels a row, x in rounds trained (the
-record of round t is the model after t + 1 rounds), each panel's y axis labelled with its unit, one
+record of round t is the model after t + 1 rounds; runs on the simulated clock add a panel of test
+accuracy over simulated seconds), each panel's y axis labelled with its unit, one
 line style and marker per method so equal curves stay visible, one legend below the panels (off the
 data), and a title stating the setup and the number of seeds. A panel is drawn only for metrics a
 method has (`only` keeps, per metric, the methods it applies to: no filtered-set line for FedAvg).
@@ -21,6 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 MAX_COLUMNS = 4
+OVER_TIME = "@sim_time"  # A key's suffix for its panel over simulated seconds (`time_matrix`).
 STYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "x", "P", "*")
 # Units of the y axes, by metric name (first match of a suffix or name).
@@ -73,10 +75,43 @@ def mean_std(values) -> str:
 
 
 def metric_matrix(runs: list[list[dict]], key: str) -> tuple[np.ndarray, np.ndarray]:
-  """(rounds, [seeds, rounds] values) of `key` over the rounds every seed recorded it."""
+  """(rounds, [seeds, rounds] values) of `key` over the rounds every seed recorded it; for a
+  `OVER_TIME` key, (simulated seconds, values) from `time_matrix`."""
+  if key.endswith(OVER_TIME):
+    return time_matrix(runs, key.removesuffix(OVER_TIME))
   per_seed = [{r["round"]: r[key] for r in recs if key in r} for recs in runs]
   rounds = sorted(set.intersection(*(set(d) for d in per_seed)))
   return np.array(rounds), np.array([[d[t] for t in rounds] for d in per_seed], dtype=float)
+
+
+def time_matrix(runs: list[list[dict]], key: str, points: int = 100
+                ) -> tuple[np.ndarray, np.ndarray]:
+  """(simulated seconds, [seeds, points] values) of `key`: each seed's value as of each time (the
+  last one its runs reached) on a grid up to the shortest seed's end; empty without a clock.
+
+    >>> time_matrix([[{"round": 0, "acc": 0.5, "cumulative_cost": {"sim_time_s": 2.0}},
+    ...               {"round": 1, "acc": 0.7, "cumulative_cost": {"sim_time_s": 4.0}}]],
+    ...             "acc", points=3)[1].tolist()
+    [[0.5, 0.5, 0.7]]
+  """
+  seeds = [[(r["cumulative_cost"]["sim_time_s"], r[key]) for r in recs
+            if key in r and "cumulative_cost" in r] for recs in runs]
+  if not all(seeds) or not any(t for seed in seeds for t, _ in seed):
+    return np.array([]), np.zeros((len(runs), 0))
+  grid = np.linspace(max(seed[0][0] for seed in seeds), min(seed[-1][0] for seed in seeds),
+                     points)
+  values = []
+  for seed in seeds:
+    times = np.array([t for t, _ in seed])
+    index = np.clip(np.searchsorted(times, grid, side="right") - 1, 0, len(seed) - 1)
+    values.append(np.array([v for _, v in seed], float)[index])
+  return grid, np.array(values)
+
+
+def clocked(rows: dict[str, dict[str, list[list[dict]]]]) -> bool:
+  """Whether the runs ran on the simulated clock (their records' time moves)."""
+  return any(recs[-1].get("cumulative_cost", {}).get("sim_time_s", 0) > 0
+             for groups in rows.values() for runs in groups.values() for recs in runs if recs)
 
 
 def panels_figure(rows: dict[str, dict[str, list[list[dict]]]], keys: list[str],
@@ -88,6 +123,8 @@ def panels_figure(rows: dict[str, dict[str, list[list[dict]]]], keys: list[str],
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   from matplotlib import ticker  # pylint: disable=import-outside-toplevel
 
+  if "test_accuracy" in keys and clocked(rows):  # On the clock: accuracy over time as well.
+    keys = [*keys, "test_accuracy" + OVER_TIME]
   groups_panels = []  # Per named set of runs, its (row name, key, {label: runs}) that have data.
   for row_name, groups in rows.items():
     drawn_here = []
@@ -120,7 +157,7 @@ def panels_figure(rows: dict[str, dict[str, list[list[dict]]]], keys: list[str],
       i = labels.index(label)
       rounds, vals = metric_matrix(runs, key)
       mean, std = seed_spread(vals)
-      x = rounds + 1
+      x = rounds if key.endswith(OVER_TIME) else rounds + 1
       color = f"C{i % 10}"  # One color, style and marker per method in every panel.
       step = max(len(x) // 8, 1)  # Markers shifted per method: equal curves show both.
       # Methods drawn first in a panel are wider underneath: a curve equal to a later one shows.
@@ -136,11 +173,16 @@ def panels_figure(rows: dict[str, dict[str, list[list[dict]]]], keys: list[str],
       top = max(ax.get_ylim()[1], 1)
       ax.set_ylim(bottom=-0.04 * top, top=top)  # A line at 0 stays visible above the axis.
       ax.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
-    name = (titles or {}).get(key, key.replace("_", " "))
+    base = key.removesuffix(OVER_TIME)
+    name = (titles or {}).get(base, base.replace("_", " "))
+    if key.endswith(OVER_TIME):
+      name += " over simulated time"
+      ax.set_xlabel("simulated seconds")
+    else:
+      ax.set_xlabel("rounds trained")
+      ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     ax.set_title(f"{row_name}: {name}" if row_name else name, fontsize=10)
-    ax.set_xlabel("rounds trained")
-    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
-    ax.set_ylabel(unit_of(key))
+    ax.set_ylabel(unit_of(base))
     ax.grid(alpha=0.3)
   for ax in axes.flat:
     ax.set_visible(any(ax is u for u in used))
