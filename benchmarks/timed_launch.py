@@ -6,18 +6,39 @@ Splits the process's wall time into: import (the launcher module and the library
 launchers' `build.load_data`), set-up (building `Simulator`s and `RunBatch`es, compilation
 excluded), compile (XLA compilation and persistent-cache loads, from JAX's monitoring events,
 wherever they happen), rounds (running the rounds, compilation excluded) and other (what is left:
-flag parsing, summaries, figures). Also counts the round programs compiled and the persistent cache
-hits.
+flag parsing, summaries, figures). Also counts the rounds trained (`rounds_trained`), the round
+programs compiled and the persistent cache hits.
+
+A SIGTERM or SIGINT stops the launcher as an interrupt does (`cli.interrupt_on_sigterm`: its
+finished rounds kept, exit status 130) and OUT.json is still written, with the rounds this
+process trained; a signal that comes while it is written is ignored.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import signal
 import sys
 import time
 
 START = time.perf_counter()
+
+
+class CountedSteps:
+  """A batch of runs (a `RunBatch` or `OneRun`) whose finished `step` calls are counted: the
+  rounds a process trained, whether it ended or was interrupted."""
+
+  def __init__(self, batch):
+    self.batch, self.steps = batch, 0
+
+  def __getattr__(self, name):
+    return getattr(self.batch, name)
+
+  def step(self, states):
+    out = self.batch.step(states)
+    self.steps += 1
+    return out
 
 
 def main():
@@ -44,6 +65,12 @@ def main():
         compile_in[phase] += sum(log.snapshot().seconds.values()) - compiled
     setattr(owner, name, wrapper)
 
+  batches = []
+  run_batch = fs.run_batch
+  def counted(batch, *args, **kwargs):
+    batches.append(CountedSteps(batch))
+    return run_batch(batches[-1], *args, **kwargs)
+  fs.run_batch = counted  # The launchers' one round loop (`job.py` calls `fs.run_batch`).
   timed(build, "load_data", "data")
   timed(fs, "Simulator", "set-up")
   timed(fs, "RunBatch", "set-up")
@@ -51,10 +78,15 @@ def main():
   timed(fs, "run_batch", "rounds")
   from absl import app  # pylint: disable=import-outside-toplevel
   status = 0
+  cli.interrupt_on_sigterm()
   try:
     app.run(cli.guarded(module.main), argv=[module_name, *argv])
   except SystemExit as e:
     status = e.code or 0
+  except KeyboardInterrupt:  # A second one while the first was handled (Ctrl-C, then SIGTERM).
+    status = 130
+  for signum in (signal.SIGTERM, signal.SIGINT):  # The timing is written whatever comes now.
+    signal.signal(signum, signal.SIG_IGN)
   total = time.perf_counter() - START
   log.snapshot()
   compile_s = sum(log.seconds.values())
@@ -64,6 +96,7 @@ def main():
   result = {
       "status": status, "total_s": total, "import_s": imported, **phases, "compile_s": compile_s,
       "other_s": total - imported - compile_s - sum(phases.values()),
+      "rounds_trained": sum(b.steps for b in batches),
       "round_compiles": sum(log.by_name[name] for name in rounds),
       "round_loads": sum(log.loaded_by_name[name] for name in rounds),
       "compiles": log.compiles, "cache_hits": log.cache_hits}

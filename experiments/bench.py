@@ -9,8 +9,9 @@ beside the common ones; the help of `--scenarios` below names those of the file 
 comes with). Each (scenario, selector) is one `experiments.run` job in
 `<out_dir>/<scenario>/<selector>`, its seeds batched into one compiled program; a job that
 finished is read again, one that stopped is resumed (`--resume`), so a killed benchmark goes on
-where it was. `<out_dir>/leaderboard.md` and `leaderboard.csv` hold one row per selector and
-scenario (mean +- sample std over the seeds): final test accuracy, the mean of the last
+where it was; Ctrl-C or a SIGTERM stops the job it is running too (no process outlives it).
+`<out_dir>/leaderboard.md` and `leaderboard.csv` hold one row per selector and scenario (mean +-
+sample std over the seeds): final test accuracy, the mean of the last
 `--last_k` evaluated rounds, rounds and simulated seconds to the target (seeds that reached it),
 the worst-10% client's accuracy, Jain's index of participation, the samples clients spent on
 selection alone, and stragglers; `leaderboard_ranks.png` ranks the selectors per scenario by
@@ -113,33 +114,43 @@ def load_scenarios(path: str) -> Scenarios:
 
 
 TIMING_FILE = "timing.json"
+STOP_GRACE_S = 60.0  # Seconds a stopped job's process has to end its round before it is killed.
 
 
 def run_job(folder: str, flags_: list[str], timeout_s: float = 1800.0) -> list[dict]:
   """One `experiments.run` job into `folder`, under `benchmarks.timed_launch`: read again when it
   finished, resumed when it was stopped, started otherwise; its output is the job's `bench.log`.
-  A process that runs past `timeout_s` (a hang) is killed and the job resumed once.
+  A process that runs past `timeout_s` (a hang) is killed and the job resumed once. An interrupt
+  (SIGINT, or SIGTERM: `cli.interrupt_on_sigterm`) stops the job's process (`stop`), keeps its
+  timing and is raised again: no process outlives the benchmark.
 
   Returns:
     The timings of the processes that trained its rounds (`<folder>/timing.json`, one entry per
-    such process: wall seconds by phase, programs compiled; a process that found every round
-    done adds none).
+    such process: wall seconds by phase, rounds trained, programs compiled; a process that found
+    every round done adds none).
   """
   os.makedirs(folder, exist_ok=True)
   fresh = os.path.join(folder, "timing.new.json")
+  keep_timing(folder, fresh)  # A process whose benchmark was killed (SIGKILL) ended on its own.
   for attempt in range(2):
     started = os.path.exists(os.path.join(folder, "job.json"))
     args = [sys.executable, "-m", "benchmarks.timed_launch", fresh, "experiments.run", *flags_,
             f"--out_dir={folder}"]
     args += ["--resume"] if started else []
     with open(os.path.join(folder, "bench.log"), "a", encoding="utf-8") as log:
+      proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
       try:
-        proc = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, check=False,
-                              timeout=timeout_s)
+        proc.wait(timeout_s)
         break
       except subprocess.TimeoutExpired:  # Killed; its checkpoint stays, the retry resumes it.
+        proc.kill()
+        proc.wait()
         print(f"   {folder}: no end after {timeout_s:.0f} s, killed"
               + ("; resuming it" if attempt == 0 else ""), flush=True)
+      except KeyboardInterrupt:
+        stop(proc, folder)
+        keep_timing(folder, fresh)
+        raise
   else:
     raise app.UsageError(f"{folder}: the job did not end in {timeout_s:.0f} s twice "
                          f"(--job_timeout_s); its output is in "
@@ -147,15 +158,37 @@ def run_job(folder: str, flags_: list[str], timeout_s: float = 1800.0) -> list[d
   if proc.returncode:
     raise app.UsageError(f"{' '.join(args[4:])} failed (exit {proc.returncode}); its output is "
                          f"in {os.path.join(folder, 'bench.log')}")
+  return keep_timing(folder, fresh)
+
+
+def stop(proc: subprocess.Popen, folder: str, grace_s: float = STOP_GRACE_S) -> None:
+  """Stops a job's process as an interrupt stops a launcher (SIGTERM: it ends its round, keeps
+  its finished rounds and writes its timing) and waits for it; kills it after `grace_s` or at a
+  second interrupt."""
+  print(f"   stopping the job in {folder} (a second interrupt kills it)", file=sys.stderr,
+        flush=True)
+  proc.terminate()
+  try:
+    proc.wait(grace_s)
+  except (subprocess.TimeoutExpired, KeyboardInterrupt):
+    proc.kill()
+    proc.wait()
+
+
+def keep_timing(folder: str, fresh: str) -> list[dict]:
+  """Adds the timing a job's process wrote (`fresh`, removed) to `<folder>/timing.json` when the
+  process trained rounds (it compiled a round program or loaded one from the executable store);
+  returns the job's timings."""
   path = os.path.join(folder, TIMING_FILE)
   timings = []
   if os.path.exists(path):
     with open(path, encoding="utf-8") as f:
       timings = json.load(f)
+  if not os.path.exists(fresh):
+    return timings
   with open(fresh, encoding="utf-8") as f:
     latest = json.load(f)
   os.remove(fresh)
-  # It trained rounds: it compiled a round program or loaded one from the executable store.
   if latest["round_compiles"] + latest.get("round_loads", 0):
     timings.append(latest)
     with open(path, "w", encoding="utf-8") as f:
@@ -218,21 +251,31 @@ TIMING_COLUMNS = ("scenario", "selector", "processes", "wall_s", "compile_s", "r
 
 
 def timing_rows(timings: dict[tuple[str, str], list[dict]], rounds: int) -> list[dict]:
-  """Per job: the wall and compile seconds of the processes that trained it, the round programs
-  they compiled, the milliseconds per round (every seed in one step, compilation excluded) and
-  that against the random selector's in the same scenario (what selection and the statistics it
-  needs add to a round)."""
+  """Per job: the wall and compile seconds of the processes that trained it (one that was stopped
+  and the one that resumed it alike), the round programs they compiled, the milliseconds per
+  round they trained (every seed in one step, compilation excluded; a round a stopped process
+  trained after its last checkpoint counts each time it ran; `rounds` per job where a timing
+  predates the count) and that against the random selector's in the same scenario (what
+  selection and the statistics it needs add to a round). A job no process of which was timed
+  (every round trained by a process that wrote no timing) has "-" cells, not zeros."""
   rows = []
   for (scenario, selector), procs in timings.items():
-    per_round = 1e3 * sum(p["rounds_s"] for p in procs) / rounds
+    if not procs:
+      rows.append({"scenario": scenario, "selector": selector, "processes": 0,
+                   **dict.fromkeys(TIMING_COLUMNS[3:], "-")})
+      continue
+    trained = (sum(p["rounds_trained"] for p in procs)
+               if all("rounds_trained" in p for p in procs) else rounds)
     rows.append({"scenario": scenario, "selector": selector, "processes": len(procs),
                  "wall_s": round(sum(p["total_s"] for p in procs), 1),
                  "compile_s": round(sum(p["compile_s"] for p in procs), 1),
                  "round_programs": sum(p["round_compiles"] + p.get("round_loads", 0)
                                        for p in procs),
-                 "ms_per_round": round(per_round, 1)})
-  base = {r["scenario"]: r["ms_per_round"] for r in rows if r["selector"] == "random"}
-  for r in rows:
+                 "ms_per_round": round(1e3 * sum(p["rounds_s"] for p in procs)
+                                       / max(trained, 1), 1)})
+  timed = [r for r in rows if r["processes"]]
+  base = {r["scenario"]: r["ms_per_round"] for r in timed if r["selector"] == "random"}
+  for r in timed:
     r["x_random"] = (round(r["ms_per_round"] / base[r["scenario"]], 2)
                      if base.get(r["scenario"]) else "-")
   return rows
@@ -246,14 +289,15 @@ def write_timing(out_dir: str, rows: list[dict]) -> None:
   lines = tables(out_dir, "timing", TIMING_COLUMNS, heads, rows)
   lines += ["", "| scenario | jobs | wall s | compile s | round programs compiled or loaded |",
             "|---|---|---|---|---|"]
+  timed = [r for r in rows if r["processes"]]  # "-" rows: no process of theirs was timed.
   for scenario in dict.fromkeys(r["scenario"] for r in rows):
-    mine = [r for r in rows if r["scenario"] == scenario]
+    mine = [r for r in timed if r["scenario"] == scenario]
     lines.append(f"| {scenario} | {len(mine)} | {sum(r['wall_s'] for r in mine):.0f} | "
                  f"{sum(r['compile_s'] for r in mine):.0f} | "
                  f"{sum(r['round_programs'] for r in mine)} |")
-  total = sum(r["wall_s"] for r in rows)
-  lines += ["", f"All jobs: {total / 60:.1f} min of wall time (each job one process; a job's "
-            "seeds share one compiled round program)."]
+  total = sum(r["wall_s"] for r in timed)
+  lines += ["", f"All jobs: {total / 60:.1f} min of wall time (a job's seeds share one compiled "
+            "round program; a job that was stopped counts the process that resumed it too)."]
   with open(os.path.join(out_dir, "timing.md"), "w", encoding="utf-8") as f:
     f.write("\n".join(lines) + "\n")
 
@@ -422,9 +466,16 @@ def main(argv):
       held_out = [] if not tuning or any(f.startswith("--val_fraction=")
                                          for f in spec.scenarios[scenario]) else [
                                              "--val_fraction=0.1"]
-      timings[scenario, selector] = run_job(
-          folder, [*common, *spec.scenarios[scenario], f"--selector={selector}", *tuning,
-                   *held_out], FLAGS.job_timeout_s)
+      try:
+        timings[scenario, selector] = run_job(
+            folder, [*common, *spec.scenarios[scenario], f"--selector={selector}", *tuning,
+                     *held_out], FLAGS.job_timeout_s)
+      except KeyboardInterrupt:
+        sys.stderr.write(f"interrupted: the job {scenario} / {selector} was stopped and no "
+                         f"process of the benchmark is left; every finished round is kept (its "
+                         f"output: {os.path.join(folder, 'bench.log')}): run the same command "
+                         "again to go on where it stopped\n")
+        sys.exit(130)
       points = report.read_job(folder)
       chosen = best_point(points) if tuning else next(iter(points))
       if tuning:

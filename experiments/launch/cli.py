@@ -8,7 +8,8 @@ and writes `resolve(cfg, given)` and `execute(job)`; `launcher_main` makes its `
     cli.launch(main, BINDING)
 
 `launch` prints the short, grouped `--help`, turns JAX's persistent compilation cache on, and
-turns a usage error, a full disk or an interrupt into one line and an exit status (`guarded`).
+turns a usage error, a full disk or an interrupt (Ctrl-C, or a SIGTERM: `interrupt_on_sigterm`)
+into one line and an exit status (`guarded`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import errno
 import logging
 import math
+import signal
 import sys
 from collections.abc import Callable
 
@@ -36,7 +38,21 @@ def launch(main: Callable[[list[str]], None],
   if binding is not None and any(a in HELP for a in sys.argv[1:]):
     print(binding.short_help(sys.modules["__main__"].__doc__ or ""))
     sys.exit(0)
+  interrupt_on_sigterm()
   app.run(guarded(main))
+
+
+def interrupt_on_sigterm() -> None:
+  """From now on a SIGTERM (`kill PID`, a scheduler's stop, the benchmark stopping its job)
+  interrupts this process as Ctrl-C does: a KeyboardInterrupt, which `guarded` turns into its
+  "interrupted" line and exit status 130 after the finished rounds are kept (Python's default is
+  to end at once, leaving no word and no timing)."""
+  signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum, frame) -> None:
+  del signum, frame
+  raise KeyboardInterrupt
 
 
 def launcher_main(binding: flag_binding.Binding, resolve: flag_binding.Resolve,
