@@ -492,9 +492,9 @@ def test_tensorboard_scalars_equal_the_metrics_files(tmp_path):
     run = tmp_path / "job" / f"seed{seed}"
     events = read_tensorboard_scalars(run / "tensorboard")
     recs = records(run / "metrics.jsonl")
-    for key in ("test_accuracy", "local_train_loss", "num_trained"):
-      assert events[key] == {r["round"]: pytest.approx(r[key]) for r in recs}, key
-    assert events["cumulative_cost/train_samples"][2] == pytest.approx(
+    for key in ("test_accuracy", "local_train_loss", "num_trained"):  # Step: rounds trained.
+      assert events[key] == {r["round"] + 1: pytest.approx(r[key]) for r in recs}, key
+    assert events["cumulative_cost/train_samples"][3] == pytest.approx(
         recs[2]["cumulative_cost"]["train_samples"])
 
 
@@ -544,9 +544,9 @@ def test_wandb_logs_each_run_as_its_metrics_files(tmp_path):
     name, config, history = read_wandb_run(tmp_path / "job" / f"seed{seed}")
     recs = records(tmp_path / "job" / f"seed{seed}" / "metrics.jsonl")
     assert name == f"FedAvg s{seed}" and config["seed"] == seed and config["num_clients"] == 10
-    for key in ("test_accuracy", "local_train_loss", "num_trained"):
-      assert history[key] == {r["round"]: pytest.approx(r[key]) for r in recs}, key
-    assert history["cumulative_cost/train_samples"][2] == pytest.approx(
+    for key in ("test_accuracy", "local_train_loss", "num_trained"):  # Step: rounds trained.
+      assert history[key] == {r["round"] + 1: pytest.approx(r[key]) for r in recs}, key
+    assert history["cumulative_cost/train_samples"][3] == pytest.approx(
         recs[2]["cumulative_cost"]["train_samples"])
 
 
