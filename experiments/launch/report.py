@@ -70,16 +70,18 @@ def reach_values(runs: list[list[dict]], metric: str, target: float) -> tuple[st
 def method_table(cfg: cfglib.JobConfig, groups: dict[str, list[list[dict]]]) -> str:
   """Per method (and swept value), over its seeds (mean +- sample std, n stated): the final and
   best test accuracy, the mean over the last --last_k evaluated rounds, the rounds and simulated
-  seconds to --target, the final test loss, and the selection telemetry (`telemetry_cells`)."""
+  seconds to --target, the final test loss, and the selection telemetry (`telemetry_cells`);
+  server steps in place of rounds in the asynchronous mode."""
   k, target = cfg.output.last_k, cfg.output.target
   reach = cfglib.number_text(target)
+  steps = "server steps" if cfg.engine.mode == "async" else "rounds"
   lines = [f"| method | seeds | final test acc | best test acc | mean test acc, last {k} evaluated "
-           f"rounds | rounds to {reach} | simulated s to {reach} | final test loss | "
+           f"{steps} | {steps} to {reach} | simulated s to {reach} | final test loss | "
            f"{TELEMETRY_HEADER} |", "|" + "---|" * 11]
   for name, runs in groups.items():
     ended = [recs[-1]["round"] + 1 for recs in runs if recs[-1]["round"] + 1 < cfg.engine.rounds]
     if ended:  # Runs that diverged: their rounds up to where they stopped.
-      name += f" ({len(ended)} stopped, after round {min(ended)})"
+      name += f" ({len(ended)} stopped, after {steps[:-1]} {min(ended)})"
     acc = [[r["test_accuracy"] for r in recs if "test_accuracy" in r] for recs in runs]
     loss = [[r["test_loss"] for r in recs if "test_loss" in r][-1] for recs in runs]
     rounds, seconds = reach_values(runs, "test_accuracy", target)
@@ -87,7 +89,7 @@ def method_table(cfg: cfglib.JobConfig, groups: dict[str, list[list[dict]]]) -> 
                  f"{mean_std([max(a) for a in acc])} | "
                  f"{mean_std([sum(a[-k:]) / len(a[-k:]) for a in acc])} | {rounds} | {seconds} | "
                  f"{mean_std(loss)} | {telemetry_cells(runs)} |")
-  return "\n".join(lines + ["", "Mean +- sample std over the seeds (one seed: its value); rounds "
+  return "\n".join(lines + ["", f"Mean +- sample std over the seeds (one seed: its value); {steps} "
                             f"and simulated seconds to {reach} (--target): the mean over the "
                             "seeds that reached it (how many, in brackets; seconds '-' without "
                             "the clock)."])

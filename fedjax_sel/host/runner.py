@@ -521,8 +521,8 @@ def _start_batch(batch, states, out_dirs, resume, overwrite, fingerprints, say, 
 
 def batch_progress_line(label: str, t: int, rounds: int, histories: list[list[dict]],
                         stopped: dict, since: tuple[int, float] | None = None) -> str:
-  """One line per round of a batch: runs going, the mean and range of their losses and test
-  accuracy."""
+  """One line per round of a batch: runs going, the mean and range of their losses, of the
+  staleness of an asynchronous step's updates (mean and max) and of their test accuracy."""
   live = [h[-1] for i, h in enumerate(histories) if i not in stopped and h]
   parts = [f"{label}[{t + 1:>4}/{rounds}]", f"runs {len(live)}/{len(histories)}"]
   def spread(key, fmt):
@@ -532,7 +532,8 @@ def batch_progress_line(label: str, t: int, rounds: int, histories: list[list[di
     return (f"{key.replace('_', ' ')} {np.mean(values):{fmt}}" if len(values) == 1 else
             f"{key.replace('_', ' ')} {np.mean(values):{fmt}} [{min(values):{fmt}}-"
             f"{max(values):{fmt}}]")
-  for key, fmt in (("local_train_loss", ".4f"), ("test_accuracy", ".4f")):
+  for key, fmt in (("local_train_loss", ".4f"), ("staleness_mean", ".2f"),  # Staleness: async.
+                   ("staleness_max", ".1f"), ("test_accuracy", ".4f")):
     text = spread(key, fmt)
     if text:
       parts.append(text)
@@ -557,6 +558,9 @@ def _elapsed(wall_s: float, t: int, rounds: int, since: tuple[int, float] | None
 
 def progress_line(label: str, t: int, rounds: int, record: dict,
                   since: tuple[int, float] | None = None) -> str:
+  """One run's line per round: its local train loss, clients selected and trained (and what
+  kept their updates out), the staleness of an asynchronous step's updates (mean and max), its
+  test accuracy when evaluated, simulated and wall seconds and the estimate of those left."""
   excluded = record.get("nonfinite_clients", 0)
   trained = (f"train {record['local_train_loss']:.4f}" if record["num_trained"] > excluded
              else "no client trained" if not excluded else "every update non-finite")
@@ -568,6 +572,8 @@ def progress_line(label: str, t: int, rounds: int, record: dict,
     parts.append(f"nothing aggregated ({record.get('stragglers', 0)} past the deadline)")
   if "num_filtered" in record and record.get("filtered_in") is not None:
     parts.append(f"filtered {record['num_filtered']}")
+  if "staleness_max" in record:  # An asynchronous server step: how stale its updates were.
+    parts.append(f"staleness mean {record['staleness_mean']:.2f} max {record['staleness_max']}")
   if "test_accuracy" in record:
     parts.append(f"test acc {record['test_accuracy']:.4f} loss {record['test_loss']:.4f}")
   if record.get("round_time_s"):
@@ -576,11 +582,20 @@ def progress_line(label: str, t: int, rounds: int, record: dict,
   return "  ".join(parts)
 
 
+def step_name(records: list[dict]) -> str:
+  """What a run's steps are: "server steps" for an asynchronous run (its records carry the
+  staleness of the updates each step aggregated), else "rounds"."""
+  return "server steps" if "staleness_max" in records[0] else "rounds"
+
+
 def summary_table(rows: list[tuple[str, list[dict]]]) -> str:
-  """Markdown table of final and best test accuracy, final losses and costs per labelled run."""
-  head = ("| run | final test acc | best test acc (rounds trained) | final test loss | final train "
-          "loss (all clients) | train samples | uploads | rounds nobody trained | rounds nothing "
-          "aggregated | wall s |")
+  """Markdown table of final and best test accuracy, final losses and costs per labelled run;
+  its counts are of rounds, or of server steps for asynchronous runs (`step_name`)."""
+  steps = " / ".join(dict.fromkeys(step_name(recs) for _, recs in rows))
+  at = "rounds trained" if steps == "rounds" else steps
+  head = (f"| run | final test acc | best test acc ({at}) | final test loss | final train loss "
+          f"(all clients) | train samples | uploads | {steps} nobody trained | {steps} "
+          "nothing aggregated | wall s |")
   lines = [head, "|" + "---|" * 10]
   for label, recs in rows:
     evald = [r for r in recs if "test_accuracy" in r]
