@@ -4,7 +4,8 @@ selection.
   python -m experiments.filfl --filters=none,dgf,rgf --seeds=0,1,2 --plot
 
 Defaults: digits, N=50 clients (Dirichlet 0.5), n=25 available, K=5 per round, 40% of the clients
-with shuffled labels, a 5% stratified public set, h=5, 40 rounds, 3 seeds.
+with shuffled labels, a 5% stratified public set, filtering every h=5 rounds (--filter_period),
+40 rounds, 3 seeds.
 `--preset=cifar10|femnist|shakespeare` sets the paper's setups instead (docs/papers/filfl.md, "The
 paper's setups"; listed in --help; explicit flags win; `--fedprox` adds the preset's FedProx mu):
 

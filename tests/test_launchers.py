@@ -114,6 +114,8 @@ def test_filfl_launcher_writes_filter_outputs(tmp_path):
   assert (out / "approx_ratio.png").exists()
   summary = (out / "summary.md").read_text(encoding="utf-8")
   assert "| FilFL-DGF seed 0 | 1 |" in summary and "R(greedy)/R(OPT) min / mean" in summary
+  # The figure's train loss (over the uncorrupted clients) is in the table too, named as such.
+  assert "final train loss (all clients) | final train loss (uncorrupted clients)" in summary
 
 
 def records(path):
@@ -604,6 +606,8 @@ def test_each_launchers_figure_reads_at_a_glance(tmp_path, launcher, args, name,
   assert resumed["kind"] == "none" and resumed["figures"] == result["figures"], resumed
   figure = result["figures"][name]
   assert "2 seeds" in figure["title"] and ("N = " in figure["title"] or "UACS" in figure["title"])
+  if launcher == "filfl":  # Its filter period h, said in words.
+    assert "FilFL filters every h = 5 rounds" in figure["title"], figure["title"]
   if panels is not None:
     assert len(figure["panels"]) == panels, figure
   for panel in figure["panels"]:

@@ -12,11 +12,14 @@ from fedjax_sel.host.plotting import mean_std
 
 
 def write_outputs(cfg: config.JobConfig, runs: dict, bad_rows: list) -> None:
-  """summary.md (per-run, over-seeds and filter-quality tables), filtered_bad.csv and, with
-  --plot, the paper's panels (filfl.png) and the OPT ratios (approx_ratio.png)."""
+  """summary.md (per-run, over-seeds and filter-quality tables; the final train loss over all
+  clients and over the uncorrupted ones, which the figure shows), filtered_bad.csv and, with
+  --plot, the paper's panels (filfl.png, titled with the filter period h, --filter_period) and
+  the OPT ratios (approx_ratio.png)."""
   rows = [(f"{label} seed {i}", recs) for label, group in runs.items()
           for i, recs in zip(cfg.seeds, group)]
-  table = fs.summary_table(rows) + "\n\n" + mean_table(cfg, runs) + filter_quality_table(cfg, runs)
+  table = (fs.summary_table(rows, clean="uncorrupted clients") + "\n\n" + mean_table(cfg, runs)
+           + filter_quality_table(cfg, runs))
   report.write_summary(cfg, table)
   path = os.path.join(cfg.output.out_dir, "filtered_bad.csv")
   with open(path, "w", newline="", encoding="utf-8") as f:
@@ -31,8 +34,8 @@ def write_outputs(cfg: config.JobConfig, runs: dict, bad_rows: list) -> None:
                         "clean_train_loss": "train loss (uncorrupted clients)",
                         "test_loss": "test loss", "num_filtered": "|S^f| (filtered-in clients)"},
                 title=report.setup_title(cfg, f"{int(cfg.data.corrupt_fraction * 100)}% bad "
-                                              f"clients, "
-                                              f"h = {cfg.parts.filter.settings.period}"),
+                                              "clients, FilFL filters every h = "
+                                              f"{cfg.parts.filter.settings.period} rounds"),
                 only={"num_filtered": lambda label: not label.startswith("Fed")})
     print(f"figure: {path}")
     ratio_runs = {label: [[dict(r, approx_ratio=r["filter"]["approx_ratio"]) for r in recs

@@ -31,7 +31,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 import jax
 import jax.numpy as jnp
@@ -420,6 +420,7 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
     start = time.perf_counter() - max((h[-1]["wall_s"] for h in histories if h), default=0.0)
     sinks = [open(p[0], "a", encoding="utf-8") if p else None for p in paths]
     stopped: dict[int, str] = {}
+    pace = Pace()
     try:
       for t in range(first, rounds):
         states, metrics = batch.step(states)
@@ -451,12 +452,11 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
             stopped[i] = str(e)
             if r > 1:
               say(f"run {i} stopped: {e}\n")
-        if t == first:  # The estimate of the time left starts after it (it compiles).
-          since = (t, wall)
+        pace = pace.after(wall, evaluated)
         shown = (t + 1) % log_every == 0 or t in (first, rounds - 1)
         if progress is not None and shown:
-          line = (progress_line(label, t, rounds, histories[0][-1], since) if r == 1 else
-                  batch_progress_line(label, t, rounds, histories, stopped, since))
+          line = (progress_line(label, t, rounds, histories[0][-1], pace) if r == 1 else
+                  batch_progress_line(label, t, rounds, histories, stopped, pace))
           progress.write(line + "\n")
           progress.flush()
         if (t + 1) % checkpoint_every == 0 or t == rounds - 1:
@@ -520,7 +520,7 @@ def _start_batch(batch, states, out_dirs, resume, overwrite, fingerprints, say, 
 
 
 def batch_progress_line(label: str, t: int, rounds: int, histories: list[list[dict]],
-                        stopped: dict, since: tuple[int, float] | None = None) -> str:
+                        stopped: dict, pace: Pace | None = None) -> str:
   """One line per round of a batch: runs going, the mean and range of their losses, of the
   staleness of an asynchronous step's updates (mean and max) and of their test accuracy."""
   live = [h[-1] for i, h in enumerate(histories) if i not in stopped and h]
@@ -538,26 +538,39 @@ def batch_progress_line(label: str, t: int, rounds: int, histories: list[list[di
     if text:
       parts.append(text)
   if live:
-    parts.append(_elapsed(live[0]["wall_s"], t, rounds, since))
+    parts.append(_elapsed(live[0]["wall_s"], t, rounds, pace))
   return "  ".join(parts)
 
 
-def _elapsed(wall_s: float, t: int, rounds: int, since: tuple[int, float] | None = None) -> str:
-  """Seconds so far and an estimate of those left: the mean round after `since` (the round and
-  wall time the estimate starts from: after the first round this process ran, which compiles)
-  times the rounds left; no estimate before a round past it has run."""
+class Pace(NamedTuple):
+  """The rounds a process ran that compiled nothing, whose mean estimates the time left: how many
+  and their wall seconds. Its first round (the step compiles) and its first evaluated round (the
+  evaluation compiles; with --eval_every=2, the second round) are not among them."""
+
+  rounds: int = 0
+  seconds: float = 0.0
+  wall: float | None = None  # The wall seconds at the end of the last round.
+  evaluated: bool = False  # Whether a round evaluated the model yet.
+
+  def after(self, wall: float, evaluated: bool) -> Pace:
+    """The pace with one more round, which ended at `wall` seconds and evaluated or not."""
+    timed = self.wall is not None and (self.evaluated or not evaluated)
+    return Pace(self.rounds + timed, self.seconds + (wall - self.wall if timed else 0.0), wall,
+                self.evaluated or evaluated)
+
+
+def _elapsed(wall_s: float, t: int, rounds: int, pace: Pace | None = None) -> str:
+  """Seconds so far and an estimate of those left: the mean round of `pace` times the rounds
+  left; no estimate before a round that compiled nothing has run."""
   left = rounds - t - 1
   text = f"{wall_s:.1f}s"
-  if not left:
+  if not left or pace is None or not pace.rounds:
     return text
-  start_t, start_wall = since if since is not None else (-1, 0.0)
-  if t <= start_t:
-    return text
-  return text + f" (~{(wall_s - start_wall) / (t - start_t) * left:.0f}s left)"
+  return text + f" (~{pace.seconds / pace.rounds * left:.0f}s left)"
 
 
 def progress_line(label: str, t: int, rounds: int, record: dict,
-                  since: tuple[int, float] | None = None) -> str:
+                  pace: Pace | None = None) -> str:
   """One run's line per round: its local train loss, clients selected and trained (and what
   kept their updates out), the staleness of an asynchronous step's updates (mean and max), its
   test accuracy when evaluated, simulated and wall seconds and the estimate of those left."""
@@ -578,7 +591,7 @@ def progress_line(label: str, t: int, rounds: int, record: dict,
     parts.append(f"test acc {record['test_accuracy']:.4f} loss {record['test_loss']:.4f}")
   if record.get("round_time_s"):
     parts.append(f"sim {record['cumulative_cost']['sim_time_s']:.0f}s")
-  parts.append(_elapsed(record["wall_s"], t, rounds, since))
+  parts.append(_elapsed(record["wall_s"], t, rounds, pace))
   return "  ".join(parts)
 
 
@@ -588,23 +601,27 @@ def step_name(records: list[dict]) -> str:
   return "server steps" if "staleness_max" in records[0] else "rounds"
 
 
-def summary_table(rows: list[tuple[str, list[dict]]]) -> str:
+def summary_table(rows: list[tuple[str, list[dict]]], clean: str | None = None) -> str:
   """Markdown table of final and best test accuracy, final losses and costs per labelled run;
-  its counts are of rounds, or of server steps for asynchronous runs (`step_name`)."""
+  its counts are of rounds, or of server steps for asynchronous runs (`step_name`). With `clean`,
+  the clients the records' clean_* metrics score (a simulator's `eval_mask`, e.g. "uncorrupted
+  clients"), their final train loss stands beside that of all clients."""
   steps = " / ".join(dict.fromkeys(step_name(recs) for _, recs in rows))
   at = "rounds trained" if steps == "rounds" else steps
+  own = f" final train loss ({clean}) |" if clean else ""
   head = (f"| run | final test acc | best test acc ({at}) | final test loss | final train loss "
-          f"(all clients) | train samples | uploads | {steps} nobody trained | {steps} "
+          f"(all clients) |{own} train samples | uploads | {steps} nobody trained | {steps} "
           "nothing aggregated | wall s |")
-  lines = [head, "|" + "---|" * 10]
+  lines = [head, "|" + "---|" * (10 + bool(clean))]
   for label, recs in rows:
     evald = [r for r in recs if "test_accuracy" in r]
     last = evald[-1]
     best = max(evald, key=lambda r: r["test_accuracy"])
     cost = recs[-1]["cumulative_cost"]
+    own = f" {last['clean_train_loss']:.4f} |" if clean else ""
     lines.append(f"| {label} | {last['test_accuracy']:.4f} | {best['test_accuracy']:.4f} "
-                 f"({best['round'] + 1}) | {last['test_loss']:.4f} | {last['train_loss']:.4f} | "
-                 f"{cost['train_samples']:.0f} | {cost['uploads']:.0f} | "
+                 f"({best['round'] + 1}) | {last['test_loss']:.4f} | {last['train_loss']:.4f} |"
+                 f"{own} {cost['train_samples']:.0f} | {cost['uploads']:.0f} | "
                  f"{sum(r['num_trained'] == 0 for r in recs)} | "
                  f"{sum(r.get('num_aggregated', 1) == 0 for r in recs)} | "
                  f"{recs[-1]['wall_s']:.1f} |")
