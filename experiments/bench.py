@@ -10,13 +10,16 @@ comes with). Each (scenario, selector) is one `experiments.run` job in
 `<out_dir>/<scenario>/<selector>`, its seeds batched into one compiled program; a job that
 finished is read again, one that stopped is resumed (`--resume`), so a killed benchmark goes on
 where it was; Ctrl-C or a SIGTERM stops the job it is running too (no process outlives it).
-`<out_dir>/leaderboard.md` and `leaderboard.csv` hold one row per selector and scenario (mean +-
-sample std over the seeds): final test accuracy, the mean of the last
-`--last_k` evaluated rounds, rounds and simulated seconds to the target (seeds that reached it),
+`<out_dir>/leaderboard.md` and `leaderboard.csv` hold one row per selector and scenario: the final
+test accuracy with its 95% interval over the seeds, its paired comparison with random on the same
+seeds (the mean difference and its interval, "better" or "worse" only where the interval excludes
+0, the seeds won / tied / lost: `reports/statistics.py`), then, as mean +- sample std, the mean of
+the last `--last_k` evaluated rounds, rounds and simulated seconds to the target (seeds that reached it),
 the worst-10% client's accuracy, Jain's index of participation, the samples clients spent on
 selection alone, and stragglers; `leaderboard_ranks.png` ranks the selectors per scenario by
 final accuracy, and `participation.png` shows each selector's histogram of how often the clients
-took part. With `--tune`, a selector the scenarios file tunes (`"tune": {"oort":
+took part. The CSV carries the numbers too (mean, std, interval, n; the paired difference, its
+interval and counts); every output of a `--quick` run says it is a smoke run. With `--tune`, a selector the scenarios file tunes (`"tune": {"oort":
 ["--sweep=oort_exploration:0.1,0.5,0.9"]}`) is compared at its best setting: its job sweeps them
 (one batched program where the settings are values), a tenth of each client's data is held out,
 and the setting with the best final validation accuracy gives its row (`tuning.md` lists every
@@ -36,6 +39,7 @@ import numpy as np
 from absl import app, flags
 
 from experiments.launch import cli, report, schema
+from experiments.reports import statistics
 from experiments.launch.config import number_text
 from fedjax_sel import registry
 from fedjax_sel.host.plotting import mean_std
@@ -198,7 +202,9 @@ def keep_timing(folder: str, fresh: str) -> list[dict]:
 
 def row(scenario: str, selector: str, runs: list[list[dict]], target: float,
         last_k: int) -> dict:
-  """One leaderboard row from a job's runs (cells as text, mean +- sample std over the seeds)."""
+  """One leaderboard row from a job's runs: cells as text (the final accuracy with its 95% interval
+  over the seeds, the others mean +- sample std), and the final accuracy's numbers
+  (`final_acc_mean`, `_std`, `_low`, `_high`, `_n`)."""
   acc = [[r["test_accuracy"] for r in recs if "test_accuracy" in r] for recs in runs]
   rounds, seconds = report.reach_values(runs, "test_accuracy", target)
   worst10, jain, _ = report.telemetry_values(runs)
@@ -207,8 +213,10 @@ def row(scenario: str, selector: str, runs: list[list[dict]], target: float,
              + f["cumulative_cost"]["client_grad_samples"] for f in final]
   server = [f["cumulative_cost"]["server_public_samples"] for f in final]
   stragglers = [sum(r.get("stragglers", 0) for r in recs) for recs in runs]
+  final_acc = statistics.interval([a[-1] for a in acc])
   return {"scenario": scenario, "selector": selector, "seeds": len(runs),
-          "final_acc": mean_std([a[-1] for a in acc]),
+          "final_acc": final_acc.text(), **{f"final_acc_{k}": v
+                                            for k, v in final_acc._asdict().items()},
           "last_k_acc": mean_std([np.mean(a[-last_k:]) for a in acc]),
           "rounds_to_target": rounds, "sim_s_to_target": seconds,
           "worst10_client_acc": worst10, "jain": jain,
@@ -217,33 +225,55 @@ def row(scenario: str, selector: str, runs: list[list[dict]], target: float,
 
 
 def tables(out_dir: str, name: str, columns: tuple[str, ...], heads: tuple[str, ...],
-           rows: list[dict]) -> list[str]:
-  """Writes `<out_dir>/<name>.csv` (a header of `columns`, a line per row) and returns the lines
-  of the same rows as a markdown table under `heads`."""
+           rows: list[dict], csv_columns: tuple[str, ...] = ()) -> list[str]:
+  """Writes `<out_dir>/<name>.csv` (a header of `columns` and `csv_columns`, a line per row) and
+  returns the lines of the rows' `columns` as a markdown table under `heads`."""
   with open(os.path.join(out_dir, f"{name}.csv"), "w", encoding="utf-8", newline="") as f:
-    writer = csv.DictWriter(f, columns)
+    writer = csv.DictWriter(f, (*columns, *csv_columns), extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
   return (["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
           + ["| " + " | ".join(str(r.get(c, "")) for c in columns) + " |" for r in rows])
 
 
-def write_leaderboard(out_dir: str, rows: list[dict], target: float, last_k: int) -> None:
-  """`leaderboard.md`, `leaderboard.csv` and the rank figure."""
+# The leaderboard CSV's numbers beside its text cells: the final accuracy's mean, sample std, 95%
+# interval and seeds, and the paired comparison with random on the same seeds.
+NUMERIC_COLUMNS = ("final_acc_mean", "final_acc_std", "final_acc_low", "final_acc_high",
+                   "final_acc_n", "vs_random_mean", "vs_random_low", "vs_random_high",
+                   "vs_random_wins", "vs_random_ties", "vs_random_losses", "vs_random_verdict",
+                   "smoke_run")
+SMOKE = ("SMOKE RUN (--quick): two-round jobs that check the benchmark runs; their numbers rank "
+         "nothing")
+
+
+def write_leaderboard(out_dir: str, rows: list[dict], target: float, last_k: int,
+                      smoke: bool = False) -> None:
+  """`leaderboard.md`, `leaderboard.csv` (text cells, then `NUMERIC_COLUMNS`) and the rank
+  figure; a `smoke` run (--quick) says so in each."""
+  for r in rows:
+    r["smoke_run"] = smoke
   reach = number_text(target)
-  heads = ("scenario", "selector", "seeds", "final acc", f"mean acc, last {last_k} evaluated",
+  heads = ("scenario", "selector", "seeds", "final acc [95% interval]",
+           f"mean acc, last {last_k} evaluated",
            f"rounds to {reach}", f"simulated s to {reach}", "worst-10% client acc",
            "participation fairness (Jain)", "selection samples (clients / server)", "stragglers")
   columns = COLUMNS
   if any(r.get("setting") for r in rows):  # --tune: the setting each tuned row was run at.
     columns, heads = (*COLUMNS[:2], "setting", *COLUMNS[2:]), (*heads[:2], "tuned setting",
                                                               *heads[2:])
-  lines = tables(out_dir, "leaderboard", columns, heads, rows)
-  lines += ["", "Mean +- sample std over the seeds; rounds and simulated seconds to the target: "
-            "the mean over the seeds that reached it (how many, in brackets)."]
+  if any(r.get("vs_random") for r in rows):
+    columns, heads = (*columns, "vs_random"), (*heads, "vs random, same seeds")
+  lines = tables(out_dir, "leaderboard", columns, heads, rows, NUMERIC_COLUMNS)
+  lines = ([f"**{SMOKE}.**", ""] if smoke else []) + lines
+  lines += ["", "Final accuracy: the mean over the seeds with its 95% Student's t interval; the "
+            "others: mean +- sample std; rounds and simulated seconds to the target: the mean "
+            "over the seeds that reached it (how many, in brackets). vs random: the mean "
+            "difference from the random selector's final accuracy on the same seeds with its 95% "
+            "interval, 'better' or 'worse' only where the interval excludes 0, then the seeds "
+            "won / tied / lost."]
   with open(os.path.join(out_dir, "leaderboard.md"), "w", encoding="utf-8") as f:
     f.write("\n".join(lines) + "\n")
-  rank_figure(rows, os.path.join(out_dir, "leaderboard_ranks.png"))
+  rank_figure(rows, os.path.join(out_dir, "leaderboard_ranks.png"), smoke)
 
 
 TIMING_COLUMNS = ("scenario", "selector", "processes", "wall_s", "compile_s", "round_programs",
@@ -303,7 +333,7 @@ def write_timing(out_dir: str, rows: list[dict]) -> None:
 
 
 def target_figure(jobs: dict[tuple[str, str], list[list[dict]]], target: float,
-                  path: str) -> None:
+                  path: str, smoke: bool = False) -> None:
   """Per scenario, each selector's rounds to the target accuracy (simulated seconds where every
   selector of the scenario ran on the clock), the mean over the seeds that reached it with how
   many did; "never" where none did."""
@@ -333,21 +363,22 @@ def target_figure(jobs: dict[tuple[str, str], list[list[dict]]], target: float,
     ax.margins(x=0.25)
   axes[0][0].set_yticks(range(len(selectors)), selectors)
   axes[0][0].invert_yaxis()
-  fig.suptitle(f"time to test accuracy {number_text(target)} (mean over the seeds that reached "
+  fig.suptitle(("SMOKE RUN (--quick): meaningless\n" if smoke else "")
+               + f"time to test accuracy {number_text(target)} (mean over the seeds that reached "
                "it; orange: not every seed did)", fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=120, bbox_inches="tight")
   plt.close(fig)
 
 
-def rank_figure(rows: list[dict], path: str) -> None:
+def rank_figure(rows: list[dict], path: str, smoke: bool = False) -> None:
   """A heatmap of each selector's rank by final accuracy in each scenario (1 = best)."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
   selectors = list(dict.fromkeys(r["selector"] for r in rows))
-  value = {(r["scenario"], r["selector"]): float(r["final_acc"].split()[0]) for r in rows}
+  value = {(r["scenario"], r["selector"]): r["final_acc_mean"] for r in rows}
   ranks = np.full((len(selectors), len(scenarios)), np.nan)
   for j, s in enumerate(scenarios):
     order = sorted(selectors, key=lambda m, s=s: -value.get((s, m), -np.inf))
@@ -364,14 +395,16 @@ def rank_figure(rows: list[dict], path: str) -> None:
         light = ranks[i, j] <= (np.nanmax(ranks) + 1) / 2  # viridis_r: best ranks are yellow.
         ax.text(j, i, int(ranks[i, j]), ha="center", va="center", fontsize=8,
                 color="black" if light else "white")
-  ax.set_title("rank by final test accuracy (1 = best)")
+  ax.set_title(("SMOKE RUN (--quick): meaningless\n" if smoke else "")
+               + "rank by final test accuracy (1 = best)")
   fig.colorbar(image, ax=ax, label="rank")
   fig.tight_layout()
   fig.savefig(path, dpi=120, bbox_inches="tight")
   plt.close(fig)
 
 
-def participation_figure(jobs: dict[tuple[str, str], list[list[dict]]], path: str) -> None:
+def participation_figure(jobs: dict[tuple[str, str], list[list[dict]]], path: str,
+                         smoke: bool = False) -> None:
   """Per scenario (rows) and selector (columns): the histogram of how many rounds each client
   took part in, pooled over the seeds (a uniform selector is a narrow bump; one that favours a
   few clients a long tail and a spike at 0)."""
@@ -398,6 +431,8 @@ def participation_figure(jobs: dict[tuple[str, str], list[list[dict]]], path: st
         ax.set_xlabel("rounds taken part", fontsize=8)
       ax.tick_params(labelsize=7)
       ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+  if smoke:
+    fig.suptitle("SMOKE RUN (--quick): meaningless", fontsize=9, color="tab:red")
   fig.tight_layout()
   fig.savefig(path, dpi=110, bbox_inches="tight")
   plt.close(fig)
@@ -483,11 +518,15 @@ def main(argv):
       jobs[scenario, selector] = runs = points[chosen]
       rows.append(row(scenario, selector, runs, spec.target, FLAGS.last_k)
                   | ({"setting": setting_of(chosen)} if tuning else {}))
-  write_leaderboard(FLAGS.out_dir, rows, spec.target, FLAGS.last_k)
+  finals = {key: [[r["test_accuracy"] for r in recs if "test_accuracy" in r][-1] for recs in runs]
+            for key, runs in jobs.items()}
+  statistics.compare_with_random(rows, finals)
+  write_leaderboard(FLAGS.out_dir, rows, spec.target, FLAGS.last_k, FLAGS.quick)
   if tuned:
     write_tuning(FLAGS.out_dir, tuned)
-  participation_figure(jobs, os.path.join(FLAGS.out_dir, "participation.png"))
-  target_figure(jobs, spec.target, os.path.join(FLAGS.out_dir, "time_to_target.png"))
+  participation_figure(jobs, os.path.join(FLAGS.out_dir, "participation.png"), FLAGS.quick)
+  target_figure(jobs, spec.target, os.path.join(FLAGS.out_dir, "time_to_target.png"),
+                FLAGS.quick)
   rounds = max(recs[-1]["round"] + 1 for runs in jobs.values() for recs in runs)
   write_timing(FLAGS.out_dir, timing_rows(timings, rounds))
   print(f"leaderboard: {os.path.join(FLAGS.out_dir, 'leaderboard.md')}")

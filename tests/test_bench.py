@@ -28,6 +28,14 @@ def bench_spec():
     return json.load(f)
 
 
+def bench_numeric():
+  """The leaderboard CSV's numeric columns (read from the source: importing experiments.bench
+  would define its flags in this test process)."""
+  text = open(os.path.join(REPO, "experiments", "bench.py"), encoding="utf-8").read()
+  block = text.split("NUMERIC_COLUMNS = (", 1)[1].split(")", 1)[0]
+  return set(re.findall(r'"(\w+)"', block))
+
+
 def _rows(out):
   with open(os.path.join(out, "leaderboard.csv"), encoding="utf-8") as f:
     return list(csv.DictReader(f))
@@ -41,11 +49,17 @@ def test_quick_leaderboard_and_rerun(tmp_path):
   rows = _rows(out)
   assert [(r["scenario"], r["selector"]) for r in rows] == [
       ("label_skew", "random"), ("label_skew", "md"), ("diurnal", "random"), ("diurnal", "md")]
-  assert all(r["seeds"] == "2" and "+-" in r["final_acc"] for r in rows)
+  assert all(r["seeds"] == "2" and r["final_acc_n"] == "2" and r["smoke_run"] == "True"
+             for r in rows)
   assert set(rows[0]) == {"scenario", "selector", "seeds", "final_acc", "last_k_acc",
                           "rounds_to_target", "sim_s_to_target", "worst10_client_acc", "jain",
-                          "selection_samples", "stragglers"}
+                          "selection_samples", "stragglers", "vs_random", *bench_numeric()}
+  for r in rows:  # The numbers beside the text: the text is their rounding.
+    assert r["final_acc"].startswith(f"{float(r['final_acc_mean']):.4f} [")
+  assert [r["vs_random_verdict"] in ("better", "tie", "worse") for r in rows] == [
+      False, True, False, True]  # Random itself has none.
   table = open(os.path.join(out, "leaderboard.md"), encoding="utf-8").read()
+  assert table.startswith("**SMOKE RUN (--quick)")
   assert len([line for line in table.splitlines() if line.startswith("| ")]) == 5
   assert os.path.exists(os.path.join(out, "leaderboard_ranks.png"))
   assert os.path.exists(os.path.join(out, "participation.png"))
