@@ -14,13 +14,13 @@ where it was; Ctrl-C or a SIGTERM stops the job it is running too (no process ou
 test accuracy with its 95% interval over the seeds, its paired comparison with random on the same
 seeds (the mean difference and its interval, "better" or "worse" only where the interval excludes
 0, the seeds won / tied / lost: `reports/statistics.py`), then, as mean +- sample std, the mean of
-the last `--last_k` evaluated rounds, rounds and simulated seconds to the target (seeds that reached it),
-the worst-10% client's accuracy, Jain's index of participation, the samples clients spent on
-selection alone, and stragglers; `leaderboard_ranks.png` ranks the selectors per scenario by
-final accuracy, and `participation.png` shows each selector's histogram of how often the clients
-took part. The CSV carries the numbers too (mean, std, interval, n; the paired difference, its
-interval and counts); every output of a `--quick` run says it is a smoke run. With `--tune`, a selector the scenarios file tunes (`"tune": {"oort":
-["--sweep=oort_exploration:0.1,0.5,0.9"]}`) is compared at its best setting: its job sweeps them
+the last `--last_k` evaluated rounds, rounds and simulated seconds to the target (seeds that
+reached it), the worst-10% client's accuracy, Jain's index of participation, the samples clients
+spent on selection alone, and stragglers; `leaderboard_ranks.png` ranks the selectors per scenario
+by final accuracy, and `participation.png` shows each selector's histogram of how often the
+clients took part. The CSV carries the numbers too (mean, std, interval, n; the paired difference,
+its interval and counts); every output of a `--quick` run says it is a smoke run. With `--tune`, a
+selector the scenarios file tunes (`"tune": {"oort": ["--sweep=oort_exploration:0.1,0.5,0.9"]}`) is compared at its best setting: its job sweeps them
 (one batched program where the settings are values), a tenth of each client's data is held out,
 and the setting with the best final validation accuracy gives its row (`tuning.md` lists every
 setting's validation and test accuracy; the test split never chooses).
