@@ -20,10 +20,11 @@ spent on selection alone, and stragglers; `leaderboard_ranks.png` ranks the sele
 by final accuracy, and `participation.png` shows each selector's histogram of how often the
 clients took part. The CSV carries the numbers too (mean, std, interval, n; the paired difference,
 its interval and counts); every output of a `--quick` run says it is a smoke run. With `--tune`, a
-selector the scenarios file tunes (`"tune": {"oort": ["--sweep=oort_exploration:0.1,0.5,0.9"]}`) is compared at its best setting: its job sweeps them
-(one batched program where the settings are values), a tenth of each client's data is held out,
-and the setting with the best final validation accuracy gives its row (`tuning.md` lists every
-setting's validation and test accuracy; the test split never chooses).
+selector the scenarios file tunes (`"tune": {"oort": ["--sweep=oort_exploration:0.1,0.5,0.9"]}`)
+is compared at its best setting: its job sweeps them (one batched program where the settings are
+values), a tenth of each client's data is held out, and the setting with the best final
+validation accuracy gives its row (`tuning.md` lists every setting's validation and test accuracy;
+the test split never chooses).
 """
 
 from __future__ import annotations
