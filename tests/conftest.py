@@ -12,16 +12,44 @@ if os.environ.get("FEDJAX_SEL_TEST_XLA_OPT", "0") != "default":
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              " --xla_backend_optimization_level=0").strip()
 
+import gc
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen as nn
 
 from fedjax_sel.data.federated import split_clients
+from fedjax_sel.engine import programs
 from fedjax_sel.host.compilation import use_persistent_cache
 from fedjax_sel.models import from_flax
 
 use_persistent_cache()  # Worker processes and later runs load what another compiled.
+
+# XLA:CPU maps each compiled or loaded executable's code into the process, and a test process keeps
+# every program it ran (JAX's caches, `programs.program`): past Linux's vm.max_map_count (65,530 by
+# default) the next load fails inside XLA and the process dies with a segmentation fault (every
+# serial run of the whole suite did, at 480-810 tests: two test files alone hold 18,600 maps).
+# Above `MAX_MAPS` the caches are dropped, which unmaps them (18,600 -> 600), and tests reload.
+MAX_MAPS = 30_000
+
+
+def _maps() -> int:
+  try:
+    with open("/proc/self/maps", "rb") as f:
+      return f.read().count(b"\n")
+  except OSError:  # Not Linux: no such limit to keep under.
+    return 0
+
+
+@pytest.fixture(autouse=True)
+def _bounded_memory_maps():
+  yield
+  if _maps() > MAX_MAPS:
+    programs.program.cache_clear()
+    jax.clear_caches()
+    gc.collect()
 
 
 def ragged_dataset(sizes, num_classes=4, dim=6, seed=0, test_fraction=0.25):
