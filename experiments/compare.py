@@ -31,7 +31,7 @@ from experiments.launch import cli
 from experiments.launch import report
 from experiments.launch.config import number_text
 from experiments.launch.report import read_job
-from fedjax_sel.host.plotting import bounds_of, mean_std, seed_spread
+from fedjax_sel.host.plotting import bounds_of, mean_std, metric_matrix, seed_spread, time_matrix
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "Prefix of the files to write (PREFIX.md, PREFIX_<metric>.png); "
@@ -107,22 +107,10 @@ def curves(runs: list[list[dict]], metric: str, x: str) -> tuple[np.ndarray, np.
   """(x values, `[seeds, x]` values of `metric`): by rounds trained, at the rounds every seed
   evaluated; by simulated seconds, each seed's curve interpolated (as a step: the last value
   reached) onto 100 times up to the shortest seed's end."""
-  points = [[(r["round"] + 1, r["cumulative_cost"]["sim_time_s"], r[metric]) for r in recs
-             if metric in r] for recs in runs]
-  if x == "rounds":
-    rounds = sorted(set.intersection(*({p[0] for p in seed} for seed in points)))
-    at = [{p[0]: p[2] for p in seed} for seed in points]
-    return np.array(rounds), np.array([[a[t] for t in rounds] for a in at])
-  if not all(points):
-    return np.array([]), np.array([])
-  end = min(seed[-1][1] for seed in points)
-  grid = np.linspace(min(seed[0][1] for seed in points), end, 100)
-  values = []
-  for seed in points:
-    times = np.array([p[1] for p in seed])
-    index = np.clip(np.searchsorted(times, grid, side="right") - 1, 0, len(seed) - 1)
-    values.append(np.array([p[2] for p in seed])[index])
-  return grid, np.array(values)
+  if x == "sim_time":
+    return time_matrix(runs, metric)
+  rounds, values = metric_matrix(runs, metric)
+  return rounds + 1, values
 
 
 def figure(jobs: dict[str, dict], metric: str, path: str, x: str = "rounds",

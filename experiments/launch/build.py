@@ -138,8 +138,8 @@ def check_runs(cfg: cfglib.JobConfig) -> None:
   methods = cfg.methods or (cfglib.Method("", ""),)
   for sweep in cfg.sweeps:
     if all(sweep.applied(m.apply(cfg), sweep.points[0]) is None for m in methods):
-      owners = sorted({t.split("/")[1].rsplit(".", 1)[0] for t in "|".join(sweep.targets)
-                       .split("|") if "/" in t})
+      owners = sorted({part for t in "|".join(sweep.targets).split("|")
+                       for kind, part, _ in [cfglib.split_target(t)] if kind is not None})
       raise app.UsageError(f"--sweep={'+'.join(sweep.names)}:...: no run of the job has the "
                            f"setting (it belongs to {', '.join(owners)}): choose that part, or "
                            "sweep a setting of the job's parts")

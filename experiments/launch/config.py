@@ -385,20 +385,39 @@ RUN_VALUE_FIELDS = ("lr", "prox_mu")  # Section fields that are run values (one 
 SWEPT_KINDS = ("selector", "filter", "rule", "aggregator", "server_optimizer")
 
 
+def split_target(one: str) -> tuple[str | None, str, str]:
+  """(kind, part, field) of one part-setting target (`kind/part.field`); (None, section, field)
+  of a config field path (`section.field`)."""
+  if "/" not in one:
+    section, field = one.rsplit(".", 1)
+    return None, section, field
+  kind, rest = one.split("/", 1)
+  part, field = rest.rsplit(".", 1)
+  return kind, part, field
+
+
+def target_field(one: str) -> dataclasses.Field | None:
+  """The dataclass field one target sets: a part's settings field, or a section's (None for a
+  field of neither, a launcher's own)."""
+  kind, owner, name = split_target(one)
+  if kind is not None:
+    fields = dataclasses.fields(registry.lookup(kind, owner).settings)
+  else:
+    fields = dataclasses.fields(SECTIONS[owner]) if owner in SECTIONS else ()
+  return next((f for f in fields if f.name == name), None)
+
+
 def target_kind(target: str) -> str:
   """How runs that differ at a sweep target share a program: "value" when every part it may set
   calls it a value (`registry.sweeps`) or it is a run value (`RUN_VALUE_FIELDS`); else
   "structural" (a program per value)."""
   kinds = set()
   for one in target.split("|"):
-    if "/" not in one:
-      kinds.add("value" if one.rsplit(".", 1)[-1] in RUN_VALUE_FIELDS else "structural")
-      continue
-    kind, rest = one.split("/", 1)
-    part, field = rest.rsplit(".", 1)
-    fields = dataclasses.fields(registry.lookup(kind, part).settings)
-    swept = registry.sweeps(next(f for f in fields if f.name == field))
-    kinds.add(swept if kind in SWEPT_KINDS else "structural")
+    kind, _, field = split_target(one)
+    if kind is None:
+      kinds.add("value" if field in RUN_VALUE_FIELDS else "structural")
+    else:
+      kinds.add(registry.sweeps(target_field(one)) if kind in SWEPT_KINDS else "structural")
   return "value" if kinds == {"value"} else "structural"
 
 
@@ -407,10 +426,9 @@ def target_path(cfg: JobConfig, target: str) -> str | None:
   (`kind/part.field`, alternatives joined by "|") where `cfg`'s part of that kind is that part
   (else None)."""
   for one in target.split("|"):  # A flag several parts share: the one `cfg` has.
-    if "/" not in one:
+    kind, name, field = split_target(one)
+    if kind is None:
       return one
-    kind, rest = one.split("/", 1)
-    name, field = rest.rsplit(".", 1)
     part = getattr(cfg.parts, kind, None)
     if part is not None and part.name.rsplit(":", 1)[-1] == name.rsplit(":", 1)[-1]:
       return f"parts.{kind}.settings.{field}"

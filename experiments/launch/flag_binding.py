@@ -344,12 +344,10 @@ def sweep_kind(bound: Binding, name: str) -> str | None:
 
 def _target_hint(bound: Binding, target: str):
   """The type of the field a sweep target sets."""
-  if "/" not in target:
-    section, field = target.rsplit(".", 1)
+  kind, owner, field = cfglib.split_target(target)
+  if kind is None:
     return bound.fields[field][1] if field in bound.fields else float
-  kind, rest = target.split("/", 1)
-  part, field = rest.rsplit(".", 1)
-  return typing.get_type_hints(registry.lookup(kind, part).settings)[field]
+  return typing.get_type_hints(registry.lookup(kind, owner).settings)[field]
 
 
 def _parse(name: str, text: str, hint) -> Any:
@@ -427,15 +425,8 @@ def check_values(cfg: cfglib.JobConfig) -> None:
 
 def _target_meta(target: str) -> dict:
   """The metadata of the field a sweep target sets (its first alternative's)."""
-  target = target.split("|")[0]
-  if "/" in target:
-    kind, rest = target.split("/", 1)
-    part, field = rest.rsplit(".", 1)
-    fields = dataclasses.fields(registry.lookup(kind, part).settings)
-  else:
-    section, field = target.rsplit(".", 1)
-    fields = dataclasses.fields(cfglib.SECTIONS[section]) if section in cfglib.SECTIONS else ()
-  return next((dict(f.metadata) for f in fields if f.name == field), {})
+  field = cfglib.target_field(target.split("|")[0])
+  return {} if field is None else dict(field.metadata)
 
 
 def _check_value(flag: str, value: Any, meta: dict) -> None:

@@ -87,14 +87,17 @@ def _read(path: str) -> bytes | None:
     return None
   with open(path, "rb") as f:
     data = f.read()
-  name = os.path.splitext(os.path.basename(path))[0]
-  return store_trust.unseal(key, name, data)
+  return store_trust.unseal(key, _filed_under(path), data)
 
 
 def _sealed(path: str, body: bytes) -> bytes:
   """`body` sealed as the file at `path`."""
-  name = os.path.splitext(os.path.basename(path))[0]
-  return store_trust.seal(store_trust.secret(), name, body)
+  return store_trust.seal(store_trust.secret(), _filed_under(path), body)
+
+
+def _filed_under(path: str) -> str:
+  """The key a store file is filed under: its name without the extension."""
+  return os.path.splitext(os.path.basename(path))[0]
 
 
 @functools.cache

@@ -60,13 +60,9 @@ def untrusted(path: str, private: bool = False) -> str | None:
   return None
 
 
+@functools.cache
 def warn_once(reason: str) -> None:
   """One line on stderr per distinct `reason` in this process."""
-  _warn(reason)
-
-
-@functools.cache
-def _warn(reason: str) -> None:
   print(f"warning: the executable store is off: {reason}; programs are compiled instead",
         file=sys.stderr)
 

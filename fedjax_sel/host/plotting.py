@@ -87,7 +87,8 @@ def metric_matrix(runs: list[list[dict]], key: str) -> tuple[np.ndarray, np.ndar
 def time_matrix(runs: list[list[dict]], key: str, points: int = 100
                 ) -> tuple[np.ndarray, np.ndarray]:
   """(simulated seconds, [seeds, points] values) of `key`: each seed's value as of each time (the
-  last one its runs reached) on a grid up to the shortest seed's end; empty without a clock.
+  last one it reached; before its first, its first) on a grid from the earliest seed's first
+  record up to the shortest seed's end; empty where a seed has no record of it.
 
     >>> time_matrix([[{"round": 0, "acc": 0.5, "cumulative_cost": {"sim_time_s": 2.0}},
     ...               {"round": 1, "acc": 0.7, "cumulative_cost": {"sim_time_s": 4.0}}]],
@@ -96,9 +97,9 @@ def time_matrix(runs: list[list[dict]], key: str, points: int = 100
   """
   seeds = [[(r["cumulative_cost"]["sim_time_s"], r[key]) for r in recs
             if key in r and "cumulative_cost" in r] for recs in runs]
-  if not all(seeds) or not any(t for seed in seeds for t, _ in seed):
+  if not all(seeds):
     return np.array([]), np.zeros((len(runs), 0))
-  grid = np.linspace(max(seed[0][0] for seed in seeds), min(seed[-1][0] for seed in seeds),
+  grid = np.linspace(min(seed[0][0] for seed in seeds), min(seed[-1][0] for seed in seeds),
                      points)
   values = []
   for seed in seeds:
