@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -23,6 +24,7 @@ from fedjax_sel.engine.cohort import Cohort
 from fedjax_sel.engine.description import RoundConfig
 from fedjax_sel.engine.state import DataArrays, EngineState
 from fedjax_sel.engine.training import sampling_weights, without_nonfinite
+from fedjax_sel.keys import AGGREGATE, round_key
 from fedjax_sel.models.bundle import trainable, with_trainable
 from fedjax_sel.parts.types import AggregateInputs, ClientState
 
@@ -50,8 +52,9 @@ class Aggregated(NamedTuple):
 
 
 def aggregate(config: RoundConfig, state: EngineState, cohort: Cohort, arrays: DataArrays,
-              on_time=None) -> Aggregated:
-  """The cohort's aggregate; `on_time` (`[N]` bool) leaves the stragglers of a deadline out."""
+              on_time=None, seed=None) -> Aggregated:
+  """The cohort's aggregate; `on_time` (`[N]` bool) leaves the stragglers of a deadline out;
+  `seed`, the run's, gives the aggregator its keys (`AggregateInputs.keys`)."""
   params = state.params
   slots, valid, res = cohort.trained
   selection = cohort.selection
@@ -75,7 +78,9 @@ def aggregate(config: RoundConfig, state: EngineState, cohort: Cohort, arrays: D
   new_params, agg_state = config.aggregator.apply(
       state.aggregator_state, params, res.params,
       AggregateInputs(aggregated, num_examples, res.train_loss,
-                      None if weights is None else weights[slots]))
+                      None if weights is None else weights[slots], state.round, slots,
+                      None if seed is None else functools.partial(round_key, seed,
+                                                                  purpose=AGGREGATE)))
   return Aggregated(new_params, agg_state, trained, finite, aggregated, res.params, res)
 
 

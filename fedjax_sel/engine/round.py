@@ -62,7 +62,7 @@ def round_step(config: RoundConfig, state: EngineState, arrays: DataArrays, run:
   work = stat_costs(config, arrays, avail, selection.chosen,
                     avail if evaluated is None else evaluated)
   timing = round_clock(config, selection.chosen, cohort.client_samples, work)
-  agg = aggregate(config, state, cohort, arrays, timing.on_time)
+  agg = aggregate(config, state, cohort, arrays, timing.on_time, run.seed)
   new_params, server_state = server_step(config, state, agg.params)
   res = agg.result
 

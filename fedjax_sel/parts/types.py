@@ -372,12 +372,19 @@ class Participation(NamedTuple):
 
 class AggregateInputs(NamedTuple):
   """Per-slot `[K]` facts an aggregator may weigh: mask of aggregated slots, m_k, training loss,
-  and the selector's sampling weights c_k (None unless the selector has `sampling_weights`)."""
+  and the selector's sampling weights c_k (None unless the selector has `sampling_weights`).
+
+  The engine's round also gives the round index, the slots' client ids and `keys`, `round ->`
+  the aggregator's key of that round (`keys.round_key(seed, round, keys.AGGREGATE)`), for the
+  noise of a private aggregate (`fedjax_sel/privacy`); None outside the engine."""
 
   mask: jax.Array
   num_examples: jax.Array
   train_loss: jax.Array
   sampling_weights: jax.Array | None = None
+  round: jax.Array | None = None
+  clients: jax.Array | None = None
+  keys: Callable[[jax.Array], jax.Array] | None = None
 
 
 class Aggregator(NamedTuple):
