@@ -49,7 +49,7 @@ KINDS = ("selector", "filter", "rule", "aggregator", "server_optimizer", "availa
 ENTRY_POINT_GROUP = "fedjax_sel.parts"
 # The package's folders whose modules register parts, datasets and models: every module in them is
 # imported the first time the registry is read, so a part registered where it is written is found.
-PACKAGES = ("fedjax_sel.parts", "fedjax_sel.data", "fedjax_sel.models")
+PACKAGES = ("fedjax_sel.parts", "fedjax_sel.data", "fedjax_sel.models", "fedjax_sel.privacy")
 SWEEPS = ("value", "structural")  # How a setting's values share a compiled round (`sweeps`).
 
 
@@ -108,6 +108,7 @@ class Entry(NamedTuple):
   doc: str
   requires: tuple[str, ...] = ()
   label: str = ""  # Its name in a method's label ("Krum"); "" for its registered name.
+  reads: str = ""  # What a selector's choice reads (`READS`); "" undeclared (private, under DP).
 
 
 # What a part may require of the run (`register(..., requires=...)`, or its settings' values:
@@ -118,6 +119,13 @@ class Entry(NamedTuple):
 # command line set it); "priority", a group of priority clients its settings draw
 # (`settings.priority(context)`), whose clean data the clean metrics then score.
 REQUIREMENTS = ("clock", "availability", "public", "validation", "priority")
+
+# What a selector's choice reads of the clients, which decides how differential privacy accounts
+# for it (docs/papers/privacy.md): "nothing" (uniform or Poisson draws), "metadata" (public facts:
+# data sizes, speeds, availability), "stats" (private statistics read only as the round's scalar
+# per-client stats it `needs`, or the last reported loss: `--dp_selection=privatized` can clip and
+# noise them), "private" (other private data: updates, gradients, observed training losses).
+READS = ("nothing", "metadata", "stats", "private")
 
 _ENTRIES: dict[tuple[str, str], Entry] = {}
 _LOADED_ENTRY_POINTS = False
@@ -254,11 +262,13 @@ def setting_flag(name: str, field: dataclasses.Field) -> str:
 
 
 def register(kind: str, name: str, settings: type = NoSettings, doc: str | None = None,
-             requires: tuple[str, ...] = (), label: str = ""):
+             requires: tuple[str, ...] = (), label: str = "", reads: str = ""):
   """Decorator registering `factory(settings, context) -> part` as part `name` of `kind`;
   `requires` names what the part needs of the run (`REQUIREMENTS`), whatever its settings (a
   settings class may add what some of its values need: `requirements`); `label` is its name in a
-  method's label (its registered name when empty).
+  method's label (its registered name when empty); `reads`, for a selector, what its choice
+  reads (`READS`; every selector of the package declares it; an undeclared one counts as reading
+  private data).
 
   Registering a name twice with another factory is refused (a module imported twice registers
   the same factory again, which is allowed)."""
@@ -268,6 +278,9 @@ def register(kind: str, name: str, settings: type = NoSettings, doc: str | None 
     raise ValueError(f"requires must name some of {REQUIREMENTS}, got {requires}")
   if not dataclasses.is_dataclass(settings):
     raise TypeError(f"settings of {kind} {name!r} must be a frozen dataclass, got {settings}")
+  if reads and (kind != "selector" or reads not in READS):
+    raise ValueError(f"{kind} {name!r}: reads= is a selector's declaration, one of {READS}; got "
+                     f"{reads!r}")
 
   def wrap(factory):
     key = (kind, name)
@@ -276,7 +289,7 @@ def register(kind: str, name: str, settings: type = NoSettings, doc: str | None 
       raise ValueError(f"{kind} {name!r} is registered already ({old.factory.__module__}."
                        f"{old.factory.__qualname__})")
     text = doc if doc is not None else (factory.__doc__ or "").strip().split("\n")[0]
-    _ENTRIES[key] = Entry(kind, name, factory, settings, text, tuple(requires), label)
+    _ENTRIES[key] = Entry(kind, name, factory, settings, text, tuple(requires), label, reads)
     return factory
 
   return wrap

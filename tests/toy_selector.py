@@ -17,7 +17,7 @@ class LowestIndexSettings:
   offset: int = registry.setting(0, "Skip this many of the lowest-index available clients.")
 
 
-@registry.register("selector", "lowest_index", LowestIndexSettings)
+@registry.register("selector", "lowest_index", LowestIndexSettings, reads="nothing")
 def lowest_index(settings: LowestIndexSettings, context: registry.BuildContext) -> fs.Selector:
   """The K available clients of lowest index (after `offset` of them)."""
   del context
@@ -40,7 +40,7 @@ class TemperedLossSettings:
                                         within="> 0")
 
 
-@registry.register("selector", "tempered_loss", TemperedLossSettings)
+@registry.register("selector", "tempered_loss", TemperedLossSettings, reads="stats")
 def tempered_loss(settings: TemperedLossSettings, context: registry.BuildContext) -> fs.Selector:
   """K available clients drawn without replacement with probabilities softmax(loss / T)."""
   del context

@@ -119,7 +119,7 @@ class AFLSettings:
                                     "or plato (mean loss / sqrt(m_k)).", choices=VALUATIONS)
 
 
-@registry.register("selector", "afl", AFLSettings)
+@registry.register("selector", "afl", AFLSettings, reads="private")
 def _afl(settings: AFLSettings, context: registry.BuildContext) -> Selector:
   """AFL: softmax over loss valuations, the lowest left out, a uniform share."""
   del context

@@ -273,7 +273,7 @@ def group_random_selector(groups, sizes: tuple[int, ...]) -> Selector:
 
 # --- Registered names (fedjax_sel.registry) ------------------------------------------------------
 
-@registry.register("selector", "random")
+@registry.register("selector", "random", reads="nothing")
 def _random(settings, context: registry.BuildContext) -> Selector:
   """Uniform K clients without replacement (RS)."""
   del settings, context
@@ -295,7 +295,7 @@ class PowerOfChoiceSettings:
                                   f"the clients available at once), got {self.d}")
 
 
-@registry.register("selector", "poc", PowerOfChoiceSettings)
+@registry.register("selector", "poc", PowerOfChoiceSettings, reads="stats")
 def _poc(settings: PowerOfChoiceSettings, context: registry.BuildContext) -> Selector:
   """Power of choice: d candidates by data size, the K with the highest loss."""
   del context
@@ -311,7 +311,7 @@ class DivFLSettings:
                                 flag="divfl_proxy", choices=DIVFL_PROXIES)
 
 
-@registry.register("selector", "divfl", DivFLSettings)
+@registry.register("selector", "divfl", DivFLSettings, reads="private")
 def _divfl(settings: DivFLSettings, context: registry.BuildContext) -> Selector:
   """DivFL: facility location over the clients' gradients."""
   del context

@@ -242,7 +242,7 @@ def clustered_selector(algorithm: str = "similarity", metric: str = "arccos") ->
                         **({"metric": metric} if similarity else {})})
 
 
-@registry.register("selector", "clustered_size")
+@registry.register("selector", "clustered_size", reads="metadata")
 def _clustered_size(settings, context: registry.BuildContext) -> Selector:
   """Clustered sampling, Algorithm 1: K distributions by sample size, one draw each."""
   del settings, context
@@ -258,7 +258,8 @@ class ClusteredSimilaritySettings:
                                  choices=METRICS)
 
 
-@registry.register("selector", "clustered_similarity", ClusteredSimilaritySettings)
+@registry.register("selector", "clustered_similarity", ClusteredSimilaritySettings,
+                   reads="private")
 def _clustered_similarity(settings: ClusteredSimilaritySettings,
                           context: registry.BuildContext) -> Selector:
   """Clustered sampling, Algorithm 2: Ward clusters of the clients' last updates."""

@@ -131,7 +131,7 @@ class DeltaSettings:
   beta: float = registry.setting(0.5, "Weight of gradient diversity.", within="[0, 1]")
 
 
-@registry.register("selector", "delta", DeltaSettings)
+@registry.register("selector", "delta", DeltaSettings, reads="private")
 def _delta(settings: DeltaSettings, context: registry.BuildContext) -> Selector:
   """DELTA: diverse clients sampled with replacement, unbiased weights."""
   del context

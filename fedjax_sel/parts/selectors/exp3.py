@@ -133,7 +133,7 @@ class EXP3Settings:
                                    "share x update norm) or loss.", choices=FEEDBACKS)
 
 
-@registry.register("selector", "exp3", EXP3Settings)
+@registry.register("selector", "exp3", EXP3Settings, reads="private")
 def _exp3(settings: EXP3Settings, context: registry.BuildContext) -> Selector:
   """EXP3 bandit sampling with replacement, unbiased weights (FedLab's sampler)."""
   return exp3_selector(max(context.rounds, 1), **dataclasses.asdict(settings))

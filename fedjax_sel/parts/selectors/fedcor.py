@@ -293,7 +293,7 @@ def fedcor_selector(seed: int = 0, config: FedCorConfig = FedCorConfig()) -> Sel
                   spec={"name": "fedcor", "seed": seed, **dataclasses.asdict(cfg)})
 
 
-@registry.register("selector", "fedcor", FedCorConfig)
+@registry.register("selector", "fedcor", FedCorConfig, reads="stats")
 def _fedcor(settings: FedCorConfig, context: registry.BuildContext) -> Selector:
   """FedCor: a Gaussian process of loss changes, greedy posterior-variance selection."""
   return fedcor_selector(context.seed, settings)

@@ -125,7 +125,8 @@ def default_deadline(context: registry.BuildContext, round_alone: np.ndarray) ->
   return float(2.0 * np.median(round_alone))
 
 
-@registry.register("selector", "fedcs", FedCSSettings, requires=("clock",))
+@registry.register("selector", "fedcs", FedCSSettings, requires=("clock",),
+                   reads="metadata")
 def _fedcs(settings: FedCSSettings, context: registry.BuildContext) -> Selector:
   """FedCS: greedy deadline-aware selection with sequential uploads, on the clock."""
   times = context_times(context, "fedcs")

@@ -125,7 +125,7 @@ class OCSSettings:
                                 "exact optimum).", within=">= 1")
 
 
-@registry.register("selector", "ocs", OCSSettings)
+@registry.register("selector", "ocs", OCSSettings, reads="private")
 def _ocs(settings: OCSSettings, context: registry.BuildContext) -> Selector:
   """Optimal client sampling: a trained cohort uploads by its update norms, unbiased weights."""
   del context

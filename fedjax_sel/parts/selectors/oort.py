@@ -302,7 +302,7 @@ def oort_selector(durations=None, config: OortConfig = OortConfig()) -> Selector
 
 # --- Registered names (fedjax_sel.registry) ------------------------------------------------------
 
-@registry.register("selector", "oort", OortConfig)
+@registry.register("selector", "oort", OortConfig, reads="private")
 def _oort(settings: OortConfig, context: registry.BuildContext) -> Selector:
   """Oort: statistical utility and duration, explored and exploited (FedScale's getTopK); its
   first durations from the clients' system profile and data sizes, when the run has a clock."""
@@ -331,7 +331,8 @@ def pyramidfl_selector(durations=None) -> Selector:
       spec={"name": "pyramidfl", "durations": "given" if durations is not None else "equal"})
 
 
-@registry.register("selector", "pyramidfl", requires=("clock",))
+@registry.register("selector", "pyramidfl", requires=("clock",),
+                   reads="private")
 def _pyramidfl(settings, context: registry.BuildContext) -> Selector:
   """PyramidFL: Oort's utility ranking with its fork's rules and defaults, on the clock."""
   del settings

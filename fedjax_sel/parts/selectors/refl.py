@@ -83,7 +83,8 @@ class REFLSettings:
                                      within="(0, 1]")
 
 
-@registry.register("selector", "refl", REFLSettings, requires=("availability",))
+@registry.register("selector", "refl", REFLSettings, requires=("availability",),
+                   reads="metadata")
 def _refl(settings: REFLSettings, context: registry.BuildContext) -> Selector:
   """REFL: the clients whose availability ends first, from the availability model."""
   del context

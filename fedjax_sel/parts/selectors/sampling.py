@@ -110,7 +110,7 @@ def md_selector() -> Selector:
                   spec={"name": "md"})
 
 
-@registry.register("selector", "md")
+@registry.register("selector", "md", reads="metadata")
 def _md(settings, context: registry.BuildContext) -> Selector:
   """MD sampling: K draws with replacement by data size, each draw weighted 1/K (FedProx)."""
   del settings, context

@@ -143,7 +143,8 @@ class TiFLSettings:
                                   f"{self.tiers}")
 
 
-@registry.register("selector", "tifl", TiFLSettings, requires=("clock",))
+@registry.register("selector", "tifl", TiFLSettings, requires=("clock",),
+                   reads="stats")
 def _tifl(settings: TiFLSettings, context: registry.BuildContext) -> Selector:
   """TiFL: latency tiers, one tier a round chosen by accuracy and credits."""
   times = context_times(context, "tifl")

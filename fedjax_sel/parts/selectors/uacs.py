@@ -87,14 +87,14 @@ class EntropySettings:
                                          flag="explore_prob", within="[0, 1]")
 
 
-@registry.register("selector", "entropy", EntropySettings)
+@registry.register("selector", "entropy", EntropySettings, reads="stats")
 def _entropy(settings: EntropySettings, context: registry.BuildContext) -> Selector:
   """UACS-FL: eps-greedy top K by predictive entropy."""
   del context
   return entropy_selector(settings.explore_prob)
 
 
-@registry.register("selector", "grad_norm")
+@registry.register("selector", "grad_norm", reads="stats")
 def _grad_norm(settings, context: registry.BuildContext) -> Selector:
   """Top K by the norm of the full-batch gradient."""
   del settings, context
