@@ -6,17 +6,22 @@ any dataset, model and partition.
   python -m experiments.run --selector=oort --system_profile=lognormal --deadline_s=20
   python -m experiments.run --selector=entropy --rule=fedsrc --aggregator=krum --server_opt=adam
   python -m experiments.run --filter=dgf --selector=poc --rule=fedalign
+  python -m experiments.run --aggregator=dp_fedavg --selector=poisson --sample_rate=0.1 \
+      --num_clients=100 --num_available=100 --clients_per_round=30 --dp_target_epsilon=8  # DP.
   python -m experiments.run --config=runs/fedavg/config.json --out_dir=runs/again  # Replay.
 
 Parts (registered in `fedjax_sel.registry`; each setting is a flag): `--selector` random, poc,
 divfl, entropy, grad_norm, oort, pyramidfl, md, afl, clustered_size, clustered_similarity, exp3,
 fedcs, tifl, refl, ocs, delta, fedcor (docs/papers/selection.md; those on the clock turn it on),
-or `module:name` of one registered outside the package;
+poisson (`--sample_rate`, for differential privacy), or `module:name` of one registered outside the
+package;
 `--filter` none, dgf, rgf (FilFL; a 5% public set unless `--public_fraction` says otherwise);
 `--rule` none, fedalign (priority clients from `--num_priority` / `--priority_ids` /
 `--priority_classes`; the clean metrics are theirs), fedsrc (its `--decision_stat=val_loss` gets a
 10% validation split unless `--val_fraction` is given); `--aggregator` fedavg, median,
-trimmed_mean, krum, multi_krum, fedasl; `--server_opt` none, sgd, momentum, adam, yogi, adagrad.
+trimmed_mean, krum, multi_krum, fedasl, and the private dp_fedavg, dp_adaptive, dp_ftrl
+(`--dp_noise`, `--dp_clip`, `--dp_target_epsilon`, ...; docs/papers/privacy.md); `--server_opt`
+none, sgd, momentum, adam, yogi, adagrad.
 The defaults are FedAvg (FedProx with `--prox_mu`) with random selection. `--corrupt_fraction`
 corrupts that share of the clients (`--corrupt_kinds`: shuffle, flip, noise), as FilFL's and
 FedSRC's launchers do; the clean_* metrics then leave them out.
@@ -30,7 +35,7 @@ import dataclasses
 
 
 import fedjax_sel as fs
-from experiments.launch import build, cli, config, flag_binding, report
+from experiments.launch import build, cli, config, flag_binding, privacy, report
 from experiments.launch.job import Job
 from fedjax_sel import registry
 
@@ -71,7 +76,7 @@ def label(cfg: config.JobConfig) -> str:
 
 def resolve(cfg: config.JobConfig, given: frozenset) -> config.JobConfig:
   """N from a store, the data the parts need (a public set, a validation split), one method."""
-  cfg = build.part_defaults(build.store_clients(cfg, given), given)
+  cfg = privacy.resolve(build.part_defaults(build.store_clients(cfg, given), given))
   return dataclasses.replace(cfg, methods=(config.Method("", label(cfg)),))
 
 
@@ -95,21 +100,24 @@ def execute(job: Job) -> None:
       eval_mask = priority & ~bad  # The priority clients' clean data.
     print(f"== {spec.method.label} seed {spec.seed}: {data.name}, N={data.num_clients}, "
           f"bad clients={int(bad.sum())}, model={spec.run.parts.model.name}")
-    return build.simulator(spec.run, data, spec.seed, capacity=spec.capacity,
-                           eval_mask=eval_mask), None
+    run = privacy.run_config(spec.run)
+    sim = build.simulator(run, data, spec.seed, capacity=spec.capacity, eval_mask=eval_mask)
+    return privacy.built(run, sim), privacy.extra(run)
 
   groups = job.run_groups([""], load, build_run)[0][""]
   if not job.writes:  # Process 0 of a multi-host run writes the files.
     return
-  report.write_summary(cfg, fs.summary_table([(f"{group} seed {s}", r)
-                                              for group, runs in groups.items()
-                                              for s, r in zip(cfg.seeds, runs)])
-                       + "\n\n" + report.method_table(cfg, groups))
+  text = (fs.summary_table([(f"{group} seed {s}", r) for group, runs in groups.items()
+                            for s, r in zip(cfg.seeds, runs)])
+          + "\n\n" + report.method_table(cfg, groups))
+  guarantee = privacy.summary(cfg, groups)
+  report.write_summary(cfg, text + ("\n\n" + guarantee if guarantee else ""))
   if cfg.output.plot:
     from fedjax_sel.host.plotting import plot_curves  # pylint: disable=import-outside-toplevel
     path = report.figure_path(cfg, "curves")
     plot_curves(groups, ["test_accuracy", "train_loss", "test_loss"], path,
-                title=report.setup_title(cfg, cfg.methods[0].label))
+                title=report.setup_title(cfg, ", ".join(filter(None, (
+                    cfg.methods[0].label, privacy.title_note(cfg))))))
     print(f"figure: {path}")
 
 

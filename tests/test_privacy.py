@@ -2,7 +2,11 @@
 DP-FedAvg against FedAvg, the noise's std, clipping against a loop, adaptive clipping's quantile,
 DP-FTRL's tree noise and participation cap, Poisson sampling, and the selectors refused."""
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import dp_accounting as dpa
 import jax
@@ -20,6 +24,9 @@ from fedjax_sel.parts.types import AggregateInputs, RoundInputs
 from fedjax_sel.privacy import accountant as acct
 from fedjax_sel.privacy import aggregators as dp
 from fedjax_sel.privacy import noise, selection
+from tests.hang_guard import HANG_GUARD_S
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 KEYS = lambda t: jax.random.fold_in(jax.random.PRNGKey(7), t)
 
@@ -285,3 +292,53 @@ def test_privatized_statistics_are_clipped_and_noised():
   sel = selection.privatized(power_of_choice(variant="rpow"), 1.0, 5.0)
   assert selection.statistics_read(sel) == 1 and sel.spec["privatized"] == {"noise": 1.0,
                                                                              "clip": 5.0}
+
+
+# --- The launcher --------------------------------------------------------------------------------
+
+BASE = ["--dataset=digits", "--num_clients=20", "--num_available=20", "--model=logreg",
+        "--seeds=0,1"]
+
+
+def launch(*args):
+  return subprocess.run([sys.executable, "-m", "experiments.run", *BASE, *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=HANG_GUARD_S, check=False)
+
+
+def test_the_launcher_accounts_each_round_and_stops_at_the_budget(tmp_path):
+  """Poisson sampling and DP-FedAvg from the command line: each record's epsilon is the
+  accountant's for its round, the budget cuts --rounds=40 short, the summary states it."""
+  out = tmp_path / "dp"
+  proc = launch("--selector=poisson", "--sample_rate=0.2", "--clients_per_round=14",
+                "--aggregator=dp_fedavg", "--dp_noise=1.5", "--dp_clip=0.5", "--rounds=40",
+                "--dp_target_epsilon=2", f"--out_dir={out}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  acc = acct.Accounting("fedavg", 1.5, 20, 14, "poisson", 0.2)
+  delta = acct.default_delta(20)
+  last = acct.rounds_within(acc, 40, delta, 2.0)
+  assert 1 < last < 40 and f"reached after round {last}" in proc.stdout
+  for seed in (0, 1):
+    lines = (out / f"seed{seed}" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line) for line in lines]
+    assert len(records) == last
+    assert [r["dp_epsilon"] for r in records] == list(acct.epsilons(acc, last, delta))
+    assert all(r["dp_noise_std"] == pytest.approx(0.75) and r["dp_clip"] == 0.5
+               for r in records)
+    assert {r["selector"]["truncated"] for r in records} <= {False, True}
+  summary = (out / "summary.md").read_text(encoding="utf-8")
+  assert "## Differential privacy" in summary and "Poisson sampling with rate q" in summary
+
+
+def test_the_launcher_refuses_a_private_reading_selector_and_marks_unaccounted_runs(tmp_path):
+  proc = launch("--selector=poc", "--aggregator=dp_fedavg", "--rounds=2",
+                f"--out_dir={tmp_path / 'a'}")
+  assert proc.returncode != 0
+  assert "the selector 'poc' is refused: its choice reads private statistics" in proc.stderr
+  out = tmp_path / "b"
+  proc = launch("--selector=poc", "--aggregator=dp_fedavg", "--dp_selection=unaccounted",
+                "--clients_per_round=4", "--rounds=2", f"--out_dir={out}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  lines = (out / "seed0" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+  record = json.loads(lines[-1])
+  assert record["dp_guarantee"] == "aggregate only"
+  assert "covers the aggregate only" in (out / "summary.md").read_text(encoding="utf-8")

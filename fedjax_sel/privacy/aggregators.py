@@ -176,6 +176,9 @@ def dp_adaptive(noise_multiplier, initial_clip, denominator, target_quantile=0.5
     count_noise: sigma_b (None: the paper's m / 20).
   """
   sigma_b = denominator / 20.0 if count_noise is None else count_noise
+  if registry.concrete(noise_multiplier, sigma_b) and 0 < noise_multiplier >= 2 * sigma_b:
+    raise ValueError(f"adaptive clipping needs the count's noise sigma_b = {float(sigma_b):g} "
+                     f"above z / 2 = {noise_multiplier / 2:g} (Theorem 1)")
   z_delta = update_noise_multiplier(noise_multiplier, sigma_b)
 
   def apply(state: DPState, global_params, client_params, inputs: AggregateInputs):
@@ -306,21 +309,11 @@ class AdaptiveSettings(PrivacySettings):
                                             within="(0, 1)")
   clip_lr: float = registry.setting(0.2, "Step eta_C of the clip norm's geometric update.",
                                     flag="dp_clip_lr", within="> 0")
-  count_noise: float = registry.setting(0.0, "Noise std sigma_b of the count of unclipped updates "
-                                        "(0: the paper's expected cohort / 20).",
-                                        flag="dp_count_noise", within=">= 0")
-
-  def sigma_b(self, context: registry.BuildContext):
-    return jnp.where(jnp.asarray(self.count_noise) > 0, self.count_noise,
-                     self.divisor(context) / 20.0)
-
-  def check(self, context: registry.BuildContext) -> None:
-    sigma_b = float(self.sigma_b(context))
-    if self.noise > 0 and self.noise >= 2 * sigma_b:
-      raise registry.SettingError("count_noise", f"sigma_b = {sigma_b:g} must exceed z / 2 = "
-                                  f"{self.noise / 2:g} (Andrew et al.'s Theorem 1 splits z "
-                                  "between the update and the count): raise it or lower "
-                                  "--dp_noise")
+  count_noise: float = registry.setting(1.0, "Noise std sigma_b of the count of unclipped updates "
+                                        "as a multiple of z (Theorem 1 needs it above 1/2; the "
+                                        "update's noise grows by (1 - 1 / (4 c^2))^(-1/2), 15.5% "
+                                        "at 1; the paper's sigma_b = m / 20 at m = 100, z = 1 is "
+                                        "5).", flag="dp_count_noise", within="> 0.5")
 
 
 @registry.register("aggregator", "dp_adaptive", AdaptiveSettings,
@@ -328,7 +321,8 @@ class AdaptiveSettings(PrivacySettings):
 def _dp_adaptive(settings: AdaptiveSettings, context: registry.BuildContext) -> Aggregator:
   """DP-FedAvg whose clip norm tracks a quantile of the update norms (Andrew et al. 2021)."""
   return dp_adaptive(settings.noise, settings.clip, settings.divisor(context),
-                     settings.target_quantile, settings.clip_lr, settings.sigma_b(context))
+                     settings.target_quantile, settings.clip_lr,
+                     settings.count_noise * settings.noise)
 
 
 @dataclasses.dataclass(frozen=True)
