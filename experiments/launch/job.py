@@ -233,16 +233,23 @@ def failure(error: Exception) -> str:
           + ". Rerun with the flags it was started with, or start afresh with --overwrite")
 
 
-def _run_batch(cfg: cfglib.JobConfig, runs: list[Run], folders: list[str]
-               ) -> tuple[list[list[dict]], list[str | None]]:
-  """`runs` advanced together: (each run's records, why each stopped or None)."""
+class Batch(NamedTuple):
+  """Runs advanced together: their positions among a method's runs and what advances them (a
+  `RunBatch`, or a `OneRun` for a run alone)."""
+
+  indices: list[int]
+  runner: fs.RunBatch | OneRun
+
+
+def _run_batch(cfg: cfglib.JobConfig, batch: fs.RunBatch | OneRun, runs: list[Run],
+               folders: list[str]) -> tuple[list[list[dict]], list[str | None]]:
+  """`runs` advanced together by `batch`: (each run's records, why each stopped or None)."""
   out = cfg.output
   common = dict(eval_every=cfg.engine.eval_every, checkpoint_every=out.checkpoint_every,
                 resume=out.resume, overwrite=out.overwrite, log_every=out.log_every)
   label = os.path.commonprefix([r.label for r in runs]).rsplit(" ", 1)[0].strip()
   label = runs[0].label if len(runs) == 1 else (f"{label} ({len(runs)} runs) " if label else
                                                 f"({len(runs)} runs) ")
-  batch = fs.RunBatch([r.spec for r in runs]) if len(runs) > 1 else OneRun(runs[0].spec)
   try:
     with _exit_on_failure(label), trackers(cfg, runs, folders) as on_records:
       return (fs.run_batch(batch, cfg.engine.rounds, folders, label=label,
@@ -346,47 +353,80 @@ class Job:
       sys.exit("error: " + "; ".join(self.stopped) + ". The other runs finished; the summary "
                "holds every run's rounds up to where it stopped (job.json marks the stopped runs)")
 
-  def run_all(self, runs: list[Run]) -> list[list[dict]]:
+  def run_all(self, runs: list[Run], batches: list[Batch] | None = None) -> list[list[dict]]:
     """Runs a method's runs for --rounds, each keeping its own folder, metrics, checkpoint and
     resume: with --batch_runs and the device store as one `RunBatch` (one compiled call per
     round for all of them), else one after another; with --resume, runs added to the job (a
     seed, a swept value) start as a batch of their own while the others resume. A run that
     diverges stops alone: the others finish, its records so far are returned and it is marked
     stopped in job.json (`finish` then exits 1 after the launcher's summary). A refused resume or
-    a foreign checkpoint exits with the message (status 1)."""
+    a foreign checkpoint exits with the message (status 1). `batches`: the runs' batches when
+    `plan` made them already (`run_groups` compiles them all ahead)."""
     cfg = self.cfg
     self.record_runs(runs)
-    out = cfg.output
     done = len(self.manifest) - len(runs)
     each = ", ".join(r.label[len(r.method):].strip() for r in runs)  # "s0 lr=0.05, s1 ..."
     print(f"-- runs {done + 1}-{done + len(runs)} of the job: {runs[0].method}: {each}",
           flush=True)
-    folders = [os.path.join(out.out_dir, *r.path) for r in runs]
-    batched = out.batch_runs and len(runs) > 1 and not any(r.spec.on_host for r in runs)
-    if not batched:
-      batches = [[i] for i in range(len(runs))]
-    elif out.resume:  # Runs added to the job start as a batch of their own.
-      held = [_holds_checkpoint(f) for f in folders]
-      batches = [b for b in ([i for i, h in enumerate(held) if h == group]
-                             for group in (True, False)) if b]
-    else:
-      batches = [list(range(len(runs)))]
-    if batched:  # Runs of a structural setting's values run as a batch per program.
-      programs = fs.program_groups([r.spec.config for r in runs])
-      batches = [[i for i in batch if i in group] for group in programs for batch in batches]
-      batches = [b for b in batches if b]
-      if len(programs) > 1:
-        print(f"-- {len(programs)} compiled programs for these runs, one per value of "
+    if batches is None:
+      batches = self.plan(runs)
+    if self._batched(runs):
+      programs = len(fs.program_groups([r.spec.config for r in runs]))
+      if programs > 1:
+        print(f"-- {programs} compiled programs for these runs, one per value of "
               f"{_structural(cfg) or 'their shapes'} (settings that set shapes or branches)",
               flush=True)
     results = {}
     for batch in batches:
-      records = _run_batch(cfg, [runs[i] for i in batch], [folders[i] for i in batch])
-      for i, recs, stopped in zip(batch, *records):
+      records = _run_batch(cfg, batch.runner, [runs[i] for i in batch.indices],
+                           [self.folder(runs[i]) for i in batch.indices])
+      for i, recs, stopped in zip(batch.indices, *records):
         results[i] = recs
         if stopped:
           self._mark_stopped(done + i, runs[i].label.strip(), stopped)
     return [results[i] for i in range(len(runs))]
+
+  @staticmethod
+  def compile_ahead(batches: list[Batch]) -> None:
+    """Compiles the rounds of all `batches` side by side (`fs.compile_ahead`) when there are
+    several to compile, saying so: on 2 cores a job's three methods compile in about half the
+    time they take one after another."""
+    calls = [b.runner for b in batches]
+    if len(calls) < 2:
+      return
+    start = time.perf_counter()
+    compiled = fs.compile_ahead(calls)
+    if compiled:
+      print(f"-- compiled {compiled} programs ahead, side by side "
+            f"({time.perf_counter() - start:.1f} s)", flush=True)
+
+  def folder(self, run: Run) -> str:
+    """The run's folder under --out_dir."""
+    return os.path.join(self.cfg.output.out_dir, *run.path)
+
+  def _batched(self, runs: list[Run]) -> bool:
+    """Whether `runs` advance in batches (--batch_runs, several runs, the device store)."""
+    return (self.cfg.output.batch_runs and len(runs) > 1
+            and not any(r.spec.on_host for r in runs))
+
+  def plan(self, runs: list[Run]) -> list[Batch]:
+    """The batches `run_all` advances `runs` in (see there), each made and its data placed."""
+    out = self.cfg.output
+    batched = self._batched(runs)
+    if not batched:
+      groups = [[i] for i in range(len(runs))]
+    elif out.resume:  # Runs added to the job start as a batch of their own.
+      held = [_holds_checkpoint(self.folder(r)) for r in runs]
+      groups = [b for b in ([i for i, h in enumerate(held) if h == group]
+                            for group in (True, False)) if b]
+    else:
+      groups = [list(range(len(runs)))]
+    if batched:  # Runs of a structural setting's values run as a batch per program.
+      programs = fs.program_groups([r.spec.config for r in runs])
+      groups = [[i for i in group if i in same] for same in programs for group in groups]
+      groups = [g for g in groups if g]
+    return [Batch(g, fs.RunBatch([runs[i].spec for i in g]) if len(g) > 1 else
+                  OneRun(runs[g[0]].spec)) for g in groups]
 
   def run_groups(self, groups: list[str], load: Load, build_run: BuildRun
                  ) -> tuple[dict[str, dict[str, list[list[dict]]]], dict[tuple[int, str], tuple]]:
@@ -407,7 +447,7 @@ class Job:
     results = {}
     for group in groups:
       capacity = fs.Capacity.of([loaded[(s, group)][0] for s in cfg.seeds])
-      out = {}
+      out, planned = {}, []
       for method in cfg.methods:
         runs, names = [], []
         for m, points, run in cfg.runs():
@@ -423,7 +463,10 @@ class Job:
             label = " ".join(p for p in (group, method.label) if p)
             runs.append(Run(sim, spec.path, label, seed, tag, extra, settings(run), swept))
           names.append(spec.name)
-        records = self.run_all(runs)
+        planned.append((runs, names, self.plan(runs)))
+      self.compile_ahead([batch for _, _, batches in planned for batch in batches])
+      for runs, names, batches in planned:
+        records = self.run_all(runs, batches)
         n = len(cfg.seeds)
         out.update({name: records[i * n:(i + 1) * n] for i, name in enumerate(names)})
       results[group] = out

@@ -80,6 +80,11 @@ class _Placement:
     there is one (every process of a multi-host run then holds the whole state and metrics)."""
     return programs.program(fn, self.replicated, static_argnums)
 
+  def calls(self, state: EngineState) -> list[tuple]:
+    """The compiled calls to make ahead of the run (`programs.compile_ahead`): none here."""
+    del state
+    return []
+
   def step(self, state: EngineState):
     """One round (one compiled call), its contracts checked."""
     state, metrics = self._step(on_mesh(self.spec.config, state))
@@ -113,6 +118,12 @@ class DevicePlacement(_Placement):
 
   def evaluate(self, params) -> dict:
     return self.program(programs.evaluate)(self.keyed, params, self.arrays)
+
+  def calls(self, state: EngineState) -> list[tuple]:
+    """The compiled calls `step` and `evaluate` make from `state`."""
+    state = on_mesh(self.spec.config, state)
+    return [(self.program(programs.step), self.keyed, (state, self.arrays, self.spec.run_values)),
+            (self.program(programs.evaluate), self.keyed, (state.params, self.arrays))]
 
 
 class HostPlacement(_Placement):

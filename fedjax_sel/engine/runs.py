@@ -218,6 +218,13 @@ class RunBatch:
     check_contracts(self.specs[0].config, metrics, runs_axis=True)
     return states, metrics
 
+  def calls(self, states: EngineState) -> list[tuple]:
+    """The compiled calls `step` and `evaluate` make from `states`, as `(Program, config,
+    arguments)` for `programs.compile_ahead`."""
+    return [(program(_batched_step, self.placement), self.keyed,
+             (states, self.arrays, self.run_values)),
+            (program(_batched_evaluate, self.placement), self.keyed, (states.params, self.arrays))]
+
   def evaluate(self, params) -> dict:
     """Every run's global-model metrics (`Simulator.evaluate`), stacked `[R]`."""
     return program(_batched_evaluate, self.placement)(self.keyed, params, self.arrays)
