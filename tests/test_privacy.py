@@ -137,6 +137,22 @@ def test_dp_fedavg_without_noise_or_clip_equals_fedavg_bit_for_bit():
   assert len({r["model"] for r in plain}) == 3  # The model moved every round.
 
 
+def test_a_sweep_over_the_noise_and_clip_is_one_batched_program():
+  data = fs.build_dataset(fs.DatasetSpec("digits", num_clients=20), seed=0)
+  model = fs.build_model("logreg", data.feature_shape, data.num_classes)
+  context = registry.BuildContext(k=5, rounds=3, num_clients=20, num_available=20)
+  specs = []
+  for name, noise_value, clip in (("dp_fedavg", 0.5, 1.0), ("dp_fedavg", 2.0, 0.3),
+                                  ("dp_adaptive", 1.0, 0.1), ("dp_adaptive", 3.0, 0.2)):
+    settings = registry.lookup("aggregator", name).settings(noise=noise_value, clip=clip)
+    specs.append(fs.build_run(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=10),
+                              fs.uniform_availability(20, 20), fs.random_selector(),
+                              registry.build("aggregator", name, settings, context), 5, seed=0))
+  assert fs.program_groups([s.config for s in specs]) == [[0, 1], [2, 3]]
+  records = fs.run_batch(fs.RunBatch(specs[:2]), rounds=2, progress=None)
+  assert [r[-1]["round"] for r in records] == [1, 1]
+
+
 def test_the_noise_has_the_stated_std():
   """Zero updates: the new model is the noise / denominator. 2 x 50,000 draws estimate the std
   with a relative error of about 0.3%; the 3% tolerance is over 9 of those (a correct
