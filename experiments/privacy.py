@@ -7,7 +7,7 @@ DP-FTRL and power of choice with privatized losses, beside non-private FedAvg.
 Each method is one `experiments.run` job over `--seeds` and a sweep of the noise multiplier
 (`--sweep=dp_noise:...`, one batched program per method) on Fashion-MNIST split over 1000 clients,
 every client available every round (so Poisson and uniform sampling are amplified). The jobs'
-folders stay under `<out_dir>/jobs`; `<out_dir>/privacy.md` holds the table (final epsilon at
+folders stay under `--jobs_dir`; `<out_dir>/privacy.md` holds the table (final epsilon at
 delta = 1 / N^1.1 and final test accuracy, mean +- std over the seeds) and
 `<out_dir>/privacy_accuracy_vs_epsilon.png` the figure.
 """
@@ -21,6 +21,7 @@ import numpy as np
 from absl import app, flags
 
 flags.DEFINE_string("out_dir", "experiments/results/privacy", "Folder of the results.")
+flags.DEFINE_string("jobs_dir", "runs/privacy", "Folder of the jobs (their runs' records).")
 flags.DEFINE_integer("rounds", 100, "Rounds of every run.")
 flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of every method.")
 flags.DEFINE_list("noise", ["0.7", "1", "1.5", "2", "3"], "Noise multipliers z of every private "
@@ -52,13 +53,13 @@ METHODS = [
 ]
 
 
-def run_jobs(out: str) -> None:
+def run_jobs(jobs: str) -> None:
   for folder, _, extra in METHODS:
     private = extra[0] != "--aggregator=fedavg"
     sweep = [f"--sweep=dp_noise:{','.join(FLAGS.noise)}"] if private else []
     cmd = [sys.executable, "-m", "experiments.run", *COMMON, *extra, *sweep,
            f"--rounds={FLAGS.rounds}", f"--seeds={','.join(FLAGS.seeds)}", "--overwrite",
-           f"--out_dir={os.path.join(out, 'jobs', folder)}"]
+           f"--out_dir={os.path.join(jobs, folder)}"]
     print(" ".join(cmd[1:]), flush=True)
     subprocess.run(cmd, check=True)
 
@@ -68,11 +69,11 @@ def final(path: str) -> dict:
     return [json.loads(line) for line in f if line.strip()][-1]
 
 
-def collect(out: str) -> list[tuple[str, str, float, float, float, int]]:
+def collect(jobs: str) -> list[tuple[str, str, float, float, float, int]]:
   """(method, z, epsilon, accuracy mean, std, seeds) per method and noise multiplier."""
   rows = []
   for folder, label, _ in METHODS:
-    job = os.path.join(out, "jobs", folder)
+    job = os.path.join(jobs, folder)
     tags = sorted((d for d in os.listdir(job) if d.startswith("dp_noise=")),
                   key=lambda d: float(d.split("=")[1])) or [""]
     for tag in tags:
@@ -116,8 +117,8 @@ def write(out: str, rows) -> None:
 def main(argv):
   del argv
   os.makedirs(FLAGS.out_dir, exist_ok=True)
-  run_jobs(FLAGS.out_dir)
-  write(FLAGS.out_dir, collect(FLAGS.out_dir))
+  run_jobs(FLAGS.jobs_dir)
+  write(FLAGS.out_dir, collect(FLAGS.jobs_dir))
 
 
 if __name__ == "__main__":

@@ -106,6 +106,11 @@ def run_config(cfg: cfglib.JobConfig) -> cfglib.JobConfig:
 
 
 @functools.lru_cache(maxsize=64)
+def _curve(acc: acct.Accounting, rounds: int, at: float) -> np.ndarray:
+  return acct.epsilons(acc, rounds, at)
+
+
+@functools.lru_cache(maxsize=64)
 def _calibrated(acc: acct.Accounting, rounds: int, at: float, target: float) -> float:
   return acct.noise_for_epsilon(acc, rounds, at, target)
 
@@ -178,7 +183,7 @@ def extra(cfg: cfglib.JobConfig):
   if not private(cfg):
     return None
   acc, at = accounting(cfg), delta(cfg)
-  curve = acct.epsilons(acc, cfg.engine.rounds, at)
+  curve = _curve(acc, cfg.engine.rounds, at)
   note = {"dp_guarantee": "aggregate only"} if settings(cfg).selection == "unaccounted" else {}
 
   def metrics(state, record) -> dict:

@@ -137,11 +137,27 @@ PLD_POINTS = 12  # Rounds at which a PLD curve is computed (each takes seconds).
 
 
 def epsilons(acc: Accounting, rounds: int, delta: float) -> np.ndarray:
-  """`[rounds]` epsilon after each of rounds 1..`rounds`. RDP: each round's own. PLD (seconds per
-  point): at `PLD_POINTS` rounds evenly spread up to the last, each round given the epsilon of
-  the next of those (an upper bound: epsilon grows with the rounds)."""
-  if acc.accountant != "pld":
+  """`[rounds]` epsilon after each of rounds 1..`rounds`. RDP: each round's own (for a mechanism
+  that repeats one event a round, each event's RDP is computed once and scaled by t, the very
+  arithmetic of `RdpAccountant.compose(event, t)`). PLD (seconds per point): at `PLD_POINTS`
+  rounds evenly spread up to the last, each round given the epsilon of the next of those (an upper
+  bound: epsilon grows with the rounds)."""
+  if acc.accountant != "pld" and (acc.mechanism == "ftrl" or acc.noise_multiplier <= 0):
     return np.array([epsilon(acc, t, delta) for t in range(1, rounds + 1)])
+  if acc.accountant != "pld":
+    parts = []
+    for event in round_events(acc, 1).events:
+      accountant = new_accountant(acc)
+      accountant.compose(event.event)  # One round of each repeated event.
+      parts.append(accountant.rdp)
+    orders = new_accountant(acc).orders
+    out = []
+    for t in range(1, rounds + 1):
+      rdp = np.zeros_like(orders, dtype=np.float64)
+      for part in parts:
+        rdp += t * part
+      out.append(float(rdp_privacy_accountant.compute_epsilon(orders, rdp, delta)[0]))
+    return np.array(out)
   points = np.unique(np.ceil(np.linspace(0, rounds, PLD_POINTS + 1)[1:]).astype(int))
   at = {int(t): epsilon(acc, int(t), delta) for t in points}
   return np.array([at[int(points[np.searchsorted(points, t)])] for t in range(1, rounds + 1)])
