@@ -15,7 +15,7 @@ import pytest
 
 import fedjax_sel as fs
 from fedjax_sel.host.compilation import CompileLog
-from fedjax_sel.host.runner import NonFiniteError
+from fedjax_sel.host.runner import NonFiniteError, OneRun
 from fedjax_sel.models import per_example_loss
 from fedjax_sel.parts.filters import filfl as filtering
 from fedjax_sel.parts.rules import fedalign, fedsrc
@@ -125,6 +125,44 @@ def test_a_second_seed_compiles_no_new_round():
   assert log.count("step") == 0 and log.count("evaluate") == 0 and log.count("init") == 0, (
       log.by_name)
   assert records[0]["lr"] == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_a_round_in_three_programs_equals_the_round_in_one(method):
+  """The round as three programs (plan, training, finish: `stages=True`) gives every record of
+  the one-program round bit for bit, for one run and for a batch of runs."""
+  datasets = _datasets()
+  strip = lambda runs: [[{k: v for k, v in r.items() if k != "wall_s"} for r in run]
+                        for run in runs]
+  specs = _sims(method, datasets, METHODS[method])
+  for stages in (False, True):
+    one = strip([fs.run_batch(OneRun(specs[0], stages=stages), 4, progress=None)[0]])
+    batch = strip(fs.run_batch(fs.RunBatch(specs, stages=stages), 4, progress=None))
+    if not stages:
+      want = (one, batch)
+  assert (one, batch) == want
+
+
+def test_rounds_that_train_alike_share_one_compiled_training(tmp_path, monkeypatch):
+  """Three rounds (two selectors, two weightings of FedAvg) on one model and local training, in
+  stages from an empty store: one training program for all three, and a plan and a finish each.
+  (An aggregator that is not linear, such as the median, trains apart: its clients' models are
+  kept, not folded into the aggregate as they train.)"""
+  from fedjax_sel.engine import executables, programs  # pylint: disable=import-outside-toplevel
+  programs.program.cache_clear()
+  jax.clear_caches()
+  monkeypatch.setattr(executables, "folder", lambda: str(tmp_path))
+  data = _datasets()[0]
+  model = fs.build_model("mlp", data.feature_shape, data.num_classes, hidden=(8,))
+  parts = [(fs.random_selector(), fs.fedavg()), (fs.power_of_choice(d=8), fs.fedavg()),
+           (fs.random_selector(), fs.fedavg(weighting="uniform"))]
+  specs = [fs.build_run(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=4),
+                        fs.uniform_availability(10, 6), sel, agg, 3, 0) for sel, agg in parts]
+  with CompileLog() as log:
+    for spec in specs:
+      fs.run_batch(OneRun(spec, stages=True), 2, progress=None)
+  assert (log.count("train_stage"), log.count("plan_stage"), log.count("finish_stage")) == (
+      1, 3, 3), log.by_name
 
 
 def _scaled(cfg, x):

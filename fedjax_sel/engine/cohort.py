@@ -1,6 +1,7 @@
 """The round's cohort: who was chosen (`selection.choose`) and their local training.
 
-Local training is traced once per round program, outside the filter's `lax.cond`. Without a
+The cohort is decided in two halves around its training (`training.train`, outside the filter's
+`lax.cond`): `plan_cohort` says who trains, `finish_cohort` reads what they trained. Without a
 filter that trains every available client, the selected clients train in K slots. With one
 (FilFL's train-all mode) the round trains n slots: on a filtering round every available client
 (the filter reads their models), else the clients selected from the kept filtered-in set; the
@@ -24,8 +25,8 @@ from fedjax_sel.engine.description import RoundConfig
 from fedjax_sel.engine.selection import (Filtered, Selection, any_run, choose, filter_round_flag,
                                          kept_selection, zeros_like_shapes)
 from fedjax_sel.engine.state import DataArrays, EngineState, RunValues
-from fedjax_sel.engine.training import (Trained, nonzero_slots, per_client, sampling_weights,
-                                        train_slots, without_nonfinite)
+from fedjax_sel.engine.training import (Request, Trained, nonzero_slots, per_client, request,
+                                        sampling_weights, without_nonfinite)
 from fedjax_sel.parts.types import RoundInputs
 
 
@@ -71,33 +72,59 @@ def gathered_slots(slots_n, valid_n, slots, n: int) -> jax.Array:
   return where[slots]
 
 
-def train_cohort(config: RoundConfig, state: EngineState, arrays: DataArrays, run: RunValues,
-                 inputs: RoundInputs, lr) -> Cohort:
-  """The round's cohort: chosen, then trained (see the module's docstring)."""
+class CohortPlan(NamedTuple):
+  """The cohort decided before its training (`plan_cohort`), and the training to run.
+
+  Attributes:
+    request: who trains, in which slots (`training.Request`).
+    filtered: the filtered-in set, when decided before training (None in FilFL's train-all
+      mode, whose filter reads the trained models).
+    selection: the selection, when decided before training (None in the train-all mode).
+    kept: the train-all mode's selection from the kept filtered-in set (else None).
+  """
+
+  request: Request
+  filtered: Filtered | None = None
+  selection: Selection | None = None
+  kept: Selection | None = None
+
+
+def plan_cohort(config: RoundConfig, state: EngineState, arrays: DataArrays, run: RunValues,
+                inputs: RoundInputs, lr) -> CohortPlan:
+  """Who trains this round: chosen before training, or, in FilFL's train-all mode, every
+  available client on a filtering round and the selection from the kept set on the others."""
   filt = config.filter
   if filt is not None and filt.trains_available:
-    return _train_available(config, state, arrays, run, inputs, lr)
+    avail = inputs.available
+    filtering = any_run(config, filter_round_flag(config, state, avail))
+    reuse = lambda: kept_selection(config, state, inputs, run)
+    # Not computed on filtering rounds, whose selection follows the filter.
+    kept = jax.lax.cond(filtering, lambda: zeros_like_shapes(jax.eval_shape(reuse)), reuse)
+    return CohortPlan(request(config, arrays, jnp.where(filtering, avail, kept.train_mask),
+                              config.availability.num_available, lr), kept=kept)
   filtered, selection = choose(config, state, inputs, run)
-  trained = train_slots(config, state.params, arrays, run, selection.train_mask, config.k,
-                        state.round, lr, selection.aggregate_mask if config.stream else None,
-                        sampling_weights(config, selection.selector_state))
-  slots, valid, res = trained
-  return _cohort(filtered, selection, trained, jnp.sum(res.samples), jnp.sum(valid),
-                 per_client(filtered.mask, slots, valid, res.samples))
+  return CohortPlan(request(config, arrays, selection.train_mask, config.k, lr,
+                            selection.aggregate_mask if config.stream else None,
+                            sampling_weights(config, selection.selector_state)),
+                    filtered, selection)
 
 
-def _train_available(config: RoundConfig, state: EngineState, arrays: DataArrays,
-                     run: RunValues, inputs: RoundInputs, lr) -> Cohort:
-  """FilFL's train-all mode: every available client trains on a filtering round (the selection
-  from the kept set decides who trains on other rounds); the selected clients' models are then
+def finish_cohort(config: RoundConfig, state: EngineState, run: RunValues, inputs: RoundInputs,
+                  plan: CohortPlan, trained: Trained) -> Cohort:
+  """The round's cohort from its plan and the planned training (see the module's docstring)."""
+  if plan.kept is None:
+    slots, valid, res = trained
+    return _cohort(plan.filtered, plan.selection, trained, jnp.sum(res.samples), jnp.sum(valid),
+                   per_client(plan.filtered.mask, slots, valid, res.samples))
+  return _train_available(config, state, run, inputs, plan.kept, trained)
+
+
+def _train_available(config: RoundConfig, state: EngineState, run: RunValues,
+                     inputs: RoundInputs, kept: Selection, local: Trained) -> Cohort:
+  """FilFL's train-all mode: every available client trained on a filtering round (the selection
+  from the kept set decided who trained on other rounds); the selected clients' models are then
   gathered from those."""
   params, avail = state.params, inputs.available
-  filtering = any_run(config, filter_round_flag(config, state, avail))
-  reuse = lambda: kept_selection(config, state, inputs, run)
-  # Not computed on filtering rounds, whose selection follows the filter.
-  kept = jax.lax.cond(filtering, lambda: zeros_like_shapes(jax.eval_shape(reuse)), reuse)
-  local = train_slots(config, params, arrays, run, jnp.where(filtering, avail, kept.train_mask),
-                      config.availability.num_available, state.round, lr)
   if config.exclude_nonfinite:
     finite, clean = without_nonfinite(local.result, params)
     local = Trained(local.slots, local.valid & finite, clean)

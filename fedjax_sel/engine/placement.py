@@ -40,7 +40,9 @@ from fedjax_sel.engine.contracts import check_contracts
 from fedjax_sel.engine.description import keyed, replicated
 from fedjax_sel.engine.evaluation import pooled_metrics
 from fedjax_sel.engine.run_spec import RunSpec, on_mesh
+from fedjax_sel.engine.signature import Keyed
 from fedjax_sel.engine.state import DataArrays, EngineState
+from fedjax_sel.engine.training import training_config, training_key
 
 STREAM_CLIENTS = 4096  # Clients per chunk when the host store streams the population through.
 
@@ -95,18 +97,39 @@ class _Placement:
 class DevicePlacement(_Placement):
   """All of a run's data on the device, padded to its capacity: `host` holds them padded in host
   memory, and they are uploaded the first time `arrays` is read (a run advanced in a `RunBatch`
-  is uploaded once, with the batch's, never on its own)."""
+  is uploaded once, with the batch's, never on its own). With `stages` (a synchronous round), a
+  step is the round's three programs called one by one (`round.py`): its training is then the
+  program of every run that trains alike (`training.training_key`)."""
 
-  def __init__(self, spec: RunSpec):
+  def __init__(self, spec: RunSpec, stages: bool = False):
     super().__init__(spec)
     self.host = padded_arrays(spec)
+    self.stages = stages and spec.config.asynchrony is None
+    self.training = Keyed(training_key(spec.config), training_config(spec.config))
 
   @functools.cached_property
   def arrays(self) -> DataArrays:
     return to_device(self.host, self.replicated)
 
   def _step(self, state: EngineState):
-    return self.program(programs.step)(self.keyed, state, self.arrays, self.spec.run_values)
+    if not self.stages:
+      return self.program(programs.step)(self.keyed, state, self.arrays, self.spec.run_values)
+    return self._stage_calls(state, run=True)
+
+  def _stage_calls(self, state: EngineState, run: bool):
+    """A round's three stage calls from `state`: run (the round's outputs), or listed as
+    `compile_ahead` takes them, each stage's inputs shaped by the stage before (`shaped`)."""
+    do = (lambda prog, cfg, args: prog(cfg, *args)) if run else programs.shaped
+    values, arrays = self.spec.run_values, self.arrays
+    calls = [(self.program(programs.plan_stage), self.keyed, (state, arrays, values))]
+    plan = do(*calls[-1])
+    calls.append((self.program(programs.train_stage), self.training,
+                  (state.params, arrays.train, values.seed, values.prox_mu, state.round,
+                   plan.cohort.request)))
+    trained = do(*calls[-1])
+    calls.append((self.program(programs.finish_stage), self.keyed,
+                  (state, arrays, values, plan, trained)))
+    return do(*calls[-1]) if run else calls
 
   def steps(self, state: EngineState, num_rounds: int):
     """`num_rounds` rounds in one compiled call (a `lax.scan`); metrics stacked."""
@@ -122,8 +145,10 @@ class DevicePlacement(_Placement):
   def calls(self, state: EngineState) -> list[tuple]:
     """The compiled calls `step` and `evaluate` make from `state`."""
     state = on_mesh(self.spec.config, state)
-    return [(self.program(programs.step), self.keyed, (state, self.arrays, self.spec.run_values)),
-            (self.program(programs.evaluate), self.keyed, (state.params, self.arrays))]
+    steps = (self._stage_calls(state, run=False) if self.stages else
+             [(self.program(programs.step), self.keyed, (state, self.arrays,
+                                                         self.spec.run_values))])
+    return [*steps, (self.program(programs.evaluate), self.keyed, (state.params, self.arrays))]
 
 
 class HostPlacement(_Placement):
@@ -235,6 +260,7 @@ class HostPlacement(_Placement):
     return out
 
 
-def place(spec: RunSpec) -> DevicePlacement | HostPlacement:
-  """The run's placement: on the host when its spec keeps the data there, else on the device."""
-  return HostPlacement(spec) if spec.on_host else DevicePlacement(spec)
+def place(spec: RunSpec, stages: bool = False) -> DevicePlacement | HostPlacement:
+  """The run's placement: on the host when its spec keeps the data there, else on the device
+  (with `stages`, its round as three programs: `DevicePlacement`)."""
+  return HostPlacement(spec) if spec.on_host else DevicePlacement(spec, stages)

@@ -29,12 +29,21 @@ from fedjax_sel.client.evaluation import client_metrics
 from fedjax_sel.engine import executables, store_keys
 from fedjax_sel.engine.evaluation import evaluate as evaluate_round
 from fedjax_sel.engine.evaluation import public_metrics
-from fedjax_sel.engine.round import step_function
+from fedjax_sel.engine.round import round_finish, round_plan, step_function
 from fedjax_sel.engine.selection import plan_rows
 from fedjax_sel.engine.stats import client_stats
+from fedjax_sel.engine.training import train
 
 
 _UNSEEN = object()
+
+
+def _as_arrays(types: tuple) -> tuple:
+  """Leaf types with `jax.ShapeDtypeStruct`s (shapes from `jax.eval_shape`) as the arrays they
+  stand for, so a program compiled ahead from shapes is the one the call with arrays finds."""
+  array = type(jax.numpy.zeros(()))
+  return tuple((array if kind is jax.ShapeDtypeStruct else kind, *rest)
+               for kind, *rest in types)
 
 
 class Program:
@@ -91,7 +100,7 @@ class Program:
     static = tuple(args[i] for i in self.static)
     dynamic = tuple(a for i, a in enumerate(args) if i not in self.static)
     leaves, tree = jax.tree.flatten(dynamic)
-    memo = (cfg, static, tree, store_keys.avals(leaves))
+    memo = (cfg, static, tree, _as_arrays(store_keys.avals(leaves)))
     if memo in self.compiled:
       return None
     key = store_keys.store_key(self.name, cfg.key, static, memo[3], str(tree))
@@ -149,6 +158,12 @@ def compile_ahead(calls, workers: int | None = None) -> int:
   return len(jobs)
 
 
+def shaped(prog: Program, cfg, args: tuple):
+  """The shapes of the outputs of `prog(cfg, *args)` (`jax.eval_shape`: nothing compiles or
+  runs); `args` may be shapes too."""
+  return jax.eval_shape(lambda *a: prog.jitted(cfg, *a), *args)
+
+
 @functools.cache
 def program(fn: Callable, out_shardings: Any = None, static_argnums: tuple[int, ...] = ()
             ) -> Program:
@@ -161,6 +176,22 @@ def step(cfg, state, arrays, run, stats=None):
   """One round (`round.step_function`: a server step in the asynchronous mode) of the config
   `cfg.value`."""
   return step_function(cfg.value)(cfg.value, state, arrays, run, stats)
+
+
+def plan_stage(cfg, state, arrays, run):
+  """A round's first stage (`round.round_plan`) of the config `cfg.value`."""
+  return round_plan(cfg.value, state, arrays, run)
+
+
+def train_stage(cfg, params, pool, seed, prox_mu, t, req):
+  """A round's training (`training.train`) of the `TrainingConfig` `cfg.value`: one program for
+  every round that trains alike."""
+  return train(cfg.value, params, pool, seed, prox_mu, t, req)
+
+
+def finish_stage(cfg, state, arrays, run, plan, trained):
+  """A round's last stage (`round.round_finish`) of the config `cfg.value`."""
+  return round_finish(cfg.value, state, arrays, run, plan, trained)
 
 
 def steps(cfg, state, arrays, run, num_rounds):

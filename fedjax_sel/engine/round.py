@@ -3,9 +3,15 @@
 
 `round_step` composes the stages, each a function of its own module that returns a NamedTuple:
 
-  inputs (`stats.round_inputs`) -> cohort (`cohort.train_cohort`: filter, select, participate,
-  train) -> stat costs and clock (`costs`) -> aggregate and server step (`aggregation`) -> the
-  parts observe -> client arrays and costs -> metrics (`metrics.round_metrics`).
+  inputs (`stats.round_inputs`) -> cohort plan (`cohort.plan_cohort`: filter, select,
+  participate) -> training (`training.train`) -> cohort (`cohort.finish_cohort`) -> stat costs
+  and clock (`costs`) -> aggregate and server step (`aggregation`) -> the parts observe -> client
+  arrays and costs -> metrics (`metrics.round_metrics`).
+
+The round is also three programs: `round_plan` (up to the training request), `training.train`
+(compiled once per `training.TrainingConfig`, shared by every selector, filter, rule and
+aggregator that trains the same way) and `round_finish`; the placements run them one by one when
+asked to (`stages=True`), so a job of methods that train alike compiles one training.
 
 Everything that can differ between runs of one job is an argument (`state.RunValues`,
 `state.DataArrays`, the parts' state in `state.EngineState`); the `RoundConfig` holds only what
@@ -32,30 +38,62 @@ Example:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
 from fedjax_sel.engine.aggregation import aggregate, server_step, update_clients
 from fedjax_sel.engine.asynchronous import async_step
-from fedjax_sel.engine.cohort import train_cohort
+from fedjax_sel.engine.cohort import CohortPlan, finish_cohort, plan_cohort
 from fedjax_sel.engine.costs import round_clock, selector_gradients, stat_costs
 from fedjax_sel.engine.description import RoundConfig
 from fedjax_sel.engine.metrics import RoundFacts, mean_loss, round_metrics
 from fedjax_sel.engine.state import Costs, DataArrays, EngineState, RunValues
 from fedjax_sel.engine.stats import round_inputs
+from fedjax_sel.engine.training import Trained, train, training_config
 from fedjax_sel.parts.types import RoundOutcome
+
+
+class RoundPlan(NamedTuple):
+  """A round up to its training (`round_plan`): the stats the parts read, the client learning
+  rate and the cohort's plan (`cohort.CohortPlan`, its `request` the training to run)."""
+
+  stats: dict
+  lr: jax.Array
+  cohort: CohortPlan
+
+
+def round_plan(config: RoundConfig, state: EngineState, arrays: DataArrays, run: RunValues,
+               stats=None) -> RoundPlan:
+  """The round's first stage: stats, filter and selection (as far as they come before training)
+  and the training request; `stats` when streamed by the host store."""
+  lr = run.lr * config.lr_factor(state.round)
+  inputs = round_inputs(config, state, arrays, run, stats)
+  return RoundPlan(dict(inputs.stats), lr, plan_cohort(config, state, arrays, run, inputs, lr))
 
 
 def round_step(config: RoundConfig, state: EngineState, arrays: DataArrays, run: RunValues,
                stats=None) -> tuple[EngineState, dict]:
   """One round: `(state w_t, ...) -> (state w_{t+1}, metrics)`; `stats` when streamed by the
-  host store."""
+  host store. The three stages in one program: `round_plan`, `training.train` of its request,
+  `round_finish`."""
+  plan = round_plan(config, state, arrays, run, stats)
+  trained = train(training_config(config), state.params, arrays.train, run.seed, run.prox_mu,
+                  state.round, plan.cohort.request)
+  return round_finish(config, state, arrays, run, plan, trained)
+
+
+def round_finish(config: RoundConfig, state: EngineState, arrays: DataArrays, run: RunValues,
+                 plan: RoundPlan, trained: Trained) -> tuple[EngineState, dict]:
+  """The round's last stage, from its plan and the planned training: the cohort, stat costs and
+  clock, aggregate and server step, the parts' observations, client arrays and metrics."""
   t = state.round
   n = arrays.counts.shape[1]
-  lr = run.lr * config.lr_factor(t)
-  inputs = round_inputs(config, state, arrays, run, stats)
+  lr = plan.lr
+  inputs = round_inputs(config, state, arrays, run, plan.stats)
   avail = inputs.available
-  cohort = train_cohort(config, state, arrays, run, inputs, lr)
+  cohort = finish_cohort(config, state, run, inputs, plan.cohort, trained)
   selection, (slots, _, _) = cohort.selection, cohort.trained
   # Power-of-choice's `evaluated` candidates are fixed when it selects (before `observe`).
   evaluated = config.selector.costs(selection.selector_state).evaluated

@@ -50,11 +50,12 @@ from fedjax_sel.engine.description import (RoundConfig, client_step_cost, progra
                                            replicated)
 from fedjax_sel.engine.evaluation import evaluate
 from fedjax_sel.engine.placement import padded_arrays
-from fedjax_sel.engine.programs import program
-from fedjax_sel.engine.round import step_function
+from fedjax_sel.engine.programs import program, shaped
+from fedjax_sel.engine.round import round_finish, round_plan, step_function
 from fedjax_sel.engine.run_spec import RunSpec
 from fedjax_sel.engine.signature import Keyed
 from fedjax_sel.engine.state import EngineState
+from fedjax_sel.engine.training import train, training_config, training_key
 
 AXIS = "runs"
 
@@ -105,6 +106,29 @@ def _batched_step(cfg, states, arrays, runs):
                          s._replace(round=t), a, r), chunk, states, arrays, runs)
 
 
+def _batched_plan(cfg, states, arrays, runs):
+  config, chunk, pairs = cfg.value
+  t = states.round[0]
+  return _over_runs(
+      lambda s, a, r: round_plan(sweeps.with_run_settings(config, pairs, r.settings),
+                                 s._replace(round=t), a, r), chunk, states, arrays, runs)
+
+
+def _batched_train(cfg, params, pools, seeds, prox_mus, t, requests):
+  training, chunk = cfg.value
+  return _over_runs(lambda p, pool, seed, mu, req: train(training, p, pool, seed, mu, t, req),
+                    chunk, params, pools, seeds, prox_mus, requests)
+
+
+def _batched_finish(cfg, states, arrays, runs, plans, trained):
+  config, chunk, pairs = cfg.value
+  t = states.round[0]
+  return _over_runs(
+      lambda s, a, r, p, tr: round_finish(sweeps.with_run_settings(config, pairs, r.settings),
+                                          s._replace(round=t), a, r, p, tr),
+      chunk, states, arrays, runs, plans, trained)
+
+
 def _batched_evaluate(cfg, params, arrays):
   config, chunk, _ = cfg.value
   return _over_runs(lambda p, a: evaluate(config, p, a), chunk, params, arrays)
@@ -141,13 +165,17 @@ class RunBatch:
       with one `capacity=Capacity.of(datasets)`); runs may differ in whether FedProx is on (mu = 0
       runs then compute the proximal term with mu = 0, which changes nothing).
     runs_chunk: runs per vmapped chunk (a divisor of R); default `auto_runs_chunk`.
+    stages: a synchronous round as three programs called one by one (`round.py`): its training
+      is then one program for every batch that trains alike (`training.training_key`), whatever
+      its selector, filter, rule or aggregator; else one program per round.
 
   Raises:
     ValueError: naming what differs between two runs' programs, or a host-store run.
     TypeError: a run that is not a `RunSpec` (a `Simulator`'s is its `spec`).
   """
 
-  def __init__(self, specs: Sequence[RunSpec], runs_chunk: int | None = None):
+  def __init__(self, specs: Sequence[RunSpec], runs_chunk: int | None = None,
+               stages: bool = False):
     specs = list(specs)
     if not specs:
       raise ValueError("a RunBatch needs at least one run")
@@ -193,6 +221,8 @@ class RunBatch:
       config = config._replace(client_sharding=None)
     self.config = BatchConfig(config, chunk, pairs)
     self.keyed = Keyed((program_key(config), chunk, pairs), self.config)
+    self.stages = stages and config.asynchrony is None
+    self.training = Keyed((training_key(config), chunk), (training_config(config), chunk))
     self.arrays = stack_runs(hosts, self.placement)  # Each run's data uploaded once, here.
     self.run_values = stack_runs(
         [s.run_values._replace(settings=v) for s, v in zip(specs, values)], self.placement)
@@ -213,17 +243,37 @@ class RunBatch:
     """One round of every run (one compiled call); metrics stacked `[R, ...]`. `states` come from
     `init`, `step` or a resume of every run at one round: the runs advance together (run 0's
     round index is the batch's)."""
-    states, metrics = program(_batched_step, self.placement)(self.keyed, states, self.arrays,
-                                                              self.run_values)
+    if self.stages:
+      states, metrics = self._stage_calls(states, run=True)
+    else:
+      states, metrics = program(_batched_step, self.placement)(self.keyed, states, self.arrays,
+                                                                self.run_values)
     check_contracts(self.specs[0].config, metrics, runs_axis=True)
     return states, metrics
+
+  def _stage_calls(self, states: EngineState, run: bool):
+    """A round's three stage calls from `states`: run (the round's outputs), or listed as
+    `compile_ahead` takes them, each stage's inputs shaped by the stage before."""
+    do = (lambda prog, cfg, args: prog(cfg, *args)) if run else shaped
+    values, arrays, where = self.run_values, self.arrays, self.placement
+    calls = [(program(_batched_plan, where), self.keyed, (states, arrays, values))]
+    plans = do(*calls[-1])
+    calls.append((program(_batched_train, where), self.training,
+                  (states.params, arrays.train, values.seed, values.prox_mu, states.round[0],
+                   plans.cohort.request)))
+    trained = do(*calls[-1])
+    calls.append((program(_batched_finish, where), self.keyed,
+                  (states, arrays, values, plans, trained)))
+    return do(*calls[-1]) if run else calls
 
   def calls(self, states: EngineState) -> list[tuple]:
     """The compiled calls `step` and `evaluate` make from `states`, as `(Program, config,
     arguments)` for `programs.compile_ahead`."""
-    return [(program(_batched_step, self.placement), self.keyed,
-             (states, self.arrays, self.run_values)),
-            (program(_batched_evaluate, self.placement), self.keyed, (states.params, self.arrays))]
+    steps = (self._stage_calls(states, run=False) if self.stages else
+             [(program(_batched_step, self.placement), self.keyed,
+               (states, self.arrays, self.run_values))])
+    return [*steps, (program(_batched_evaluate, self.placement), self.keyed,
+                     (states.params, self.arrays))]
 
   def evaluate(self, params) -> dict:
     """Every run's global-model metrics (`Simulator.evaluate`), stacked `[R]`."""

@@ -14,7 +14,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from fedjax_sel import keys as keylib
 from fedjax_sel.client.local_training import LocalResult, local_train
 from fedjax_sel.engine.description import RoundConfig
+from fedjax_sel.engine.signature import signature
 from fedjax_sel.engine.state import DataArrays, RunValues
 from fedjax_sel.models.bundle import trainable
 
@@ -54,13 +55,59 @@ def sampling_weights(config: RoundConfig, selector_state) -> jax.Array | None:
   return config.selector.sampling_weights(selector_state).astype(jnp.float32)
 
 
-def train_slots(config: RoundConfig, params, arrays: DataArrays, run: RunValues, mask, size, t,
-                lr, aggregate_mask=None, weights=None) -> Trained:
-  """Trains the clients of `mask` in `size` slots; with `aggregate_mask` (streaming mode) the
-  result's params are the linear aggregate of the clients in `mask & aggregate_mask`: by the
-  aggregator's weights, or `sum_k c_k w^k` by the selector's sampling weights `weights` (`[N]`)."""
+class TrainingConfig(NamedTuple):
+  """What fixes the compiled training of a cohort: the part of a `RoundConfig` that local
+  training reads. Rounds of different selectors, filters, rules and aggregators with one
+  training config train alike, so their training compiles once (`programs.train_stage`).
+
+  Attributes:
+    model, optimizer, local, max_count, client_sharding, proximal: as in `RoundConfig`.
+  """
+
+  model: Any
+  optimizer: Any
+  local: Any
+  max_count: int
+  client_sharding: Any
+  proximal: bool
+
+
+def training_config(config: RoundConfig) -> TrainingConfig:
+  """The round's `TrainingConfig`."""
+  return TrainingConfig(config.model, config.optimizer, config.local, config.max_count,
+                        config.client_sharding, config.proximal)
+
+
+def training_key(config: RoundConfig):
+  """The structural signature of the round's training (`signature.py`): equal for rounds that
+  train alike, whatever their selector, filter, rule or aggregator."""
+  tc = training_config(config)
+  return signature(tc._replace(model=tc.model._replace(init=None)))
+
+
+class Request(NamedTuple):
+  """Which clients train this round, in which slots, and how: the training stage's input.
+
+  Attributes:
+    slots: `[S]` int32 client id of each slot.
+    valid: `[S]` bool, the slot holds a client that trains.
+    lr: the round's client learning rate.
+    combine: `[S]` weights of the linear aggregate folded out of training (streaming), or None
+      (every local model is returned).
+  """
+
+  slots: jax.Array
+  valid: jax.Array
+  lr: jax.Array
+  combine: jax.Array | None = None
+
+
+def request(config: RoundConfig, arrays: DataArrays, mask, size: int, lr, aggregate_mask=None,
+            weights=None) -> Request:
+  """The clients of `mask` in `size` slots; with `aggregate_mask` (streaming mode) the weights of
+  the linear aggregate of the clients in `mask & aggregate_mask`: the aggregator's, or the
+  selector's sampling weights `weights` (`[N]`) when given."""
   slots, valid = nonzero_slots(mask, size)
-  keys = keylib.client_keys(keylib.round_key(run.seed, t, keylib.TRAIN), slots)
   combine = None
   if aggregate_mask is not None:
     if weights is None:
@@ -68,10 +115,24 @@ def train_slots(config: RoundConfig, params, arrays: DataArrays, run: RunValues,
                                                  arrays.train.counts[slots])
     else:
       combine = jnp.where(valid & aggregate_mask[slots], weights[slots], 0.0)
-  res = local_train(config.model, config.optimizer, config.local, params, arrays.train, slots,
-                    valid, keys, lr, config.max_count, config.client_sharding, combine,
-                    prox_mu=run.prox_mu if config.proximal else None)
-  return Trained(slots, valid, res)
+  return Request(slots, valid, lr, combine)
+
+
+def train(config: TrainingConfig, params, pool, seed, prox_mu, t, req: Request) -> Trained:
+  """Local training of the request's clients from `params` with the round's keys (seed, round
+  `t`, client id); with `req.combine`, the result's params are that linear aggregate."""
+  keys = keylib.client_keys(keylib.round_key(seed, t, keylib.TRAIN), req.slots)
+  res = local_train(config.model, config.optimizer, config.local, params, pool, req.slots,
+                    req.valid, keys, req.lr, config.max_count, config.client_sharding,
+                    req.combine, prox_mu=prox_mu if config.proximal else None)
+  return Trained(req.slots, req.valid, res)
+
+
+def train_slots(config: RoundConfig, params, arrays: DataArrays, run: RunValues, mask, size, t,
+                lr, aggregate_mask=None, weights=None) -> Trained:
+  """Trains the clients of `mask` in `size` slots (`request`, then `train`)."""
+  return train(training_config(config), params, arrays.train, run.seed, run.prox_mu, t,
+               request(config, arrays, mask, size, lr, aggregate_mask, weights))
 
 
 def update_norms(config: RoundConfig, params, arrays: DataArrays, run: RunValues, t,

@@ -264,15 +264,16 @@ class OneRun:
 
   Args:
     run: a `RunSpec` (placed here) or a `Simulator` (its spec and placement).
+    stages: place a `RunSpec` with its round as three programs (`placement.DevicePlacement`).
   """
 
   num_runs = 1
 
-  def __init__(self, run: RunSpec | Simulator):
+  def __init__(self, run: RunSpec | Simulator, stages: bool = False):
     if isinstance(run, Simulator):
       self.specs, self.placement = [run.spec], run.placement
     elif isinstance(run, RunSpec):
-      self.specs, self.placement = [run], place(run)
+      self.specs, self.placement = [run], place(run, stages)
     else:
       raise TypeError(f"a run is a RunSpec (build_run) or a Simulator, got {type(run).__name__}")
 
