@@ -9,6 +9,7 @@ the `Job`, not in this module. Nothing here reads the command line.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -24,6 +25,9 @@ from absl import app
 import fedjax_sel as fs
 from experiments.launch import config as cfglib
 from fedjax_sel.data.integrity import DataError
+from fedjax_sel.engine.cohort import training_layout
+from fedjax_sel.engine.description import program_key
+from fedjax_sel.engine.training import training_key
 from fedjax_sel.host import folder_lock
 from fedjax_sel.host.checkpoint import ABSENT, DEFAULTS, CheckpointError, WriteError, write_atomic
 from fedjax_sel.host.checkpoint import previous as checkpoint_previous
@@ -233,6 +237,19 @@ def failure(error: Exception) -> str:
           + ". Rerun with the flags it was started with, or start afresh with --overwrite")
 
 
+def shared_training(methods: list[list[Run]]) -> list[bool]:
+  """Per method (its runs), whether its rounds train as another method's do while their rounds
+  differ: those run their rounds as three programs (`fs.RunBatch`'s stages) and compile the
+  training once; a method that trains alone keeps its round in one program."""
+  keys = [{((training_key(r.spec.config), training_layout(r.spec.config)),
+            program_key(r.spec.config)) for r in runs} for runs in methods]
+  rounds = collections.defaultdict(set)
+  for method in keys:
+    for train, whole in method:
+      rounds[train].add(whole)
+  return [any(len(rounds[train]) > 1 for train, _ in method) for method in keys]
+
+
 class Batch(NamedTuple):
   """Runs advanced together: their positions among a method's runs and what advances them (a
   `RunBatch`, or a `OneRun` for a run alone)."""
@@ -409,8 +426,10 @@ class Job:
     return (self.cfg.output.batch_runs and len(runs) > 1
             and not any(r.spec.on_host for r in runs))
 
-  def plan(self, runs: list[Run]) -> list[Batch]:
-    """The batches `run_all` advances `runs` in (see there), each made and its data placed."""
+  def plan(self, runs: list[Run], stages: bool = False) -> list[Batch]:
+    """The batches `run_all` advances `runs` in (see there), each made and its data placed;
+    `stages`: their rounds as three programs (`fs.RunBatch`), to share a training compiled for
+    another method."""
     out = self.cfg.output
     batched = self._batched(runs)
     if not batched:
@@ -425,8 +444,8 @@ class Job:
       programs = fs.program_groups([r.spec.config for r in runs])
       groups = [[i for i in group if i in same] for same in programs for group in groups]
       groups = [g for g in groups if g]
-    return [Batch(g, fs.RunBatch([runs[i].spec for i in g]) if len(g) > 1 else
-                  OneRun(runs[g[0]].spec)) for g in groups]
+    return [Batch(g, fs.RunBatch([runs[i].spec for i in g], stages=stages) if len(g) > 1 else
+                  OneRun(runs[g[0]].spec, stages=stages)) for g in groups]
 
   def run_groups(self, groups: list[str], load: Load, build_run: BuildRun
                  ) -> tuple[dict[str, dict[str, list[list[dict]]]], dict[tuple[int, str], tuple]]:
@@ -447,7 +466,7 @@ class Job:
     results = {}
     for group in groups:
       capacity = fs.Capacity.of([loaded[(s, group)][0] for s in cfg.seeds])
-      out, planned = {}, []
+      out, methods = {}, []
       for method in cfg.methods:
         runs, names = [], []
         for m, points, run in cfg.runs():
@@ -463,7 +482,10 @@ class Job:
             label = " ".join(p for p in (group, method.label) if p)
             runs.append(Run(sim, spec.path, label, seed, tag, extra, settings(run), swept))
           names.append(spec.name)
-        planned.append((runs, names, self.plan(runs)))
+        methods.append((runs, names))
+      shared = shared_training([runs for runs, _ in methods])
+      planned = [(runs, names, self.plan(runs, stages=share))
+                 for (runs, names), share in zip(methods, shared)]
       self.compile_ahead([batch for _, _, batches in planned for batch in batches])
       for runs, names, batches in planned:
         records = self.run_all(runs, batches)

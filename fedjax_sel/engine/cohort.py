@@ -89,10 +89,21 @@ class CohortPlan(NamedTuple):
   kept: Selection | None = None
 
 
+def training_layout(config: RoundConfig) -> tuple[int, bool]:
+  """(slots the round trains in, whether the aggregate is folded out of training): with the
+  `TrainingConfig`, what fixes the round's training program. n slots in FilFL's train-all mode,
+  K otherwise."""
+  filt = config.filter
+  if filt is not None and filt.trains_available:
+    return config.availability.num_available, False
+  return config.k, config.stream
+
+
 def plan_cohort(config: RoundConfig, state: EngineState, arrays: DataArrays, run: RunValues,
                 inputs: RoundInputs, lr) -> CohortPlan:
   """Who trains this round: chosen before training, or, in FilFL's train-all mode, every
   available client on a filtering round and the selection from the kept set on the others."""
+  size, streamed = training_layout(config)
   filt = config.filter
   if filt is not None and filt.trains_available:
     avail = inputs.available
@@ -101,10 +112,10 @@ def plan_cohort(config: RoundConfig, state: EngineState, arrays: DataArrays, run
     # Not computed on filtering rounds, whose selection follows the filter.
     kept = jax.lax.cond(filtering, lambda: zeros_like_shapes(jax.eval_shape(reuse)), reuse)
     return CohortPlan(request(config, arrays, jnp.where(filtering, avail, kept.train_mask),
-                              config.availability.num_available, lr), kept=kept)
+                              size, lr), kept=kept)
   filtered, selection = choose(config, state, inputs, run)
-  return CohortPlan(request(config, arrays, selection.train_mask, config.k, lr,
-                            selection.aggregate_mask if config.stream else None,
+  return CohortPlan(request(config, arrays, selection.train_mask, size, lr,
+                            selection.aggregate_mask if streamed else None,
                             sampling_weights(config, selection.selector_state)),
                     filtered, selection)
 
