@@ -9,6 +9,7 @@ import zlib
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from fedjax_sel.engine import executables, store_keys, store_trust
@@ -102,6 +103,23 @@ def test_a_program_from_jax_s_cache_is_not_stored(tmp_path):
   compiled = executables.compile_and_save(_lower(again), path)
   assert compiled(jnp.zeros(5)).shape == (5,)
   assert not os.path.exists(path)
+
+
+def test_a_program_from_jax_s_cache_is_stored_from_its_twin_compiled_in_this_process(tmp_path):
+  """Two configs of one module (two methods' evaluations): the first compiles, the second is
+  JAX's cache's hit, and both are stored (the second from the first's executable), each loading
+  and running on its own."""
+  c = float(int.from_bytes(os.urandom(3), "little"))
+  first, twin = (lambda x: jnp.tanh(x) * c), (lambda x: jnp.tanh(x) * c)
+  paths = [str(tmp_path / "first.exe"), str(tmp_path / "twin.exe")]
+  with CompileLog() as log:
+    compiled = [executables.compile_and_save(_lower(f), p) for f, p in zip((first, twin), paths)]
+  assert log.cache_hits == 1
+  x = jnp.linspace(-1.0, 1.0, 5)
+  for path, program in zip(paths, compiled):
+    loaded = executables.load(path)
+    np.testing.assert_array_equal(executables.first_call(loaded, (x,), path, "jit(f)"),
+                                  program(x))
 
 
 def test_a_program_xla_cannot_serialize_is_marked_for_jit(tmp_path, monkeypatch):

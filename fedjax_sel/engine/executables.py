@@ -24,9 +24,12 @@ Examples:
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import pickle
+import threading
+import weakref
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -42,13 +45,20 @@ from fedjax_sel.models import onednn
 LOADED_EVENT = "/fedjax_sel/executables/loaded"  # A `jax.monitoring` event per executable loaded.
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"  # JAX's event per persistent cache load.
 MAX_BYTES = 1 << 30  # The store's size: past it, the files least recently used are removed.
-_CACHE_HITS = [0]  # JAX's persistent cache hits in this process (its monitoring events).
+_HITS = threading.local()  # JAX's persistent cache hits of each thread (its monitoring events).
+# The executables XLA compiled in this process, by their module's digest: what a twin program
+# (another config, the same module) that JAX's cache then supplied is stored from.
+_COMPILED = weakref.WeakValueDictionary()
 
 
 def _count_hit(event: str, **kwargs) -> None:
   del kwargs
-  if event == CACHE_HIT_EVENT:
-    _CACHE_HITS[0] += 1
+  if event == CACHE_HIT_EVENT:  # Recorded on the thread that compiles.
+    _HITS.count = _hits() + 1
+
+
+def _hits() -> int:
+  return getattr(_HITS, "count", 0)
 
 
 monitoring.register_event_listener(_count_hit)
@@ -123,23 +133,32 @@ def load(path: str):
 
 
 def compile_and_save(lowered, path: str):
-  """Compiles `lowered` and stores it at `path` when XLA compiled it now. One that JAX's persistent
-  cache supplied is not stored (on CPU an executable it loads serializes without its kernels:
-  `NOT_FOUND: Function ... not found` when the copy runs), so a miss here costs no more than
-  before the store: tracing and the cache's load. A program XLA cannot serialize is marked
-  (`jit_marker`) so the next process jits it; one that cannot be written runs from memory."""
-  hits = _CACHE_HITS[0]
+  """Compiles `lowered` and stores it at `path` when XLA compiled it now, or compiled its twin
+  (the same module for another config, e.g. the evaluation of two methods) in this process. One
+  that JAX's persistent cache supplied otherwise is not stored (on CPU an executable it loads
+  serializes without its kernels: `NOT_FOUND: Function ... not found` when the copy runs), so a
+  miss here costs no more than before the store: tracing and the cache's load. A program XLA
+  cannot serialize is marked (`jit_marker`) so the next process jits it; one that cannot be
+  written runs from memory. Safe on several threads at once (`programs.compile_ahead`)."""
+  hits = _hits()
   compiled = lowered.compile()
-  if _CACHE_HITS[0] != hits:
-    return compiled
+  digest = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+  source = compiled
+  if _hits() != hits:  # JAX's cache supplied it: store it from its twin XLA compiled, if any.
+    source = _COMPILED.get(digest)
+    if source is None or _arguments(source) != _arguments(compiled):
+      return compiled
+  else:
+    _COMPILED[digest] = compiled
   # The oneDNN handlers registered in this process may be called: the loader registers them too.
   uses_onednn = (onednn.unavailable_reason.cache_info().currsize > 0
                  and onednn.unavailable_reason() is None)
   try:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     try:
-      data = zlib.compress(pickle.dumps((*serialize_executable.serialize(compiled), uses_onednn)),
-                           1)
+      payload, _, _ = serialize_executable.serialize(source)
+      data = zlib.compress(pickle.dumps((payload, jax.tree.structure(compiled.args_info),
+                                         compiled.out_tree, uses_onednn)), 1)
     except (ValueError, TypeError, NotImplementedError, pickle.PicklingError,
             jax.errors.JaxRuntimeError):  # E.g. an operation XLA cannot serialize.
       path, data = jit_marker(path), b""
@@ -148,6 +167,11 @@ def compile_and_save(lowered, path: str):
   except OSError:
     pass  # A read-only cache: run it from memory.
   return compiled
+
+
+def _arguments(compiled) -> str:
+  """The argument types a compiled program takes, flat (twins agree on them)."""
+  return repr(jax.tree.leaves(compiled.args_info))
 
 
 def _write(path: str, data: bytes) -> None:

@@ -122,6 +122,8 @@ class DevicePlacement(_Placement):
     do = (lambda prog, cfg, args: prog(cfg, *args)) if run else programs.shaped
     values, arrays = self.spec.run_values, self.arrays
     calls = [(self.program(programs.plan_stage), self.keyed, (state, arrays, values))]
+    if not run and calls[0][0].stored(calls[0][1], *calls[0][2]):
+      return []  # Compiled with its other stages: no shapes to trace.
     plan = do(*calls[-1])
     calls.append((self.program(programs.train_stage), self.training,
                   (state.params, arrays.train, values.seed, values.prox_mu, state.round,

@@ -89,26 +89,38 @@ class Program:
       return outputs
     return self.jitted(cfg, *args) if executable is None else executable(*dynamic)
 
-  def ahead(self, cfg, *args) -> Callable[[], None] | None:
-    """The compilation of the call `self(cfg, *args)` as a function to run now, on any thread,
-    before the call: it lowers here (tracing needs the caller's thread) and returns what compiles
-    and stores the executable, which the call then finds. None when there is nothing to compile
-    ahead: the store is off, the program is stored or compiled already, or it is not stored."""
+  def _unstored(self, cfg, args: tuple) -> tuple | None:
+    """`(memo, path)` of the call `self(cfg, *args)` when the store is on and would keep it but
+    holds nothing for it yet (nor does this process); else None. `args` may be shapes."""
     folder = executables.folder()
     if folder is None:
       return None
     static = tuple(args[i] for i in self.static)
-    dynamic = tuple(a for i, a in enumerate(args) if i not in self.static)
-    leaves, tree = jax.tree.flatten(dynamic)
+    leaves, tree = jax.tree.flatten(tuple(a for i, a in enumerate(args) if i not in self.static))
     memo = (cfg, static, tree, _as_arrays(store_keys.avals(leaves)))
-    if memo in self.compiled:
-      return None
-    key = store_keys.store_key(self.name, cfg.key, static, memo[3], str(tree))
+    key = None if memo in self.compiled else store_keys.store_key(self.name, cfg.key, static,
+                                                                   memo[3], str(tree))
     if key is None:
       return None
     path = os.path.join(folder, key + ".exe")
     if os.path.exists(path) or os.path.exists(executables.jit_marker(path)):
       return None
+    return memo, path
+
+  def stored(self, cfg, *args) -> bool:
+    """Whether the call `self(cfg, *args)` needs no compiling ahead (`ahead` would return
+    None), found without tracing."""
+    return self._unstored(cfg, args) is None
+
+  def ahead(self, cfg, *args) -> Callable[[], None] | None:
+    """The compilation of the call `self(cfg, *args)` as a function to run now, on any thread,
+    before the call: it lowers here (tracing needs the caller's thread) and returns what compiles
+    and stores the executable, which the call then finds. None when there is nothing to compile
+    ahead: the store is off, the program is stored or compiled already, or it is not stored."""
+    unstored = self._unstored(cfg, args)
+    if unstored is None:
+      return None
+    memo, path = unstored
     lowered = self.jitted.lower(cfg, *args)
 
     def compile_now():

@@ -257,6 +257,8 @@ class RunBatch:
     do = (lambda prog, cfg, args: prog(cfg, *args)) if run else shaped
     values, arrays, where = self.run_values, self.arrays, self.placement
     calls = [(program(_batched_plan, where), self.keyed, (states, arrays, values))]
+    if not run and calls[0][0].stored(calls[0][1], *calls[0][2]):
+      return []  # Compiled with its other stages: no shapes to trace.
     plans = do(*calls[-1])
     calls.append((program(_batched_train, where), self.training,
                   (states.params, arrays.train, values.seed, values.prox_mu, states.round[0],
