@@ -33,8 +33,10 @@ import csv
 import dataclasses
 import json
 import os
+import platform
 import subprocess
 import sys
+import time
 
 import numpy as np
 from absl import app, flags
@@ -43,6 +45,7 @@ from experiments.launch import cli, report, schema
 from experiments.reports import statistics
 from experiments.launch.config import number_text
 from fedjax_sel import registry
+from fedjax_sel.data import federated_sqlite
 from fedjax_sel.host.plotting import mean_std
 
 FLAGS = flags.FLAGS
@@ -67,10 +70,16 @@ flags.DEFINE_bool("tune", False, "Compare each selector the scenarios file tunes
                   "is held out, and the setting with the best final validation accuracy (mean "
                   "over the seeds, never the test accuracy) gives its row.")
 flags.DEFINE_integer("last_k", 10, "Evaluated rounds of the last-k mean, >= 1.")
+flags.DEFINE_multi_string("job_flag", [], "An experiments.run flag given to every job after its "
+                          "scenario's (repeat it: --job_flag=--rounds=300 "
+                          "--job_flag=--seeds=0,1,2), e.g. the scale of a GPU run.")
+flags.DEFINE_string("data_dir", federated_sqlite.DEFAULT_DIR, "Folder of the field datasets' "
+                    "files (fedjax's SQLite files); a scenario that needs a file not there is "
+                    "skipped, with one line naming it.")
 cli.define_finite_float("job_timeout_s", 1800.0, "Wall seconds after which a job's process is "
                         "taken as hung: killed and resumed from its checkpoint once.", above=0)
 
-COLUMNS = ("scenario", "selector", "seeds", "final_acc", "last_k_acc", "rounds_to_target",
+COLUMNS = ("scenario", "selector", "rank", "seeds", "final_acc", "last_k_acc", "rounds_to_target",
            "sim_s_to_target", "worst10_client_acc", "jain", "selection_samples", "stragglers")
 
 
@@ -87,6 +96,7 @@ class Scenarios:
   scenarios: dict[str, tuple[str, ...]]
   about: str = ""
   tune: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+  needs: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 OWN_FLAGS = ("--out_dir", "--selector", "--resume", "--overwrite")  # The benchmark sets these.
@@ -103,6 +113,9 @@ def load_scenarios(path: str) -> Scenarios:
   lists = {"common": spec.common, "quick": spec.quick,
            **{f"scenarios.{name}": flags_ for name, flags_ in spec.scenarios.items()},
            **{f"tune.{name}": flags_ for name, flags_ in spec.tune.items()}}
+  unknown = sorted(set(spec.needs) - set(spec.scenarios))
+  if unknown:
+    raise ValueError(f"{path}: needs names scenarios the file lacks: {unknown}")
   for name, flags_ in spec.tune.items():
     for i, flag in enumerate(flags_):
       if not flag.startswith("--sweep="):
@@ -119,58 +132,107 @@ def load_scenarios(path: str) -> Scenarios:
 
 
 TIMING_FILE = "timing.json"
-STOP_GRACE_S = 60.0  # Seconds a stopped job's process has to end its round before it is killed.
+FRESH_TIMING = "timing.new.json"  # A job's timing as its worker wrote it, before `keep_timing`.
+STOP_GRACE_S = 60.0  # Seconds a stopped job's worker has to end its round before it is killed.
 
 
-def run_job(folder: str, flags_: list[str], timeout_s: float = 1800.0) -> list[dict]:
-  """One `experiments.run` job into `folder`, under `benchmarks.timed_launch`: read again when it
-  finished, resumed when it was stopped, started otherwise; its output is the job's `bench.log`.
-  A process that runs past `timeout_s` (a hang) is killed and the job resumed once. An interrupt
-  (SIGINT, or SIGTERM: `cli.interrupt_on_sigterm`) stops the job's process (`stop`), keeps its
-  timing and is raised again: no process outlives the benchmark.
+class Stopped(KeyboardInterrupt):
+  """An interrupt that stopped the benchmark's job `label` (its output: `log`)."""
+
+  def __init__(self, label: str, log: str):
+    super().__init__(label)
+    self.label, self.log = label, log
+
+
+def run_jobs(jobs: list[tuple[str, str, list[str]]], plan_path: str,
+             timeout_s: float = 1800.0) -> dict[str, list[dict]]:
+  """Jobs `(label, folder, experiments.run flags)` one after another in one worker process
+  (`experiments.bench_worker`; its plan is written to `plan_path`), so that they share its
+  compiled programs: each job read again when it finished, resumed when it was stopped, started
+  otherwise, its output in `<folder>/bench.log`. A job that runs past `timeout_s` (a hang) has
+  its worker killed and is resumed once in a new one, with the jobs after it. An interrupt
+  (SIGINT, or SIGTERM: `cli.interrupt_on_sigterm`) stops the worker (`stop`), keeps its timings
+  and raises `Stopped` naming the job it stopped: no process outlives the benchmark.
 
   Returns:
-    The timings of the processes that trained its rounds (`<folder>/timing.json`, one entry per
-    such process: wall seconds by phase, rounds trained, programs compiled; a process that found
-    every round done adds none).
+    Per folder, the timings of the worker runs that trained its rounds (`<folder>/timing.json`,
+    one entry per such run: wall seconds by phase, rounds trained, programs compiled; a run that
+    found every round done adds none).
   """
-  os.makedirs(folder, exist_ok=True)
-  fresh = os.path.join(folder, "timing.new.json")
-  keep_timing(folder, fresh)  # A process whose benchmark was killed (SIGKILL) ended on its own.
-  for attempt in range(2):
-    started = os.path.exists(os.path.join(folder, "job.json"))
-    args = [sys.executable, "-m", "benchmarks.timed_launch", fresh, "experiments.run", *flags_,
-            f"--out_dir={folder}"]
-    args += ["--resume"] if started else []
-    with open(os.path.join(folder, "bench.log"), "a", encoding="utf-8") as log:
-      proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-      try:
-        proc.wait(timeout_s)
-        break
-      except subprocess.TimeoutExpired:  # Killed; its checkpoint stays, the retry resumes it.
+  for _, folder, _ in jobs:
+    os.makedirs(folder, exist_ok=True)
+    keep_timing(folder)  # A worker whose benchmark was killed (SIGKILL) ended on its own.
+  pending, hung = list(jobs), set()
+  while pending:
+    plan = [{"label": label, "folder": folder, "timing": os.path.join(folder, FRESH_TIMING),
+             "flags": [*flags_, f"--out_dir={folder}"]
+                      + (["--resume"] if os.path.exists(os.path.join(folder, "job.json")) else [])}
+            for label, folder, flags_ in pending]
+    with open(plan_path, "w", encoding="utf-8") as f:
+      json.dump(plan, f, indent=1)
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.bench_worker", plan_path])
+    try:
+      finished = watch(proc, [job["timing"] for job in plan], timeout_s)
+    except KeyboardInterrupt:
+      stop(proc)
+      at = current(plan)
+      for job in plan:
+        keep_timing(job["folder"])
+      raise Stopped(at["label"], os.path.join(at["folder"], "bench.log")) from None
+    at = current(plan)
+    for job in plan:
+      keep_timing(job["folder"])
+    if at is None:
+      break
+    log = os.path.join(at["folder"], "bench.log")
+    if finished:
+      raise app.UsageError(f"{at['label']}: experiments.run {' '.join(at['flags'])} failed (exit "
+                           f"{proc.returncode}); its output is in {log}")
+    if at["folder"] in hung:
+      raise app.UsageError(f"{at['label']}: the job did not end in {timeout_s:.0f} s twice "
+                           f"(--job_timeout_s); its output is in {log}")
+    hung.add(at["folder"])
+    print(f"   {at['label']}: no end after {timeout_s:.0f} s, killed; resuming it", flush=True)
+    pending = pending[[job["folder"] for job in plan].index(at["folder"]):]
+  return {folder: read_timings(folder) for _, folder, _ in jobs}
+
+
+def current(plan: list[dict]) -> dict | None:
+  """The plan's job the worker did not end well (none written, or a failure's status), or
+  None when every job ended well."""
+  for job in plan:
+    if not os.path.exists(job["timing"]):
+      return job
+    with open(job["timing"], encoding="utf-8") as f:
+      if json.load(f)["status"]:
+        return job
+  return None
+
+
+def watch(proc: subprocess.Popen, timings: list[str], timeout_s: float) -> bool:
+  """Waits for the worker `proc`; kills it when no job of its plan (their `timings` files) has
+  ended for `timeout_s`. Returns whether it ended by itself."""
+  last = time.monotonic()
+  done = 0
+  while True:
+    try:
+      proc.wait(min(5.0, timeout_s))
+      return True
+    except subprocess.TimeoutExpired:
+      now = sum(os.path.exists(t) for t in timings)
+      if now > done:
+        done, last = now, time.monotonic()
+      elif time.monotonic() - last > timeout_s:
         proc.kill()
         proc.wait()
-        print(f"   {folder}: no end after {timeout_s:.0f} s, killed"
-              + ("; resuming it" if attempt == 0 else ""), flush=True)
-      except KeyboardInterrupt:
-        stop(proc, folder)
-        keep_timing(folder, fresh)
-        raise
-  else:
-    raise app.UsageError(f"{folder}: the job did not end in {timeout_s:.0f} s twice "
-                         f"(--job_timeout_s); its output is in "
-                         f"{os.path.join(folder, 'bench.log')}")
-  if proc.returncode:
-    raise app.UsageError(f"{' '.join(args[4:])} failed (exit {proc.returncode}); its output is "
-                         f"in {os.path.join(folder, 'bench.log')}")
-  return keep_timing(folder, fresh)
+        return False
 
 
-def stop(proc: subprocess.Popen, folder: str, grace_s: float = STOP_GRACE_S) -> None:
-  """Stops a job's process as an interrupt stops a launcher (SIGTERM: it ends its round, keeps
-  its finished rounds and writes its timing) and waits for it; kills it after `grace_s` or at a
+def stop(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+  """Stops a worker as an interrupt stops a launcher (SIGTERM: its job ends its round, keeps its
+  finished rounds and writes its timing) and waits for it; kills it after `grace_s` or at a
   second interrupt."""
-  print(f"   stopping the job in {folder} (a second interrupt kills it)", file=sys.stderr,
+  print("   stopping the benchmark's job (a second interrupt kills it)", file=sys.stderr,
         flush=True)
   proc.terminate()
   try:
@@ -180,25 +242,28 @@ def stop(proc: subprocess.Popen, folder: str, grace_s: float = STOP_GRACE_S) -> 
     proc.wait()
 
 
-def keep_timing(folder: str, fresh: str) -> list[dict]:
-  """Adds the timing a job's process wrote (`fresh`, removed) to `<folder>/timing.json` when the
-  process trained rounds (it compiled a round program or loaded one from the executable store);
-  returns the job's timings."""
+def read_timings(folder: str) -> list[dict]:
+  """A job's timings, `<folder>/timing.json` (none before any worker trained its rounds)."""
   path = os.path.join(folder, TIMING_FILE)
-  timings = []
-  if os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      timings = json.load(f)
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def keep_timing(folder: str) -> None:
+  """Adds the timing a worker wrote for the job in `folder` (`FRESH_TIMING`, removed) to
+  `<folder>/timing.json` when it trained rounds or compiled (or loaded) a round program."""
+  fresh = os.path.join(folder, FRESH_TIMING)
   if not os.path.exists(fresh):
-    return timings
+    return
   with open(fresh, encoding="utf-8") as f:
     latest = json.load(f)
   os.remove(fresh)
-  if latest["round_compiles"] + latest.get("round_loads", 0):
-    timings.append(latest)
-    with open(path, "w", encoding="utf-8") as f:
+  if latest.get("rounds_trained") or latest["round_compiles"] + latest.get("round_loads", 0):
+    timings = [*read_timings(folder), latest]
+    with open(os.path.join(folder, TIMING_FILE), "w", encoding="utf-8") as f:
       json.dump(timings, f, indent=1)
-  return timings
 
 
 def row(scenario: str, selector: str, runs: list[list[dict]], target: float,
@@ -242,19 +307,20 @@ def tables(out_dir: str, name: str, columns: tuple[str, ...], heads: tuple[str, 
 NUMERIC_COLUMNS = ("final_acc_mean", "final_acc_std", "final_acc_low", "final_acc_high",
                    "final_acc_n", "vs_random_mean", "vs_random_low", "vs_random_high",
                    "vs_random_wins", "vs_random_ties", "vs_random_losses", "vs_random_verdict",
-                   "smoke_run")
+                   "rank_best", "rank_worst", "smoke_run")
 SMOKE = ("SMOKE RUN (--quick): two-round jobs that check the benchmark runs; their numbers rank "
          "nothing")
 
 
 def write_leaderboard(out_dir: str, rows: list[dict], target: float, last_k: int,
-                      smoke: bool = False) -> None:
-  """`leaderboard.md`, `leaderboard.csv` (text cells, then `NUMERIC_COLUMNS`) and the rank
-  figure; a `smoke` run (--quick) says so in each."""
+                      smoke: bool = False, about: tuple[str, ...] = ()) -> None:
+  """`leaderboard.md` (under the lines `about`: its command, machine and wall time),
+  `leaderboard.csv` (text cells, then `NUMERIC_COLUMNS`) and the rank figure; a `smoke` run
+  (--quick) says so in each."""
   for r in rows:
     r["smoke_run"] = smoke
   reach = number_text(target)
-  heads = ("scenario", "selector", "seeds", "final acc [95% interval]",
+  heads = ("scenario", "selector", "rank", "seeds", "final acc [95% interval]",
            f"mean acc, last {last_k} evaluated",
            f"rounds to {reach}", f"simulated s to {reach}", "worst-10% client acc",
            "participation fairness (Jain)", "selection samples (clients / server)", "stragglers")
@@ -265,8 +331,12 @@ def write_leaderboard(out_dir: str, rows: list[dict], target: float, last_k: int
   if any(r.get("vs_random") for r in rows):
     columns, heads = (*columns, "vs_random"), (*heads, "vs random, same seeds")
   lines = tables(out_dir, "leaderboard", columns, heads, rows, NUMERIC_COLUMNS)
-  lines = ([f"**{SMOKE}.**", ""] if smoke else []) + lines
-  lines += ["", "Final accuracy: the mean over the seeds with its 95% Student's t interval; the "
+  lines = ([f"**{SMOKE}.**", ""] if smoke else []) + [f"{line}  " for line in about] + [""] + lines
+  lines += ["", "Rank: by final accuracy, where the 95% intervals separate: a selector's rank is "
+            "one more than the selectors whose interval lies wholly above its own, its range "
+            "runs to where those wholly below it begin; a range (\"2-9\") is a tie with the "
+            "selectors it overlaps. Final accuracy: the mean over the seeds with its 95% "
+            "Student's t interval; the "
             "others: mean +- sample std; rounds and simulated seconds to the target: the mean "
             "over the seeds that reached it (how many, in brackets). vs random: the mean "
             "difference from the random selector's final accuracy on the same seeds with its 95% "
@@ -312,12 +382,14 @@ def timing_rows(timings: dict[tuple[str, str], list[dict]], rounds: int) -> list
   return rows
 
 
-def write_timing(out_dir: str, rows: list[dict]) -> None:
-  """`timing.md` (per job, then per scenario) and `timing.csv`: how long the benchmark took on
-  this machine, kept apart from the leaderboard, which is the same on every rerun."""
+def write_timing(out_dir: str, rows: list[dict], about: tuple[str, ...] = ()) -> None:
+  """`timing.md` (under the lines `about`; per job, then per scenario) and `timing.csv`: how long
+  the benchmark took on this machine, kept apart from the leaderboard's numbers, which are the
+  same on every rerun."""
   heads = ("scenario", "selector", "processes", "wall s", "compile s",
            "round programs compiled or loaded", "ms per round (all seeds)", "x random's round")
-  lines = tables(out_dir, "timing", TIMING_COLUMNS, heads, rows)
+  lines = [f"{line}  " for line in about] + [""] + tables(out_dir, "timing", TIMING_COLUMNS,
+                                                          heads, rows)
   lines += ["", "| scenario | jobs | wall s | compile s | round programs compiled or loaded |",
             "|---|---|---|---|---|"]
   timed = [r for r in rows if r["processes"]]  # "-" rows: no process of theirs was timed.
@@ -328,7 +400,9 @@ def write_timing(out_dir: str, rows: list[dict]) -> None:
                  f"{sum(r['round_programs'] for r in mine)} |")
   total = sum(r["wall_s"] for r in timed)
   lines += ["", f"All jobs: {total / 60:.1f} min of wall time (a job's seeds share one compiled "
-            "round program; a job that was stopped counts the process that resumed it too)."]
+            "round program; a scenario's jobs run in one worker process, so a program two "
+            "selectors compile alike is compiled once; a job that was stopped counts the worker "
+            "that resumed it too; the command's own wall time, above, adds each worker's start)."]
   with open(os.path.join(out_dir, "timing.md"), "w", encoding="utf-8") as f:
     f.write("\n".join(lines) + "\n")
 
@@ -346,13 +420,16 @@ def target_figure(jobs: dict[tuple[str, str], list[list[dict]]], target: float,
   fig, axes = plt.subplots(1, len(scenarios), squeeze=False, sharey=True,
                            figsize=(2.6 * len(scenarios) + 1.5, 0.28 * len(selectors) + 1.6))
   for ax, scenario in zip(axes[0], scenarios):
+    ran = [m for m in selectors if (scenario, m) in jobs]  # A smoke run's share of them.
     hits = {m: [h for h in (report.first_reach(recs, "test_accuracy", target)
-                            for recs in jobs[scenario, m]) if h is not None] for m in selectors}
+                            for recs in jobs[scenario, m]) if h is not None] for m in ran}
     # Simulated seconds where every selector ran on the clock (some turn it on for themselves).
     clock = all(h[1] for hs in hits.values() for h in hs)
     ax.set_title(scenario, fontsize=9)
     ax.set_xlabel("simulated s" if clock else "rounds", fontsize=8)
     for i, m in enumerate(selectors):
+      if m not in ran:
+        continue
       n = len(jobs[scenario, m])
       if hits[m]:
         value = np.mean([h[1] if clock else h[0] for h in hits[m]])
@@ -373,32 +450,31 @@ def target_figure(jobs: dict[tuple[str, str], list[list[dict]]], target: float,
 
 
 def rank_figure(rows: list[dict], path: str, smoke: bool = False) -> None:
-  """A heatmap of each selector's rank by final accuracy in each scenario (1 = best)."""
+  """A heatmap of each selector's rank by final accuracy in each scenario (1 = best) where the
+  95% intervals separate: coloured by its best possible rank, labelled with its range ("2-9": a
+  tie with the selectors its interval overlaps; `statistics.add_ranks`)."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
   selectors = list(dict.fromkeys(r["selector"] for r in rows))
-  value = {(r["scenario"], r["selector"]): r["final_acc_mean"] for r in rows}
   ranks = np.full((len(selectors), len(scenarios)), np.nan)
-  for j, s in enumerate(scenarios):
-    order = sorted(selectors, key=lambda m, s=s: -value.get((s, m), -np.inf))
-    for i, m in enumerate(selectors):
-      if (s, m) in value:
-        ranks[i, j] = order.index(m) + 1
+  labels = {}
+  for r in rows:
+    i, j = selectors.index(r["selector"]), scenarios.index(r["scenario"])
+    ranks[i, j], labels[i, j] = r["rank_best"], r["rank"]
   fig, ax = plt.subplots(figsize=(1.6 * len(scenarios) + 3, 0.35 * len(selectors) + 1.5))
   image = ax.imshow(ranks, cmap="viridis_r", aspect="auto")
   ax.set_xticks(range(len(scenarios)), scenarios, rotation=30, ha="right")
   ax.set_yticks(range(len(selectors)), selectors)
-  for i in range(len(selectors)):
-    for j in range(len(scenarios)):
-      if not np.isnan(ranks[i, j]):
-        light = ranks[i, j] <= (np.nanmax(ranks) + 1) / 2  # viridis_r: best ranks are yellow.
-        ax.text(j, i, int(ranks[i, j]), ha="center", va="center", fontsize=8,
-                color="black" if light else "white")
+  for (i, j), text in labels.items():
+    light = ranks[i, j] <= (np.nanmax(ranks) + 1) / 2  # viridis_r: best ranks are yellow.
+    ax.text(j, i, text, ha="center", va="center", fontsize=7,
+            color="black" if light else "white")
   ax.set_title(("SMOKE RUN (--quick): meaningless\n" if smoke else "")
-               + "rank by final test accuracy (1 = best)")
-  fig.colorbar(image, ax=ax, label="rank")
+               + "rank by final test accuracy where the 95% intervals separate\n"
+               "(1 = best; a range is a tie)")
+  fig.colorbar(image, ax=ax, label="best possible rank")
   fig.tight_layout()
   fig.savefig(path, dpi=120, bbox_inches="tight")
   plt.close(fig)
@@ -474,9 +550,60 @@ def write_tuning(out_dir: str, tuned: list[tuple]) -> None:
     f.write(text)
 
 
+def machine() -> str:
+  """This machine as the leaderboard states it: its CPU, cores and JAX's devices."""
+  import jax  # pylint: disable=import-outside-toplevel
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+  except (OSError, StopIteration):
+    pass
+  devices = sorted({f"{d.platform}:{d.device_kind}" for d in jax.devices()})
+  return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores ({cpu}), "
+          f"JAX {jax.__version__} on {', '.join(devices)}")
+
+
+def missing_file(spec: Scenarios, scenario: str, data_dir: str) -> str | None:
+  """The first file scenario `scenario` needs (`needs`: paths under `data_dir`, or absolute)
+  that is not there, or None."""
+  return next((path for path in (os.path.join(data_dir, f) for f in spec.needs.get(scenario, ()))
+               if not os.path.exists(path)), None)
+
+
+def job_flags(spec: Scenarios, scenario: str, selector: str, tune: bool, quick: bool,
+              data_dir: str, extra: tuple[str, ...] = ()) -> list[str]:
+  """The `experiments.run` flags of a (scenario, selector) job: the common ones, the scenario's,
+  `--data_dir` where its files lie under it, `extra` (`--job_flag`), the selector, its tuning
+  sweep and held-out validation tenth with `tune`, and last, overriding them, the quick ones with
+  `quick`."""
+  own = spec.scenarios[scenario]
+  tuning = list(spec.tune.get(selector, ())) if tune else []
+  held_out = ["--val_fraction=0.1"] if tuning and not any(
+      f.startswith("--val_fraction=") for f in own) else []
+  under_dir = any(not os.path.isabs(f) for f in spec.needs.get(scenario, ()))
+  return [*spec.common, *own, *([f"--data_dir={data_dir}"] if under_dir else []), *extra,
+          f"--selector={selector}", *tuning, *held_out, *(spec.quick if quick else [])]
+
+
+def smoke_pairs(scenarios: list[str], selectors: list[str]) -> list[tuple[str, str]]:
+  """The (scenario, selector) jobs of a smoke run (--quick): random in every scenario (the paired
+  comparisons' baseline) and every other selector once, the i-th in the (i mod S)-th scenario,
+  so that every scenario and every selector runs without the S x M jobs of the leaderboard.
+
+    >>> smoke_pairs(["a", "b"], ["random", "md", "oort", "poc"])
+    [('a', 'random'), ('a', 'md'), ('a', 'poc'), ('b', 'random'), ('b', 'oort')]
+  """
+  others = [m for m in selectors if m != "random"]
+  return [(s, m) for i, s in enumerate(scenarios)
+          for m in (["random"] if "random" in selectors else [])
+          + others[i::len(scenarios)]]
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  started = time.perf_counter()
   try:
     spec = load_scenarios(FLAGS.scenarios_file)
   except ValueError as e:
@@ -492,45 +619,58 @@ def main(argv):
     raise app.UsageError(f"--scenarios: unknown {bad}; accepted: {', '.join(spec.scenarios)}")
   if FLAGS.last_k < 1:
     raise app.UsageError(f"--last_k must be >= 1, got {FLAGS.last_k}")
-  common = spec.quick if FLAGS.quick else spec.common
-  rows, jobs, timings, tuned = [], {}, {}, []
+  ready = []
   for scenario in scenarios:
-    for selector in selectors:
-      folder = os.path.join(FLAGS.out_dir, scenario, selector.replace(":", "_"))
-      print(f"== {scenario} / {selector}", flush=True)
-      tuning = list(spec.tune.get(selector, ())) if FLAGS.tune else []
-      held_out = [] if not tuning or any(f.startswith("--val_fraction=")
-                                         for f in spec.scenarios[scenario]) else [
-                                             "--val_fraction=0.1"]
-      try:
-        timings[scenario, selector] = run_job(
-            folder, [*common, *spec.scenarios[scenario], f"--selector={selector}", *tuning,
-                     *held_out], FLAGS.job_timeout_s)
-      except KeyboardInterrupt:
-        sys.stderr.write(f"interrupted: the job {scenario} / {selector} was stopped and no "
-                         f"process of the benchmark is left; every finished round is kept (its "
-                         f"output: {os.path.join(folder, 'bench.log')}): run the same command "
-                         "again to go on where it stopped\n")
-        sys.exit(130)
-      points = report.read_job(folder)
-      chosen = best_point(points) if tuning else next(iter(points))
-      if tuning:
-        tuned.append((scenario, selector, chosen, points))
-      jobs[scenario, selector] = runs = points[chosen]
-      rows.append(row(scenario, selector, runs, spec.target, FLAGS.last_k)
-                  | ({"setting": setting_of(chosen)} if tuning else {}))
+    missing = missing_file(spec, scenario, FLAGS.data_dir)
+    if missing:
+      print(f"== {scenario}: skipped, no {missing} (--data_dir)", flush=True)
+    else:
+      ready.append(scenario)
+  pairs = smoke_pairs(ready, selectors) if FLAGS.quick else [(s, m) for s in ready
+                                                             for m in selectors]
+  folders = {(s, m): os.path.join(FLAGS.out_dir, s, m.replace(":", "_")) for s, m in pairs}
+  try:
+    times = run_jobs([(f"{s} / {m}", folders[s, m],
+                       job_flags(spec, s, m, FLAGS.tune, FLAGS.quick, FLAGS.data_dir,
+                                 tuple(FLAGS.job_flag)))
+                      for s, m in pairs], os.path.join(FLAGS.out_dir, "plan.json"),
+                     FLAGS.job_timeout_s)
+  except Stopped as e:
+    sys.stderr.write(f"interrupted: the job {e.label} was stopped and no process of the "
+                     f"benchmark is left; every finished round is kept (its output: {e.log}): "
+                     "run the same command again to go on where it stopped\n")
+    sys.exit(130)
+  rows, jobs, timings, tuned = [], {}, {}, []
+  for scenario, selector in pairs:
+    timings[scenario, selector] = times[folders[scenario, selector]]
+    points = report.read_job(folders[scenario, selector])
+    tuning = FLAGS.tune and selector in spec.tune
+    chosen = best_point(points) if tuning else next(iter(points))
+    if tuning:
+      tuned.append((scenario, selector, chosen, points))
+    jobs[scenario, selector] = runs = points[chosen]
+    rows.append(row(scenario, selector, runs, spec.target, FLAGS.last_k)
+                | ({"setting": setting_of(chosen)} if tuning else {}))
+  if not rows:
+    raise app.UsageError("no scenario could run: every one lacks a file (lines above)")
   finals = {key: [[r["test_accuracy"] for r in recs if "test_accuracy" in r][-1] for recs in runs]
             for key, runs in jobs.items()}
   statistics.compare_with_random(rows, finals)
-  write_leaderboard(FLAGS.out_dir, rows, spec.target, FLAGS.last_k, FLAGS.quick)
+  statistics.add_ranks(rows)
+  wall = time.perf_counter() - started
+  about = [f"Command: `python -m experiments.bench {' '.join(sys.argv[1:])}`",
+           f"Machine: {machine()}",
+           f"Wall time: {wall / 60:.1f} min (this command; jobs it read back from an earlier run "
+           "cost it nothing)"]
+  write_leaderboard(FLAGS.out_dir, rows, spec.target, FLAGS.last_k, FLAGS.quick, about)
   if tuned:
     write_tuning(FLAGS.out_dir, tuned)
   participation_figure(jobs, os.path.join(FLAGS.out_dir, "participation.png"), FLAGS.quick)
   target_figure(jobs, spec.target, os.path.join(FLAGS.out_dir, "time_to_target.png"),
                 FLAGS.quick)
   rounds = max(recs[-1]["round"] + 1 for runs in jobs.values() for recs in runs)
-  write_timing(FLAGS.out_dir, timing_rows(timings, rounds))
-  print(f"leaderboard: {os.path.join(FLAGS.out_dir, 'leaderboard.md')}")
+  write_timing(FLAGS.out_dir, timing_rows(timings, rounds), about)
+  print(f"leaderboard: {os.path.join(FLAGS.out_dir, 'leaderboard.md')} ({wall:.0f} s)")
 
 
 if __name__ == "__main__":

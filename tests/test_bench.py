@@ -47,34 +47,39 @@ def test_quick_leaderboard_and_rerun(tmp_path):
   proc = _bench(out)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   rows = _rows(out)
+  # A smoke run: random in every scenario, every other selector in one (md in the first).
   assert [(r["scenario"], r["selector"]) for r in rows] == [
-      ("label_skew", "random"), ("label_skew", "md"), ("diurnal", "random"), ("diurnal", "md")]
+      ("label_skew", "random"), ("label_skew", "md"), ("diurnal", "random")]
   assert all(r["seeds"] == "2" and r["final_acc_n"] == "2" and r["smoke_run"] == "True"
              for r in rows)
-  assert set(rows[0]) == {"scenario", "selector", "seeds", "final_acc", "last_k_acc",
+  assert set(rows[0]) == {"scenario", "selector", "rank", "seeds", "final_acc", "last_k_acc",
                           "rounds_to_target", "sim_s_to_target", "worst10_client_acc", "jain",
                           "selection_samples", "stragglers", "vs_random", *bench_numeric()}
   for r in rows:  # The numbers beside the text: the text is their rounding.
     assert r["final_acc"].startswith(f"{float(r['final_acc_mean']):.4f} [")
   assert [r["vs_random_verdict"] in ("better", "tie", "worse") for r in rows] == [
-      False, True, False, True]  # Random itself has none.
+      False, True, False]  # Random itself has none.
+  assert all(r["rank"] == (r["rank_best"] if r["rank_best"] == r["rank_worst"]
+                           else f"{r['rank_best']}-{r['rank_worst']}") for r in rows)
   table = open(os.path.join(out, "leaderboard.md"), encoding="utf-8").read()
   assert table.startswith("**SMOKE RUN (--quick)")
-  assert len([line for line in table.splitlines() if line.startswith("| ")]) == 5
+  assert len([line for line in table.splitlines() if line.startswith("| ")]) == 4
+  assert "Command: `python -m experiments.bench --quick" in table and "Machine: " in table
   assert os.path.exists(os.path.join(out, "leaderboard_ranks.png"))
   assert os.path.exists(os.path.join(out, "participation.png"))
   assert os.path.exists(os.path.join(out, "time_to_target.png"))
   with open(os.path.join(out, "timing.csv"), encoding="utf-8") as f:
     timing = list(csv.DictReader(f))
-  assert [(r["scenario"], r["selector"], r["processes"], r["round_programs"]) for r in timing] == [
-      (s, m, "1", "1") for s in ("label_skew", "diurnal") for m in ("random", "md")]
+  assert [(r["scenario"], r["selector"], r["processes"]) for r in timing] == [
+      (s, m, "1") for s, m in (("label_skew", "random"), ("label_skew", "md"),
+                               ("diurnal", "random"))]
   # Run again: every job finished, so each is read back, and the leaderboard is the same.
   again = _bench(out)
   assert again.returncode == 0, again.stdout + again.stderr
   assert _rows(out) == rows
-  log = open(os.path.join(out, "diurnal", "md", "bench.log"), encoding="utf-8").read()
+  log = open(os.path.join(out, "label_skew", "md", "bench.log"), encoding="utf-8").read()
   assert "nothing to compute" in log
-  with open(os.path.join(out, "diurnal", "md", "timing.json"), encoding="utf-8") as f:
+  with open(os.path.join(out, "label_skew", "md", "timing.json"), encoding="utf-8") as f:
     assert len(json.load(f)) == 1  # The rerun trained nothing and added no timing.
 
 
@@ -109,9 +114,10 @@ def test_a_killed_scenario_resumes_to_the_same_leaderboard(tmp_path):
   whole, killed = str(tmp_path / "whole"), str(tmp_path / "killed")
   assert _bench(whole).returncode == 0
   spec = bench_spec()
-  folder = os.path.join(killed, "diurnal", "md")
-  first = subprocess.run([sys.executable, "-m", "experiments.run", *spec["quick"],
-                          *spec["scenarios"]["diurnal"], "--selector=md", "--rounds=1",
+  folder = os.path.join(killed, "label_skew", "md")
+  first = subprocess.run([sys.executable, "-m", "experiments.run", *spec["common"],
+                          *spec["scenarios"]["label_skew"], "--selector=md", *spec["quick"],
+                          "--rounds=1",
                           f"--out_dir={folder}"], cwd=REPO, capture_output=True, text=True,
                          timeout=HANG_GUARD_S, check=False)
   assert first.returncode == 0, first.stderr

@@ -56,3 +56,22 @@ def test_the_leaderboard_pairs_each_selector_with_random_on_its_scenario():
   assert rows[0]["vs_random"] == "" and rows[2]["vs_random"] == ""  # No random in scenario t.
   assert rows[1]["vs_random_verdict"] == "better" and rows[1]["vs_random_wins"] == 9
   assert rows[1]["vs_random"].endswith("better (9/1/0)")
+
+
+def test_ranks_order_only_what_the_intervals_separate():
+  """Per selector, the ranks a plain loop over the intervals allows: 1 + those wholly above it,
+  down to where those wholly below it begin; overlapping intervals share a range."""
+  seeds = {"a": OORT, "b": RANDOM, "c": [v - 0.1 for v in RANDOM], "d": [v + 0.005 for v in RANDOM]}
+  rows = []
+  for name, values in seeds.items():
+    cell = statistics.interval(values)
+    rows.append({"scenario": "s", "selector": name,
+                 **{f"final_acc_{k}": v for k, v in cell._asdict().items()}})
+  statistics.add_ranks(rows)
+  for r in rows:
+    low, high = r["final_acc_low"], r["final_acc_high"]
+    others = [o for o in rows if o is not r]
+    best = 1 + sum(o["final_acc_low"] > high for o in others)
+    worst = len(rows) - sum(o["final_acc_high"] < low for o in others)
+    assert (r["rank_best"], r["rank_worst"]) == (best, worst)
+  assert {r["selector"]: r["rank"] for r in rows} == {"a": "1-3", "b": "1-3", "c": "4", "d": "1-3"}

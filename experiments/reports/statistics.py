@@ -6,7 +6,9 @@ A cell's interval is Student's t interval of the mean over its n seeds (mean +- 
 sqrt(n), s the sample standard deviation); with one seed it is the value alone. A paired comparison
 takes each seed's difference (method - baseline, the two runs sharing the seed's data, availability
 and model initialization), counts the seeds it wins, ties and loses, and gives the mean difference
-its own t interval: a method beats the baseline when that interval lies above 0.
+its own t interval: a method beats the baseline when that interval lies above 0. Ranks order
+only what the intervals separate: a method's rank is a range, from one more than the methods
+whose interval lies wholly above its own to where those wholly below it begin (`rank_range`).
 
 Example:
   >>> interval([0.80, 0.82, 0.84]).mean
@@ -14,6 +16,9 @@ Example:
   >>> p = paired([0.9, 0.8, 0.85], [0.8, 0.8, 0.7])
   >>> (p.wins, p.ties, p.losses), round(p.difference.mean, 3)
   ((2, 1, 0), 0.083)
+  >>> rank_range(Interval(0.8, 0, 0.7, 0.9, 3), [Interval(0.95, 0, 0.92, 0.98, 3),
+  ...                                            Interval(0.85, 0, 0.8, 0.9, 3)])
+  (2, 3)
 """
 
 from __future__ import annotations
@@ -107,3 +112,25 @@ def compare_with_random(rows: list[dict], finals: dict[tuple[str, str], list[flo
     r.update(vs_random_mean=p.difference.mean, vs_random_low=p.difference.low,
              vs_random_high=p.difference.high, vs_random_wins=p.wins, vs_random_ties=p.ties,
              vs_random_losses=p.losses, vs_random_verdict=p.verdict)
+
+
+def rank_range(own: Interval, others: Sequence[Interval]) -> tuple[int, int]:
+  """The ranks (1 = best) `own` may take among `own` and `others` by their means, given the
+  intervals: (1 + those wholly above it, 1 + len(others) - those wholly below it)."""
+  best = 1 + sum(o.low > own.high for o in others)
+  return best, 1 + len(others) - sum(o.high < own.low for o in others)
+
+
+def rank_text(best: int, worst: int) -> str:
+  """"3" where the intervals fix the rank, "2-9" where they leave a tie."""
+  return str(best) if best == worst else f"{best}-{worst}"
+
+
+def add_ranks(rows: list[dict]) -> None:
+  """Adds to each leaderboard row its rank range in its scenario by final accuracy (the rows'
+  `final_acc_mean`, `_std`, `_low`, `_high`, `_n`): `rank` as text, `rank_best`, `rank_worst`."""
+  cell = {id(r): Interval(*(r[f"final_acc_{k}"] for k in Interval._fields)) for r in rows}
+  for r in rows:
+    others = [cell[id(o)] for o in rows if o["scenario"] == r["scenario"] and o is not r]
+    r["rank_best"], r["rank_worst"] = rank_range(cell[id(r)], others)
+    r["rank"] = rank_text(r["rank_best"], r["rank_worst"])
