@@ -7,8 +7,9 @@ accountant cannot cover (a selector reading private data without `--dp_selection
 `unaccounted`, a filter or a rule, the asynchronous mode, a Poisson cap whose truncation the RDP
 accountant would miss), calibrates z for `--dp_noise_for_epsilon` and, for `--dp_target_epsilon`,
 cuts `--rounds` to the last round within the budget (the runs then end there, records and summary
-kept). Each run's records carry `dp_epsilon` (at `dp_delta`), the noise std, the clip norm and
-the share of clipped updates (`extra`); the summary states the guarantee (`summary`).
+kept). Each run's records carry `dp_epsilon` (at `dp_delta`), the noise std, the clip norm, the
+share of clipped updates and the updates in the private sum (`extra`); the summary states the
+guarantee (`summary`).
 
 Example:
   >>> from experiments.launch import config
@@ -191,7 +192,7 @@ def extra(cfg: cfglib.JobConfig):
     return {"dp_epsilon": float(curve[record["round"]]), "dp_delta": at,
             "dp_noise_multiplier": acc.noise_multiplier, "dp_noise_std": float(agg.noise_std),
             "dp_clip": float(agg.round_clip), "dp_clipped_share": float(agg.clipped_share),
-            **note}
+            "dp_aggregated": int(agg.aggregated), **note}
 
   return metrics
 

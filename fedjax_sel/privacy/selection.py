@@ -34,6 +34,9 @@ import jax.numpy as jnp
 from fedjax_sel import registry
 from fedjax_sel.parts.types import Selector
 
+# The selectors whose sampling the accountant amplifies by (`accountant.Accounting.sampling`),
+# when every client is available every round: uniform K of N without replacement, and Poisson.
+AMPLIFIED = {"random": "uniform", "poisson": "poisson"}
 READ_TEXT = {"nothing": "nothing of the clients", "metadata": "public metadata (sizes, speeds)",
              "stats": "private statistics (its per-client stats, or their last reported loss)",
              "private": "private data (updates, gradients or training losses)",
@@ -85,22 +88,23 @@ def noised(values: jax.Array, key: jax.Array, noise, clip) -> jax.Array:
 def privatized(selector: Selector, noise: float, clip: float) -> Selector:
   """`selector` reading its statistics clipped to [0, `clip`] and noised (`noised`): those of
   its `needs`, or the clients' last reported loss when it needs none."""
-  if "grad" in selector.needs:
+  needs, inner = selector.needs, selector.select  # Not the part: its recipe holds the seed.
+  if "grad" in needs:
     raise ValueError("the stacked gradients are not a scalar statistic: they cannot be privatized "
                      "here")
 
   def select(state, key, inputs, mask):
     own, key = jax.random.split(key)
-    if selector.needs:
+    if needs:
       stats = type(inputs.stats)({**inputs.stats, **{
           name: noised(inputs.stats[name], jax.random.fold_in(own, i), noise, clip)
-          for i, name in enumerate(selector.needs)}})
+          for i, name in enumerate(needs)}})
       inputs = inputs._replace(stats=stats)
     else:
       clients = inputs.clients
       inputs = inputs._replace(clients=clients._replace(
           last_loss=noised(clients.last_loss, own, noise, clip)))
-    return selector.select(state, key, inputs, mask)
+    return inner(state, key, inputs, mask)
 
   spec = {**(selector.spec or {"name": "selector"}), "privatized": {"noise": noise, "clip": clip}}
   return selector._replace(select=select, spec=spec, recipe=None)
