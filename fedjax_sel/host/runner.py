@@ -452,6 +452,9 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
         metrics = to_host(metrics)
         evaluated = (t + 1) % eval_every == 0 or t == rounds - 1
         evals = to_host(batch.evaluate(states.params)) if evaluated else None
+        # Read once for the batch, then sliced on the host (a slice of a device array per run
+        # would be an operation on the device each).
+        participations = np.asarray(states.clients.participations) if evaluated else None
         wall = round(time.perf_counter() - start, 3)
         for i in range(r):
           if i in stopped:
@@ -459,7 +462,7 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
           record = _jsonable(batch.run_slice(metrics, i))
           if evals is not None:
             record.update(_jsonable(batch.run_slice(evals, i)))
-            counts = np.asarray(batch.run_slice(states.clients.participations, i))
+            counts = batch.run_slice(participations, i)
             record["participation"] = telemetry.participation_summary(counts)
             if t == rounds - 1:
               record["participations"] = counts.tolist()
@@ -485,9 +488,10 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
           progress.write(line + "\n")
           progress.flush()
         if (t + 1) % checkpoint_every == 0 or t == rounds - 1:
+          held = jax.tree.map(np.asarray, states) if any(paths) else None
           for i, p in enumerate(paths):
             if p and i not in stopped:
-              checkpoint.save(p[1], batch.run_slice(states, i), fingerprints[i],
+              checkpoint.save(p[1], batch.run_slice(held, i), fingerprints[i],
                               keep_previous=True)
         if len(stopped) == r:
           break
