@@ -2,29 +2,36 @@ r"""The selection benchmark: every selector x named scenarios, one leaderboard.
 
   python -m experiments.bench --out_dir=runs/bench                  # every registered selector
   python -m experiments.bench --selectors=random,oort,md --scenarios=label_skew,clock_deadline
-  python -m experiments.bench --quick --out_dir=/tmp/bench         # tiny jobs, two rounds
+  python -m experiments.bench --quick --out_dir=/tmp/bench         # smoke run, two rounds a job
+  python -m experiments.bench --scenarios=fmnist_dirichlet_0.1 --job_flag=--rounds=300  # a GPU's
 
 The scenarios are `experiments/bench_scenarios.json` (each the `experiments.run` flags of one job,
-beside the common ones; the help of `--scenarios` below names those of the file the benchmark
-comes with). Each (scenario, selector) is one `experiments.run` job in
-`<out_dir>/<scenario>/<selector>`, its seeds batched into one compiled program; a job that
-finished is read again, one that stopped is resumed (`--resume`), so a killed benchmark goes on
-where it was; Ctrl-C or a SIGTERM stops the job it is running too (no process outlives it).
-`<out_dir>/leaderboard.md` and `leaderboard.csv` hold one row per selector and scenario: the final
-test accuracy with its 95% interval over the seeds, its paired comparison with random on the same
-seeds (the mean difference and its interval, "better" or "worse" only where the interval excludes
-0, the seeds won / tied / lost: `reports/statistics.py`), then, as mean +- sample std, the mean of
-the last `--last_k` evaluated rounds, rounds and simulated seconds to the target (seeds that
-reached it), the worst-10% client's accuracy, Jain's index of participation, the samples clients
-spent on selection alone, and stragglers; `leaderboard_ranks.png` ranks the selectors per scenario
-by final accuracy, and `participation.png` shows each selector's histogram of how often the
-clients took part. The CSV carries the numbers too (mean, std, interval, n; the paired difference,
-its interval and counts); every output of a `--quick` run says it is a smoke run. With `--tune`, a
-selector the scenarios file tunes (`"tune": {"oort": ["--sweep=oort_exploration:0.1,0.5,0.9"]}`)
-is compared at its best setting: its job sweeps them (one batched program where the settings are
-values), a tenth of each client's data is held out, and the setting with the best final
-validation accuracy gives its row (`tuning.md` lists every setting's validation and test accuracy;
-the test split never chooses).
+after the common ones; the help of `--scenarios` below names those of the file the benchmark
+comes with): digits' small leaderboard, Fashion-MNIST over 1000 clients, and fedjax's EMNIST,
+CIFAR-100 and Shakespeare files, a scenario whose files (`needs`) are missing skipped with one
+line naming the file. Each (scenario, selector) is one `experiments.run` job in
+`<out_dir>/<scenario>/<selector>`, its seeds batched into one compiled program; the jobs run one
+after another in one worker process (`experiments/bench_worker.py`), so they share its compiled
+programs. A job that finished is read again, one that stopped is resumed (`--resume`), so a
+killed benchmark goes on where it was; Ctrl-C or a SIGTERM stops the job it is running too (no
+process outlives it). `<out_dir>/leaderboard.md` and `leaderboard.csv` hold one row per selector
+and scenario, under the command, machine and wall time: its rank where the 95% intervals
+separate ("2-9": a tie), the final test accuracy with its 95% interval over the seeds, its paired
+comparison with random on the same seeds (the mean difference and its interval, "better" or
+"worse" only where the interval excludes 0, the seeds won / tied / lost:
+`reports/statistics.py`), then, as mean +- sample std, the mean of the last `--last_k`
+evaluated rounds, rounds and simulated seconds to the target (seeds that reached it), the
+worst-10% client's accuracy, Jain's index of participation, the samples clients spent on
+selection alone, and stragglers; `leaderboard_ranks.png` shows the ranks per scenario, and
+`participation.png` each selector's histogram of how often the clients took part. The CSV
+carries the numbers too (mean, std, interval, n; the paired difference, its interval and
+counts; the rank range). `--quick` is a smoke run: two rounds a job, random in every scenario
+and every other selector in one, each output marked as such. With `--tune`, a selector the
+scenarios file tunes (`"tune": {"oort": ["--sweep=oort_exploration:0.1,0.5,0.9"]}`) is compared
+at its best setting: its job sweeps them (one batched program where the settings are values), a
+tenth of each client's data is held out, and the setting with the best final validation accuracy
+gives its row (`tuning.md` lists every setting's validation and test accuracy; the test split
+never chooses).
 """
 
 from __future__ import annotations
@@ -64,7 +71,8 @@ flags.DEFINE_list("scenarios", [], "Scenarios of the scenarios file to run (defa
                   f"default file's: {', '.join(scenario_names())}).")
 flags.DEFINE_string("scenarios_file", SCENARIOS_FILE, "The benchmark's scenarios: a JSON file of "
                     "common flags, quick flags, a target accuracy and named scenarios.")
-flags.DEFINE_bool("quick", False, "Tiny jobs of two rounds (the suite's and CI's smoke run).")
+flags.DEFINE_bool("quick", False, "A smoke run (the suite's and CI's): jobs of two rounds, random "
+                  "in every scenario and every other selector in one of them.")
 flags.DEFINE_bool("tune", False, "Compare each selector the scenarios file tunes (its `tune` "
                   "entry) at its best setting: its job sweeps them, a tenth of each client's data "
                   "is held out, and the setting with the best final validation accuracy (mean "
@@ -85,10 +93,11 @@ COLUMNS = ("scenario", "selector", "rank", "seeds", "final_acc", "last_k_acc", "
 
 @dataclasses.dataclass(frozen=True)
 class Scenarios:
-  """The scenarios file (`--scenarios_file`): the `experiments.run` flags every job shares
-  (`common`; `quick` in their place with --quick), the target test accuracy of the leaderboard's
-  time-to-target columns, each scenario's own flags by name, and per selector the `--sweep`
-  flags of its tuning (`tune`, used with --tune)."""
+  """The scenarios file (`--scenarios_file`): the `experiments.run` flags every job starts with
+  (`common`) and those a smoke run ends with (`quick`, overriding the scenario's), the target
+  test accuracy of the leaderboard's time-to-target columns, each scenario's own flags by name,
+  per selector the `--sweep` flags of its tuning (`tune`, used with --tune), and per scenario the
+  files it needs (`needs`: paths under --data_dir, or absolute; missing, it is skipped)."""
 
   common: tuple[str, ...]
   quick: tuple[str, ...]
@@ -352,8 +361,10 @@ TIMING_COLUMNS = ("scenario", "selector", "processes", "wall_s", "compile_s", "r
 
 
 def timing_rows(timings: dict[tuple[str, str], list[dict]], rounds: int) -> list[dict]:
-  """Per job: the wall and compile seconds of the processes that trained it (one that was stopped
-  and the one that resumed it alike), the round programs they compiled, the milliseconds per
+  """Per job: the wall and compile seconds of the worker processes that trained it (one that was
+  stopped and the one that resumed it alike; "processes" counts them), the round programs they
+  compiled or loaded (none where an earlier job of the worker compiled it alike), the
+  milliseconds per
   round they trained (every seed in one step, compilation excluded; a round a stopped process
   trained after its last checkpoint counts each time it ran; `rounds` per job where a timing
   predates the count) and that against the random selector's in the same scenario (what
@@ -386,7 +397,7 @@ def write_timing(out_dir: str, rows: list[dict], about: tuple[str, ...] = ()) ->
   """`timing.md` (under the lines `about`; per job, then per scenario) and `timing.csv`: how long
   the benchmark took on this machine, kept apart from the leaderboard's numbers, which are the
   same on every rerun."""
-  heads = ("scenario", "selector", "processes", "wall s", "compile s",
+  heads = ("scenario", "selector", "worker processes", "wall s", "compile s",
            "round programs compiled or loaded", "ms per round (all seeds)", "x random's round")
   lines = [f"{line}  " for line in about] + [""] + tables(out_dir, "timing", TIMING_COLUMNS,
                                                           heads, rows)
@@ -565,10 +576,13 @@ def machine() -> str:
 
 
 def missing_file(spec: Scenarios, scenario: str, data_dir: str) -> str | None:
-  """The first file scenario `scenario` needs (`needs`: paths under `data_dir`, or absolute)
-  that is not there, or None."""
-  return next((path for path in (os.path.join(data_dir, f) for f in spec.needs.get(scenario, ()))
-               if not os.path.exists(path)), None)
+  """Why scenario `scenario` cannot run: "no PATH" naming the first file it needs (`needs`: paths
+  under `data_dir`, or absolute) that is not there, or None."""
+  for need in spec.needs.get(scenario, ()):
+    path = os.path.join(data_dir, need)
+    if not os.path.exists(path):
+      return f"no {path}" + ("" if os.path.isabs(need) else " (--data_dir)")
+  return None
 
 
 def job_flags(spec: Scenarios, scenario: str, selector: str, tune: bool, quick: bool,
@@ -623,7 +637,7 @@ def main(argv):
   for scenario in scenarios:
     missing = missing_file(spec, scenario, FLAGS.data_dir)
     if missing:
-      print(f"== {scenario}: skipped, no {missing} (--data_dir)", flush=True)
+      print(f"== {scenario}: skipped, {missing}", flush=True)
     else:
       ready.append(scenario)
   pairs = smoke_pairs(ready, selectors) if FLAGS.quick else [(s, m) for s in ready

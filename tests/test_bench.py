@@ -152,3 +152,24 @@ def test_a_tuned_selector_is_ranked_at_its_best_validation_setting(tmp_path):
   assert f"| label_skew | oort | oort_exploration={best:g} |" in tuning
   assert tuning.count("| yes |") == 1
   assert "(6 runs)" in (job / "bench.log").read_text(encoding="utf-8")  # 3 settings x 2 seeds.
+
+
+def test_a_scenario_whose_files_are_missing_is_skipped_naming_the_file(tmp_path):
+  """A scenario's `needs` (under --data_dir, or absolute) that are not there: one line naming the
+  first missing file, and no job; with no scenario left, a usage error."""
+  spec = {"common": [], "quick": [], "target": 0.5,
+          "needs": {"field": ["train.sqlite"], "absolute": [str(tmp_path / "nothing.gz")]},
+          "scenarios": {"field": ["--dataset=emnist"], "absolute": ["--dataset=fashion_mnist"]}}
+  (tmp_path / "data").mkdir()
+  (tmp_path / "data" / "other.sqlite").write_text("", encoding="utf-8")
+  path = tmp_path / "scenarios.json"
+  path.write_text(json.dumps(spec), encoding="utf-8")
+  proc = subprocess.run([sys.executable, "-m", "experiments.bench", f"--scenarios_file={path}",
+                         f"--data_dir={tmp_path / 'data'}", "--selectors=random",
+                         f"--out_dir={tmp_path / 'out'}"], cwd=REPO, capture_output=True,
+                        text=True, timeout=HANG_GUARD_S, check=False)
+  assert proc.stdout.splitlines() == [
+      f"== field: skipped, no {tmp_path / 'data' / 'train.sqlite'} (--data_dir)",
+      f"== absolute: skipped, no {tmp_path / 'nothing.gz'}"], proc.stdout
+  assert proc.returncode == 1 and "no scenario could run" in proc.stderr
+  assert not (tmp_path / "out").exists()
