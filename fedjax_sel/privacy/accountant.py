@@ -32,19 +32,30 @@ Example (the TF Privacy / Abadi et al. MNIST setting, q = 256 / 60000, z = 1.12,
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import dp_accounting as dpa
 import numpy as np
-from dp_accounting import mechanism_calibration
-from dp_accounting.pld import pld_privacy_accountant
-from dp_accounting.rdp import rdp_privacy_accountant
-from scipy import stats
+
+if TYPE_CHECKING:
+  import dp_accounting as dpa
 
 MECHANISMS = ("fedavg", "adaptive", "ftrl")
 SAMPLINGS = ("poisson", "uniform", "none")
-Relation = dpa.NeighboringRelation
+
+
+@functools.cache
+def _dpa():
+  """Google's dp-accounting, imported on its first use: the 1-2 s its import (and SciPy's) takes
+  are paid by runs with DP only (the registry imports this module in every launcher)."""
+  import dp_accounting  # pylint: disable=import-outside-toplevel
+  return dp_accounting
+
+
+def _binom():
+  from scipy import stats  # pylint: disable=import-outside-toplevel
+  return stats.binom
 
 
 class Accounting(NamedTuple):
@@ -76,8 +87,9 @@ class Accounting(NamedTuple):
   def relation(self) -> dpa.NeighboringRelation:
     """The adjacency its events are stated in."""
     if self.mechanism == "ftrl":
-      return Relation.REPLACE_SPECIAL
-    return Relation.REPLACE_ONE if self.sampling == "uniform" else Relation.ADD_OR_REMOVE_ONE
+      return _dpa().NeighboringRelation.REPLACE_SPECIAL
+    relation = _dpa().NeighboringRelation
+    return relation.REPLACE_ONE if self.sampling == "uniform" else relation.ADD_OR_REMOVE_ONE
 
   def check(self) -> None:
     """ValueError naming what the accountant cannot state."""
@@ -92,34 +104,35 @@ class Accounting(NamedTuple):
 
 
 def _gaussian(z: float) -> dpa.DpEvent:
-  return dpa.GaussianDpEvent(z)
+  return _dpa().GaussianDpEvent(z)
 
 
 def round_events(acc: Accounting, rounds: int) -> dpa.DpEvent:
   """The dp-accounting event of `rounds` rounds of the run."""
   acc.check()
-  selection = [dpa.SelfComposedDpEvent(_gaussian(s), rounds) for s in acc.selection_noise]
+  selection = [_dpa().SelfComposedDpEvent(_gaussian(s), rounds) for s in acc.selection_noise]
   z = acc.noise_multiplier
   if acc.mechanism == "ftrl":
     full, rest = divmod(rounds, acc.rounds_per_tree)
-    trees = [dpa.SingleEpochTreeAggregationDpEvent(z, acc.rounds_per_tree)] * full
-    trees += [dpa.SingleEpochTreeAggregationDpEvent(z, rest)] if rest else []
-    return dpa.ComposedDpEvent(trees + selection)
+    trees = [_dpa().SingleEpochTreeAggregationDpEvent(z, acc.rounds_per_tree)] * full
+    trees += [_dpa().SingleEpochTreeAggregationDpEvent(z, rest)] if rest else []
+    return _dpa().ComposedDpEvent(trees + selection)
   if acc.sampling == "poisson":
-    one = (dpa.TruncatedSubsampledGaussianDpEvent(acc.num_clients, acc.sample_rate, acc.cohort, z)
-           if acc.accountant == "pld" else dpa.PoissonSampledDpEvent(acc.sample_rate, _gaussian(z)))
+    dp = _dpa()
+    one = (dp.TruncatedSubsampledGaussianDpEvent(acc.num_clients, acc.sample_rate, acc.cohort, z)
+           if acc.accountant == "pld" else dp.PoissonSampledDpEvent(acc.sample_rate, _gaussian(z)))
   elif acc.sampling == "uniform":
-    one = dpa.SampledWithoutReplacementDpEvent(acc.num_clients, acc.cohort, _gaussian(z / 2))
+    one = _dpa().SampledWithoutReplacementDpEvent(acc.num_clients, acc.cohort, _gaussian(z / 2))
   else:
     one = _gaussian(z / 2)
-  return dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(one, rounds)] + selection)
+  return _dpa().ComposedDpEvent([_dpa().SelfComposedDpEvent(one, rounds)] + selection)
 
 
 def new_accountant(acc: Accounting) -> dpa.PrivacyAccountant:
   """A fresh dp-accounting accountant of the run's kind and adjacency."""
   if acc.accountant == "pld":
-    return pld_privacy_accountant.PLDAccountant(acc.relation())
-  return rdp_privacy_accountant.RdpAccountant(neighboring_relation=acc.relation())
+    return _dpa().pld.pld_privacy_accountant.PLDAccountant(acc.relation())
+  return _dpa().rdp.rdp_privacy_accountant.RdpAccountant(neighboring_relation=acc.relation())
 
 
 def epsilon(acc: Accounting, rounds: int, delta: float) -> float:
@@ -156,7 +169,7 @@ def epsilons(acc: Accounting, rounds: int, delta: float) -> np.ndarray:
       rdp = np.zeros_like(orders, dtype=np.float64)
       for part in parts:
         rdp += t * part
-      out.append(float(rdp_privacy_accountant.compute_epsilon(orders, rdp, delta)[0]))
+      out.append(float(_dpa().rdp.rdp_privacy_accountant.compute_epsilon(orders, rdp, delta)[0]))
     return np.array(out)
   points = np.unique(np.ceil(np.linspace(0, rounds, PLD_POINTS + 1)[1:]).astype(int))
   at = {int(t): epsilon(acc, int(t), delta) for t in points}
@@ -175,9 +188,9 @@ def default_delta(num_clients: int) -> float:
 def noise_for_epsilon(acc: Accounting, rounds: int, delta: float, target: float) -> float:
   """The smallest noise multiplier whose `rounds` rounds spend at most `target` at `delta`
   (dp-accounting's `calibrate_dp_mechanism`)."""
-  return float(mechanism_calibration.calibrate_dp_mechanism(
+  return float(_dpa().mechanism_calibration.calibrate_dp_mechanism(
       lambda: new_accountant(acc), lambda z: round_events(acc._replace(noise_multiplier=z), rounds),
-      target, delta, mechanism_calibration.LowerEndpointAndGuess(1e-3, 1.0)))
+      target, delta, _dpa().mechanism_calibration.LowerEndpointAndGuess(1e-3, 1.0)))
 
 
 def rounds_within(acc: Accounting, rounds: int, delta: float, budget: float) -> int:
@@ -197,7 +210,7 @@ def truncation_probability(acc: Accounting, rounds: int) -> float:
   union bound `rounds * P(Binomial(N, q) > K)` (0 for other samplings)."""
   if acc.sampling != "poisson":
     return 0.0
-  return min(1.0, rounds * float(stats.binom.sf(acc.cohort, acc.num_clients, acc.sample_rate)))
+  return min(1.0, rounds * float(_binom().sf(acc.cohort, acc.num_clients, acc.sample_rate)))
 
 
 def smallest_cap(num_clients: int, sample_rate: float, rounds: int, probability: float) -> int:
@@ -207,4 +220,4 @@ def smallest_cap(num_clients: int, sample_rate: float, rounds: int, probability:
   >>> smallest_cap(1000, 0.01, 100, 1e-9)
   37
   """
-  return int(stats.binom.isf(probability / rounds, num_clients, sample_rate))
+  return int(_binom().isf(probability / rounds, num_clients, sample_rate))
