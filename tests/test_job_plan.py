@@ -30,3 +30,27 @@ def test_methods_that_train_alike_share_their_training_and_a_method_alone_keeps_
              _method(fs.random_selector(), filter=dgf)]  # Trains n slots, not K: alone.
   assert shared_training(methods) == [True, True, False]
   assert shared_training(methods[:1] * 2) == [False, False]  # One round program: one method.
+
+
+def _records(folder):
+  import json  # pylint: disable=import-outside-toplevel
+  lines = (folder / "seed0" / "metrics.jsonl").read_text().splitlines()
+  return [{k: v for k, v in json.loads(line).items() if k != "wall_s"} for line in lines]
+
+
+def test_stages_flag_compiles_the_round_as_three_programs_with_the_same_records(tmp_path):
+  """`--stages=three` and `--stages=one` give the same records (the launcher's choice of
+  programs never changes a result)."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+
+  from tests.hang_guard import HANG_GUARD_S  # pylint: disable=import-outside-toplevel
+  out = {}
+  for stages in ("one", "three"):
+    folder = tmp_path / stages
+    subprocess.run([sys.executable, "-m", "experiments.run", f"--out_dir={folder}",
+                    "--model=logreg", "--num_clients=10", "--num_available=6",
+                    "--clients_per_round=3", "--rounds=3", "--seeds=0", f"--stages={stages}",
+                    "--selector=poc"], check=True, capture_output=True, timeout=HANG_GUARD_S)
+    out[stages] = _records(folder)
+  assert out["one"] == out["three"] and len(out["one"]) == 3

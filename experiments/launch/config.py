@@ -164,6 +164,11 @@ class EngineConfig:
                       choices=("auto", "device", "host"), result=False)
   eval_every: int = option(1, "Evaluate the global model every this many rounds.",
                            within=">= 1", result=False)
+  stages: str = option("auto", "How a round compiles: one program, or three (plan, training, "
+                       "finish) whose training is compiled once for every method and job of the "
+                       "process that trains alike; auto: three where another method of the job "
+                       "trains alike (the records are the same either way).",
+                       choices=("auto", "one", "three"), result=False)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -483,7 +483,9 @@ class Job:
             runs.append(Run(sim, spec.path, label, seed, tag, extra, settings(run), swept))
           names.append(spec.name)
         methods.append((runs, names))
-      shared = shared_training([runs for runs, _ in methods])
+      stages = cfg.engine.stages
+      shared = (shared_training([runs for runs, _ in methods]) if stages == "auto" else
+                [stages == "three"] * len(methods))
       planned = [(runs, names, self.plan(runs, stages=share))
                  for (runs, names), share in zip(methods, shared)]
       self.compile_ahead([batch for _, _, batches in planned for batch in batches])
