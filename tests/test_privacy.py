@@ -85,6 +85,15 @@ def test_epsilon_equals_dp_accounting_called_directly(acc):
   assert np.all(np.diff(curve) >= 0) and curve[-1] > curve[0]
 
 
+def test_a_pld_curve_bounds_each_round_from_above():
+  acc = acct.Accounting("fedavg", 2.0, 1000, 50, "none", accountant="pld")
+  curve = acct.epsilons(acc, 30, 1e-5)
+  assert curve[-1] == acct.epsilon(acc, 30, 1e-5)
+  for t in (1, 7, 16):
+    assert curve[t - 1] >= acct.epsilon(acc, t, 1e-5)
+  assert np.all(np.diff(curve) >= 0)
+
+
 def test_rdp_matches_tf_privacys_published_mnist_value():
   """TF Privacy's compute_dp_sgd_privacy.py (its docstring; the MNIST tutorial of Abadi et al.):
   N = 60000, batch 256, noise 1.12, 60 epochs, delta 1e-5 "satisfies (2.92, 1e-5)-DP". That
