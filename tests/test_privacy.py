@@ -162,6 +162,29 @@ def test_a_sweep_over_the_noise_and_clip_is_one_batched_program():
   assert [r[-1]["round"] for r in records] == [1, 1]
 
 
+def test_the_noise_follows_the_seed_and_round_so_a_resumed_run_is_the_same(tmp_path):
+  """Adaptive clipping (noise and a clip norm in the aggregator's state): 4 rounds straight equal
+  2 rounds, a checkpoint and 2 more; another seed draws other noise."""
+  data = fs.build_dataset(fs.DatasetSpec("digits", num_clients=20), seed=0)
+  model = fs.build_model("logreg", data.feature_shape, data.num_classes)
+  model_bytes = lambda state, record: {"model": b"".join(
+      np.asarray(leaf).tobytes() for leaf in jax.tree.leaves(state.params)).hex(),
+      "clip": float(state.aggregator_state.clip)}
+
+  def run(seed, rounds, out, resume=False):
+    spec = fs.build_run(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=10),
+                        fs.uniform_availability(20, 20), fs.random_selector(),
+                        dp.dp_adaptive(1.0, 0.1, 5.0, count_noise=1.0), 5, seed=seed)
+    return fs.run(spec, rounds=rounds, out_dir=str(out), resume=resume, checkpoint_every=2,
+                  progress=None, extra=model_bytes)
+
+  straight = run(0, 4, tmp_path / "a")
+  run(0, 2, tmp_path / "b")
+  resumed = run(0, 4, tmp_path / "b", resume=True)
+  assert [(r["model"], r["clip"]) for r in resumed] == [(r["model"], r["clip"]) for r in straight]
+  assert run(1, 1, tmp_path / "c")[0]["model"] != straight[0]["model"]
+
+
 def test_the_noise_has_the_stated_std():
   """Zero updates: the new model is the noise / denominator. 2 x 50,000 draws estimate the std
   with a relative error of about 0.3%; the 3% tolerance is over 9 of those (a correct
@@ -361,9 +384,12 @@ def test_the_launcher_refuses_a_private_reading_selector_and_marks_unaccounted_r
   assert "the selector 'poc' is refused: its choice reads private statistics" in proc.stderr
   out = tmp_path / "b"
   proc = launch("--selector=poc", "--aggregator=dp_fedavg", "--dp_selection=unaccounted",
-                "--clients_per_round=4", "--rounds=2", f"--out_dir={out}")
+                "--clients_per_round=4", "--rounds=2", "--dp_noise_for_epsilon=50",
+                f"--out_dir={out}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   lines = (out / "seed0" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
   record = json.loads(lines[-1])
   assert record["dp_guarantee"] == "aggregate only"
+  assert record["dp_epsilon"] == pytest.approx(50, rel=1e-3)  # z calibrated for the 2 rounds.
+  assert record["dp_noise_multiplier"] != 1.0
   assert "covers the aggregate only" in (out / "summary.md").read_text(encoding="utf-8")
