@@ -325,6 +325,23 @@ def test_each_private_reading_selector_is_refused_under_dp(name):
   selection.check_selection(name, "unaccounted")
 
 
+@pytest.mark.parametrize("name", ["poc", "grad_norm"])
+def test_a_privatized_selector_runs_in_the_engine(name):
+  """Power of choice (losses) and gradient-norm selection (norms) with their statistics clipped
+  and noised choose K clients a round through the engine."""
+  data = fs.build_dataset(fs.DatasetSpec("digits", num_clients=20), seed=0)
+  model = fs.build_model("logreg", data.feature_shape, data.num_classes)
+  context = registry.BuildContext(k=4, rounds=2, num_clients=20, num_available=20)
+  entry = registry.lookup("selector", name)
+  chosen = selection.privatized(registry.build("selector", name, entry.settings(), context),
+                                1.0, 3.0)
+  spec = fs.build_run(model, data, lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=10),
+                      fs.uniform_availability(20, 20), chosen, dp.dp_fedavg(1.0, 1.0, 4.0), 4,
+                      seed=0)
+  records = fs.run(spec, rounds=2, progress=None)
+  assert [r["num_selected"] for r in records] == [4, 4]
+
+
 def test_a_filter_or_rule_is_refused_under_dp():
   with pytest.raises(ValueError, match="--rule=fedsrc is refused"):
     selection.check_selection("random", "accounted", ("--rule=fedsrc",))

@@ -207,8 +207,9 @@ def rounds_within(acc: Accounting, rounds: int, delta: float, budget: float) -> 
 
 def truncation_probability(acc: Accounting, rounds: int) -> float:
   """Poisson sampling: the chance that any of `rounds` rounds draws more than the cap K, a
-  union bound `rounds * P(Binomial(N, q) > K)` (0 for other samplings)."""
-  if acc.sampling != "poisson":
+  union bound `rounds * P(Binomial(N, q) > K)` (0 for other samplings, and for DP-FTRL, whose
+  guarantee does not rest on the sampling)."""
+  if acc.sampling != "poisson" or acc.mechanism == "ftrl":
     return 0.0
   return min(1.0, rounds * float(_binom().sf(acc.cohort, acc.num_clients, acc.sample_rate)))
 
