@@ -74,6 +74,10 @@ def run_vectorized(model, tx_factory, hp, params, pool, clients, valid, seed=0, 
     (LocalHParams(batch_size=4, num_epochs=2), "sgd"),
     (LocalHParams(batch_size=5, num_epochs=1, chunk_size=3), "momentum"),
     (LocalHParams(batch_size=8, num_epochs=3, prox_mu=0.5, chunk_size=2), "sgd"),
+    # Micro-batches (the padded rows past a client's last example not computed): the same steps.
+    (LocalHParams(batch_size=8, num_epochs=2, micro_batch=2), "sgd"),
+    (LocalHParams(batch_size=8, num_epochs=1, prox_mu=0.5, chunk_size=3, micro_batch=4),
+     "momentum"),
 ])
 def test_vmapped_training_equals_per_client_loop(hp, opt, model=None):
   data = ragged_dataset([23, 5, 40, 1, 17, 9, 31, 12, 3, 28])
@@ -128,6 +132,19 @@ def test_dropout_training_equals_per_client_loop_with_the_same_keys(hp):
   off, _ = run_vectorized(dropout_mlp(rate=0.0), lambda lr: optax.sgd(lr), hp, params,
                           data.train, [0, 2], [True, True])
   assert not np.allclose(on.params["Dense_1"]["kernel"], off.params["Dense_1"]["kernel"])
+
+
+def test_micro_batches_are_refused_when_they_do_not_divide_b_or_the_model_keeps_state():
+  import fedjax_sel as fs  # pylint: disable=import-outside-toplevel
+  data = ragged_dataset([23, 5, 40, 1, 17, 9, 31, 12, 3, 28])
+  build = lambda model, local: fs.build_run(
+      model, data, lambda lr: optax.sgd(lr), local, fs.uniform_availability(10, 5),
+      fs.random_selector(), fs.fedavg(), 3, 0)
+  mlp = build_model("mlp", data.feature_shape, data.num_classes, hidden=(8,))
+  with pytest.raises(ValueError, match=r"micro_batch must divide batch_size \(8\), got 3"):
+    build(mlp, LocalHParams(batch_size=8, micro_batch=3))
+  with pytest.raises(ValueError, match="keeps state"):
+    build(batch_norm_mlp(), LocalHParams(batch_size=8, micro_batch=4))
 
 
 def test_update_unchanged_by_padding_and_company():

@@ -492,7 +492,7 @@ def local_hparams(cfg: cfglib.JobConfig) -> fs.LocalHParams:
   loc = cfg.local
   return fs.LocalHParams(batch_size=loc.batch_size, num_epochs=loc.local_epochs,
                          num_steps=loc.local_steps, prox_mu=loc.prox_mu,
-                         chunk_size=loc.chunk_size)
+                         chunk_size=loc.chunk_size, micro_batch=loc.micro_batch)
 
 
 def lr_schedule(cfg: cfglib.JobConfig):

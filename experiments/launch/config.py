@@ -141,6 +141,12 @@ class LocalConfig:
   chunk_size: int | None = option(None, "Clients vmapped together (default: from the step's cost: "
                                   "1-4 on CPU, what fits a quarter of device memory on "
                                   "accelerators).", within=">= 1", result=False)
+  micro_batch: int | None = option(None, "Compute each step this many rows at a time (a divisor "
+                                   "of --batch_size), skipping those past a client's last "
+                                   "example: pays where B is large beside the clients (B = 64 "
+                                   "on the digits: 1.7-2.2x faster), not at B = 16 (slower). "
+                                   "Equal to float rounding; not for BatchNorm models.",
+                                   within=">= 1")
 
 
 @dataclasses.dataclass(frozen=True)

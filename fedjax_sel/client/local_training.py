@@ -53,6 +53,12 @@ class LocalHParams(NamedTuple):
       None by `auto_chunk_size`: what fits `memory_budget_bytes`, and a few clients on CPU).
     memory_budget_bytes: memory the simulator may give one chunk of local training; None =
       `default_memory_budget()`.
+    micro_batch: compute each step's batch this many rows at a time (a divisor of B), leaving
+      out the micro-batches past a client's last real example: a client's partial last batch
+      then costs its rows rounded up to a micro-batch instead of B. The step's gradient is the
+      same mean over its real examples, summed in another order (equal to float rounding, not
+      bit for bit; tested). None = whole batches. Not for models with state (BatchNorm's
+      statistics would be a micro-batch's).
   """
 
   batch_size: int
@@ -61,6 +67,7 @@ class LocalHParams(NamedTuple):
   prox_mu: float = 0.0
   chunk_size: int | None = None
   memory_budget_bytes: int | None = None
+  micro_batch: int | None = None
 
 
 class LocalResult(NamedTuple):
@@ -163,6 +170,33 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
+  def micro_grads(weights, p, rows, mask, key):
+    """(loss sum, squared-loss sum, gradient of the step's mean loss) over the step's real rows
+    (a prefix of the batch), `hp.micro_batch` rows at a time: the micro-batches past the real rows
+    are not computed."""
+    b = hp.micro_batch
+    real = jnp.sum(mask)
+
+    def sums(w, m):
+      r = jax.lax.dynamic_slice(rows, (m * b,), (b,))
+      mk = jax.lax.dynamic_slice(mask, (m * b,), (b,))
+      losses, _ = train_losses(model, with_trainable(model, p, w), pool.x[r], pool.y[r], mk,
+                               jax.random.fold_in(key, m))
+      return jnp.sum(losses * mk), jnp.sum(losses * losses * mk)
+
+    def body(m, acc):
+      g_sum, loss_sum, sq_sum = acc
+      (loss, sq), g = jax.value_and_grad(sums, has_aux=True)(weights, m)
+      return jax.tree.map(jnp.add, g_sum, g), loss_sum + loss, sq_sum + sq
+
+    zeros = jax.tree.map(jnp.zeros_like, weights)
+    count = (real.astype(jnp.int32) + b - 1) // b
+    g_sum, loss_sum, sq_sum = jax.lax.fori_loop(0, count, body, (zeros, 0.0, 0.0))
+    grads = jax.tree.map(lambda g: g / jnp.maximum(real, 1.0), g_sum)
+    if proximal:
+      grads = jax.tree.map(lambda g, w, w0: g + mu * (w - w0), grads, weights, global_weights)
+    return loss_sum, sq_sum, grads
+
   def run_chunk(chunk):
     cl, count, steps, key = chunk
     offset = pool.offsets[cl]
@@ -192,8 +226,12 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
       mask = mask.astype(jnp.float32)
       weights = trainable(model, p)
       step_key = jax.random.fold_in(jax.random.fold_in(k, DROPOUT), s)  # Dropout's, if any.
-      (_, (loss_sum, sq_sum, stepped)), grads = grad_fn(weights, p, pool.x[rows], pool.y[rows],
-                                                         mask, step_key)
+      if hp.micro_batch is None:
+        (_, (loss_sum, sq_sum, stepped)), grads = grad_fn(weights, p, pool.x[rows],
+                                                           pool.y[rows], mask, step_key)
+      else:  # A stateless model (`checks.check_run`): its params are its weights.
+        loss_sum, sq_sum, grads = micro_grads(weights, p, rows, mask, step_key)
+        stepped = p
       updates, o_new = tx.update(grads, o, weights)
       p_new = with_trainable(model, stepped, optax.apply_updates(weights, updates))
       keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(active, a, b), new, old)

@@ -34,7 +34,8 @@ HOST_ROWS = ("auto", "available", "chosen")
 MAX_WINDOWS = 2**24  # Availability indices a float32 clock tells apart (`check_clock`).
 
 
-def check_arguments(data, optimizer, local, availability, seed, eval_mask, lr_schedule) -> None:
+def check_arguments(data, optimizer, local, availability, seed, eval_mask, lr_schedule,
+                    model=None) -> None:
   """Named errors for arguments of the wrong kind or size, before anything compiles."""
   n = data.num_clients
   if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -53,6 +54,13 @@ def check_arguments(data, optimizer, local, availability, seed, eval_mask, lr_sc
     raise ValueError(f"num_epochs must be >= 1, got {local.num_epochs}")
   if local.num_steps is not None and local.num_steps < 1:
     raise ValueError(f"num_steps must be >= 1 (or None for epochs), got {local.num_steps}")
+  if local.micro_batch is not None:
+    if local.micro_batch < 1 or local.batch_size % local.micro_batch:
+      raise ValueError(f"micro_batch must divide batch_size ({local.batch_size}), got "
+                       f"{local.micro_batch}")
+    if model is not None and model.train_apply is not None:
+      raise ValueError(f"micro_batch: the model {model.name!r} keeps state (BatchNorm), whose "
+                       "statistics would be a micro-batch's; use whole batches (None)")
   shape = jax.eval_shape(lambda: availability.sample(0, jnp.int32(0))).shape
   if shape != (n,):
     raise ValueError(f"availability samples masks of shape {shape}, the dataset has {n} clients")

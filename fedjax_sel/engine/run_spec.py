@@ -217,7 +217,8 @@ def build_run(model: Model, data: FederatedDataset, optimizer: OptimizerFactory,
   checks.check_choice("store", store, checks.STORES)
   checks.check_choice("host_rows", host_rows, checks.HOST_ROWS)
   checks.check_choice("nonfinite", nonfinite, checks.NONFINITE)
-  checks.check_arguments(data, optimizer, local, availability, seed, eval_mask, lr_schedule)
+  checks.check_arguments(data, optimizer, local, availability, seed, eval_mask, lr_schedule,
+                         model)
   size = checks.check_model_fits(model)
   checks.check_model(model, data, init_params)
   on_host = store == "host" or (store == "auto" and not fits_on_device(data))
