@@ -32,7 +32,9 @@ Example (the TF Privacy / Abadi et al. MNIST setting, q = 256 / 60000, z = 1.12,
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import math
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -51,6 +53,25 @@ def _dpa():
   are paid by runs with DP only (the registry imports this module in every launcher)."""
   import dp_accounting  # pylint: disable=import-outside-toplevel
   return dp_accounting
+
+
+class _LeftOutOrders(logging.Filter):
+  """Drops dp-accounting's note that an RDP order did not converge and is left out of the minimum
+  (it writes one per order and call, hundreds of lines a run; the result is unchanged)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "failed to converge" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet():
+  logger = logging.getLogger("absl")
+  left_out = _LeftOutOrders()
+  logger.addFilter(left_out)
+  try:
+    yield
+  finally:
+    logger.removeFilter(left_out)
 
 
 def _binom():
@@ -142,7 +163,8 @@ def epsilon(acc: Accounting, rounds: int, delta: float) -> float:
   if acc.noise_multiplier <= 0:
     return math.inf
   accountant = new_accountant(acc)
-  accountant.compose(round_events(acc, rounds))
+  with _quiet():
+    accountant.compose(round_events(acc, rounds))
   return float(accountant.get_epsilon(delta))
 
 
@@ -161,7 +183,8 @@ def epsilons(acc: Accounting, rounds: int, delta: float) -> np.ndarray:
     parts = []
     for event in round_events(acc, 1).events:
       accountant = new_accountant(acc)
-      accountant.compose(event.event)  # One round of each repeated event.
+      with _quiet():
+        accountant.compose(event.event)  # One round of each repeated event.
       parts.append(accountant.rdp)
     orders = new_accountant(acc).orders
     out = []
@@ -188,9 +211,11 @@ def default_delta(num_clients: int) -> float:
 def noise_for_epsilon(acc: Accounting, rounds: int, delta: float, target: float) -> float:
   """The smallest noise multiplier whose `rounds` rounds spend at most `target` at `delta`
   (dp-accounting's `calibrate_dp_mechanism`)."""
-  return float(_dpa().mechanism_calibration.calibrate_dp_mechanism(
-      lambda: new_accountant(acc), lambda z: round_events(acc._replace(noise_multiplier=z), rounds),
-      target, delta, _dpa().mechanism_calibration.LowerEndpointAndGuess(1e-3, 1.0)))
+  with _quiet():
+    return float(_dpa().mechanism_calibration.calibrate_dp_mechanism(
+        lambda: new_accountant(acc),
+        lambda z: round_events(acc._replace(noise_multiplier=z), rounds), target, delta,
+        _dpa().mechanism_calibration.LowerEndpointAndGuess(1e-3, 1.0)))
 
 
 def rounds_within(acc: Accounting, rounds: int, delta: float, budget: float) -> int:
