@@ -41,7 +41,7 @@ def inputs(mask, t=0, clients=None):
 # --- The accountant ------------------------------------------------------------------------------
 
 CASES = [acct.Accounting("fedavg", 1.1, 1000, 40, "poisson", 0.03),
-         acct.Accounting("fedavg", 0.8, 1000, 40, "poisson", 0.03, accountant="pld"),
+         acct.Accounting("fedavg", 0.8, 200, 20, "poisson", 0.03, accountant="pld"),
          acct.Accounting("adaptive", 1.3, 500, 25, "uniform"),
          acct.Accounting("fedavg", 2.0, 500, 25, "none", selection_noise=(4.0,)),
          acct.Accounting("ftrl", 3.0, 500, 25, "none", rounds_per_tree=20)]
