@@ -129,6 +129,10 @@ def figure(jobs: dict[str, dict], metric: str, path: str, x: str = "rounds",
   one_job = len(jobs) == 1
   named = [(m if one_job else job if m == job else f"{job}: {m}", runs)
            for job, methods in jobs.items() for m, runs in methods.items()]
+  # A private run whose selection went unaccounted says so (docs/papers/privacy.md).
+  named = [(label + (" (DP guarantee: aggregate only)"
+                     if any(recs and recs[-1].get("dp_guarantee") for recs in runs) else ""), runs)
+           for label, runs in named]
   many = len(named) > LEGIBLE
   if many:
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, max(4.5, 0.28 * len(named) + 1.5)),
