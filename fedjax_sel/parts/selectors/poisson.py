@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import NamedTuple
 
 import jax
@@ -70,9 +71,10 @@ class PoissonSettings:
   def check(self, context: registry.BuildContext) -> None:
     expected = self.sample_rate * context.num_available
     if context.num_available and expected > context.k:
-      raise registry.SettingError("sample_rate", f"draws about q n = {expected:g} clients a "
-                                  f"round, above the cap K = {context.k} "
-                                  "(--clients_per_round): raise K well above q n")
+      warnings.warn(f"Poisson sampling (--sample_rate={self.sample_rate:g}) draws about q n = "
+                    f"{expected:g} clients a round, above the cap K = {context.k} "
+                    "(--clients_per_round): most rounds keep K of them (truncated Poisson "
+                    "sampling); raise K well above q n", stacklevel=2)
 
 
 @registry.register("selector", "poisson", PoissonSettings, reads="nothing")
