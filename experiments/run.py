@@ -6,8 +6,9 @@ any dataset, model and partition.
   python -m experiments.run --selector=oort --system_profile=lognormal --deadline_s=20
   python -m experiments.run --selector=entropy --rule=fedsrc --aggregator=krum --server_opt=adam
   python -m experiments.run --filter=dgf --selector=poc --rule=fedalign
-  python -m experiments.run --aggregator=dp_fedavg --selector=poisson --sample_rate=0.1 \
-      --num_clients=100 --num_available=100 --clients_per_round=30 --dp_target_epsilon=8  # DP.
+  python -m experiments.run --dataset=fashion_mnist --num_clients=1000 --num_available=1000 \
+      --model=logreg --aggregator=dp_fedavg --selector=poisson --sample_rate=0.05 \
+      --clients_per_round=94 --dp_clip=0.2 --dp_target_epsilon=2   # User-level DP, accounted.
   python -m experiments.run --config=runs/fedavg/config.json --out_dir=runs/again  # Replay.
 
 Parts (registered in `fedjax_sel.registry`; each setting is a flag): `--selector` random, poc,
