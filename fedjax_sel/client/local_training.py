@@ -197,7 +197,20 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
       grads = jax.tree.map(lambda g, w, w0: g + mu * (w - w0), grads, weights, global_weights)
     return loss_sum, sq_sum, grads
 
+  def start_params():
+    params = jax.tree.map(lambda g: jnp.broadcast_to(g, (size, *g.shape)), global_params)
+    if client_sharding is not None:
+      params = jax.lax.with_sharding_constraint(params, client_sharding)
+    return params
+
   def run_chunk(chunk):
+    """A chunk's training; a chunk of empty slots (FilFL's train-all round past its K clients)
+    skips it all (no shuffles, no optimizer state): what its zero steps would return."""
+    zeros = jnp.zeros((size,), jnp.float32)
+    return jax.lax.cond(jnp.max(chunk[2]) > 0, lambda: train_chunk(chunk),
+                        lambda: (start_params(), zeros, zeros, zeros))
+
+  def train_chunk(chunk):
     cl, count, steps, key = chunk
     offset = pool.offsets[cl]
     spe = jnp.maximum(-(-count // hp.batch_size), 1)
@@ -206,9 +219,7 @@ def local_train(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, glo
                                                    max(max_count, 1)))(key, count)
     else:
       orders = jnp.zeros((size, 1, 1), jnp.int32)
-    params = jax.tree.map(lambda g: jnp.broadcast_to(g, (size, *g.shape)), global_params)
-    if client_sharding is not None:
-      params = jax.lax.with_sharding_constraint(params, client_sharding)
+    params = start_params()
     opt_state = jax.vmap(tx.init)(trainable(model, params))
 
     def one_step(s, p, o, k, order, c, off, n_steps, per_epoch):
