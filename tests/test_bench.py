@@ -173,3 +173,16 @@ def test_a_scenario_whose_files_are_missing_is_skipped_naming_the_file(tmp_path)
       f"== absolute: skipped, no {tmp_path / 'nothing.gz'}"], proc.stdout
   assert proc.returncode == 1 and "no scenario could run" in proc.stderr
   assert not (tmp_path / "out").exists()
+
+
+def test_the_worker_drops_its_programs_past_the_memory_map_bound():
+  """The benchmark's worker keeps its compiled programs while the process holds few memory maps,
+  and drops the engine's programs and JAX's caches past the bound (XLA:CPU maps each program's
+  code; Linux allows 65,530 maps)."""
+  from experiments import bench_worker  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.engine import programs  # pylint: disable=import-outside-toplevel
+  if not bench_worker.memory_maps():
+    pytest.skip("no /proc/self/maps: not Linux")
+  assert not bench_worker.release_programs(limit=10**9)
+  assert bench_worker.release_programs(limit=0)
+  assert programs.program.cache_info().currsize == 0
