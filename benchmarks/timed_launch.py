@@ -25,10 +25,6 @@ import sys
 import time
 
 START = time.perf_counter()
-# The programs of a round: in one program, or in three (plan, training, finish).
-ROUND_PROGRAMS = ("jit(step)", "jit(steps)", "jit(_batched_step)", "jit(plan_stage)",
-                  "jit(train_stage)", "jit(finish_stage)", "jit(_batched_plan)",
-                  "jit(_batched_train)", "jit(_batched_finish)")
 
 
 class CountedSteps:
@@ -99,6 +95,7 @@ def main():
   # Compiled ahead on several threads at once, the compile seconds add up to more than the wall
   # time they took: that phase counts by its wall time.
   compile_s = sum(log.seconds.values()) - compile_in["ahead"] + spent["ahead"]
+  from fedjax_sel.engine.programs import ROUND_PROGRAMS  # pylint: disable=import-outside-toplevel
   rounds = ROUND_PROGRAMS
   phases = {f"{key}_s": spent[phase] - compile_in[phase]
             for key, phase in (("data", "data"), ("setup", "set-up"), ("rounds", "rounds"))}

@@ -36,6 +36,11 @@ from fedjax_sel.engine.training import train
 
 
 _UNSEEN = object()
+# The jitted names of a round's programs, as `host.compilation.CompileLog` counts them: the round
+# in one program (a step, a scan of steps, a batch's step) or in three (plan, training, finish).
+ROUND_PROGRAMS = ("jit(step)", "jit(steps)", "jit(_batched_step)", "jit(plan_stage)",
+                  "jit(train_stage)", "jit(finish_stage)", "jit(_batched_plan)",
+                  "jit(_batched_train)", "jit(_batched_finish)")
 
 
 def _as_arrays(types: tuple) -> tuple:
