@@ -8,8 +8,10 @@ r"""The selection benchmark's worker: runs a list of `experiments.run` jobs in t
 `--resume` among them), the folder whose `bench.log` takes its output, and the file its timing
 goes to. The jobs run one after another through
 `experiments.run`'s own entry (`cli.guarded(run.main)`, the command line parsed again for each),
-so they share this process's imports, loaded libraries and compiled programs (a program two
-selectors compile alike is compiled once), and JAX's persistent compilation cache. Each job's
+so they share this process's imports, loaded libraries and compiled programs, and JAX's
+persistent compilation cache. Each job's rounds run as three programs (`--stages=three`, unless
+its flags say otherwise): a training compiled for one selector serves every later selector of the
+scenario that trains alike, which then compiles only its plan and finish stages. Each job's
 timing (wall, compile and round seconds, rounds trained, round programs compiled or loaded, its
 exit status) is written as `benchmarks.timed_launch` writes a process's. A SIGTERM or Ctrl-C
 stops the job running as it stops a launcher (its finished rounds kept, its timing written, exit
@@ -35,10 +37,10 @@ import fedjax_sel as fs
 from experiments import run
 from experiments.launch import cli
 from fedjax_sel.engine import programs
+from fedjax_sel.engine.programs import ROUND_PROGRAMS
 from fedjax_sel.host.compilation import CompileLog
 
 MAX_MAPS = 30_000  # Mappings after which the programs are dropped (Linux allows 65,530).
-ROUND_PROGRAMS = ("jit(step)", "jit(steps)", "jit(_batched_step)")
 
 
 def memory_maps() -> int:
@@ -127,7 +129,7 @@ def run_job(flags_: list[str], log_path: str) -> dict:
     try:
       flags.FLAGS.unparse_flags()
       try:
-        flags.FLAGS(["experiments.run", *flags_])
+        flags.FLAGS(["experiments.run", "--stages=three", *flags_])
       except flags.Error as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from e
