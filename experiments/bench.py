@@ -676,10 +676,12 @@ def main(argv):
   statistics.compare_with_random(rows, finals)
   statistics.add_ranks(rows)
   wall = time.perf_counter() - started
+  trained = sum(t["total_s"] for procs in timings.values() for t in procs)
   about = [f"Command: `python -m experiments.bench {' '.join(sys.argv[1:])}`",
            f"Machine: {machine()}",
            f"Wall time: {wall / 60:.1f} min (this command; jobs it read back from an earlier run "
-           "cost it nothing)"]
+           f"cost it nothing); the jobs' own, every run that trained them: {trained / 60:.1f} min "
+           "(timing.md)"]
   write_leaderboard(FLAGS.out_dir, rows, spec.target, FLAGS.last_k, FLAGS.quick, about)
   if tuned:
     write_tuning(FLAGS.out_dir, tuned)
