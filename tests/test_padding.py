@@ -1,11 +1,11 @@
-"""`benchmarks/padding.py`: computed and useful training rows, by hand and against a job's own
+"""`benchmarks/padding_rows.py`: computed and useful training rows, by hand and against a job's own
 count of the samples it trained."""
 
 import json
 import subprocess
 import sys
 
-from benchmarks.padding import cohort_rows, job_rows
+from benchmarks.padding_rows import cohort_rows, job_rows
 from tests.hang_guard import HANG_GUARD_S
 
 
