@@ -5,8 +5,7 @@ r"""Runs a launcher and writes where its wall time went (used by `benchmarks.tim
 Splits the process's wall time into: import (the launcher module and the library), data (the
 launchers' `build.load_data`), set-up (building `Simulator`s and `RunBatch`es, compilation
 excluded), compile (XLA compilation and persistent-cache loads, from JAX's monitoring events,
-wherever they happen; the programs `fs.compile_ahead` compiles side by side count by that
-call's wall time), rounds (running the rounds, compilation excluded) and other (what is left:
+wherever they happen), rounds (running the rounds, compilation excluded) and other (what is left:
 flag parsing, summaries, figures). Also counts the rounds trained (`rounds_trained`), the round
 programs compiled (a round's one program, or its plan, training and finish) and loaded, and the
 persistent cache hits.
@@ -47,8 +46,8 @@ def main():
   out, module_name, *argv = sys.argv[1:]
   from fedjax_sel.host.compilation import CompileLog  # pylint: disable=import-outside-toplevel
   log = CompileLog().__enter__()
-  spent = {"data": 0.0, "set-up": 0.0, "rounds": 0.0, "ahead": 0.0}
-  compile_in = {"set-up": 0.0, "rounds": 0.0, "data": 0.0, "ahead": 0.0}
+  spent = {"data": 0.0, "set-up": 0.0, "rounds": 0.0}
+  compile_in = {"set-up": 0.0, "rounds": 0.0, "data": 0.0}
   module = importlib.import_module(module_name)
   import fedjax_sel as fs  # pylint: disable=import-outside-toplevel
   from experiments.launch import build, cli  # pylint: disable=import-outside-toplevel
@@ -78,7 +77,6 @@ def main():
   timed(fs, "RunBatch", "set-up")
   timed(fs, "run", "rounds")
   timed(fs, "run_batch", "rounds")
-  timed(fs, "compile_ahead", "ahead")  # Programs compiled side by side: their wall time counts.
   from absl import app  # pylint: disable=import-outside-toplevel
   status = 0
   cli.interrupt_on_sigterm()
@@ -92,9 +90,7 @@ def main():
     signal.signal(signum, signal.SIG_IGN)
   total = time.perf_counter() - START
   log.snapshot()
-  # Compiled ahead on several threads at once, the compile seconds add up to more than the wall
-  # time they took: that phase counts by its wall time.
-  compile_s = sum(log.seconds.values()) - compile_in["ahead"] + spent["ahead"]
+  compile_s = sum(log.seconds.values())
   from fedjax_sel.engine.programs import ROUND_PROGRAMS  # pylint: disable=import-outside-toplevel
   rounds = ROUND_PROGRAMS
   phases = {f"{key}_s": spent[phase] - compile_in[phase]

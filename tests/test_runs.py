@@ -165,50 +165,6 @@ def test_rounds_that_train_alike_share_one_compiled_training(tmp_path, monkeypat
       1, 3, 3), log.by_name
 
 
-def _scaled(cfg, x):
-  return x * cfg.value
-
-
-def test_compile_ahead_compiles_each_call_once_and_the_calls_then_compile_nothing():
-  """`compile_ahead` compiles the calls' programs (side by side) and the calls then find them;
-  a second `compile_ahead` of the same calls compiles nothing."""
-  from fedjax_sel.engine import programs  # pylint: disable=import-outside-toplevel
-  from fedjax_sel.engine.signature import Keyed  # pylint: disable=import-outside-toplevel
-  tag = os.urandom(6).hex()  # Programs no earlier process stored.
-  prog = programs.program(_scaled)
-  calls = [(prog, Keyed(("ahead", tag, i), float(i)), (jax.numpy.arange(3.0),)) for i in range(3)]
-  assert programs.compile_ahead(calls, workers=2) == 3
-  with CompileLog() as log:
-    outs = [np.asarray(prog(cfg, *args)).tolist() for prog, cfg, args in calls]
-  assert log.compiles == 0, log.by_name
-  assert outs == [[0.0, i * 1.0, i * 2.0] for i in range(3)]
-  assert programs.compile_ahead(calls) == 0
-
-
-def test_batches_compiled_ahead_run_as_batches_compiled_on_first_call(tmp_path, monkeypatch):
-  """A job's batches compiled ahead (`fs.compile_ahead`: 2 batches x step and evaluate) run the
-  same rounds, bit for bit, as the same batches compiled by their first call, and their rounds
-  compile nothing more. Each way starts from an empty executable store and empty caches."""
-  from fedjax_sel.engine import executables, programs  # pylint: disable=import-outside-toplevel
-
-  def fresh(name):
-    programs.program.cache_clear()
-    jax.clear_caches()
-    monkeypatch.setattr(executables, "folder", lambda: str(tmp_path / name))
-    return [fs.RunBatch(_sims(m, datasets, METHODS[m])) for m in ("fedavg", "filfl_dgf")]
-
-  datasets = _datasets()
-  strip = lambda runs: [[{k: v for k, v in r.items() if k != "wall_s"} for r in run]
-                        for run in runs]
-  batches = fresh("ahead")
-  assert fs.compile_ahead(batches) == 4
-  with CompileLog() as log:
-    ahead = [strip(fs.run_batch(b, 3, progress=None)) for b in batches]
-  assert log.count("step") == 0 and log.count("evaluate") == 0, log.by_name
-  plain = [strip(fs.run_batch(b, 3, progress=None)) for b in fresh("plain")]
-  assert ahead == plain
-
-
 def test_a_second_process_loads_the_round_untraced_and_runs_it_the_same(tmp_path):
   """The first process compiles the round and stores it (`engine/executables.py`); the second
   loads it, neither tracing nor compiling it, and its round equals, bit for bit, one run with the

@@ -370,23 +370,22 @@ class Job:
       sys.exit("error: " + "; ".join(self.stopped) + ". The other runs finished; the summary "
                "holds every run's rounds up to where it stopped (job.json marks the stopped runs)")
 
-  def run_all(self, runs: list[Run], batches: list[Batch] | None = None) -> list[list[dict]]:
+  def run_all(self, runs: list[Run], stages: bool = False) -> list[list[dict]]:
     """Runs a method's runs for --rounds, each keeping its own folder, metrics, checkpoint and
     resume: with --batch_runs and the device store as one `RunBatch` (one compiled call per
     round for all of them), else one after another; with --resume, runs added to the job (a
     seed, a swept value) start as a batch of their own while the others resume. A run that
     diverges stops alone: the others finish, its records so far are returned and it is marked
     stopped in job.json (`finish` then exits 1 after the launcher's summary). A refused resume or
-    a foreign checkpoint exits with the message (status 1). `batches`: the runs' batches when
-    `plan` made them already (`run_groups` compiles them all ahead)."""
+    a foreign checkpoint exits with the message (status 1). `stages`: their rounds as three
+    programs (`plan`)."""
     cfg = self.cfg
     self.record_runs(runs)
     done = len(self.manifest) - len(runs)
     each = ", ".join(r.label[len(r.method):].strip() for r in runs)  # "s0 lr=0.05, s1 ..."
     print(f"-- runs {done + 1}-{done + len(runs)} of the job: {runs[0].method}: {each}",
           flush=True)
-    if batches is None:
-      batches = self.plan(runs)
+    batches = self.plan(runs, stages)
     if self._batched(runs):
       programs = len(fs.program_groups([r.spec.config for r in runs]))
       if programs > 1:
@@ -402,20 +401,6 @@ class Job:
         if stopped:
           self._mark_stopped(done + i, runs[i].label.strip(), stopped)
     return [results[i] for i in range(len(runs))]
-
-  @staticmethod
-  def compile_ahead(batches: list[Batch]) -> None:
-    """Compiles the rounds of all `batches` side by side (`fs.compile_ahead`) when there are
-    several to compile, saying so: on 2 cores a job's three methods compile in about half the
-    time they take one after another."""
-    calls = [b.runner for b in batches]
-    if len(calls) < 2:
-      return
-    start = time.perf_counter()
-    compiled = fs.compile_ahead(calls)
-    if compiled:
-      print(f"-- compiled {compiled} programs ahead, side by side "
-            f"({time.perf_counter() - start:.1f} s)", flush=True)
 
   def folder(self, run: Run) -> str:
     """The run's folder under --out_dir."""
@@ -486,11 +471,8 @@ class Job:
       stages = cfg.engine.stages
       shared = (shared_training([runs for runs, _ in methods]) if stages == "auto" else
                 [stages == "three"] * len(methods))
-      planned = [(runs, names, self.plan(runs, stages=share))
-                 for (runs, names), share in zip(methods, shared)]
-      self.compile_ahead([batch for _, _, batches in planned for batch in batches])
-      for runs, names, batches in planned:
-        records = self.run_all(runs, batches)
+      for (runs, names), share in zip(methods, shared):
+        records = self.run_all(runs, stages=share)
         n = len(cfg.seeds)
         out.update({name: records[i * n:(i + 1) * n] for i, name in enumerate(names)})
       results[group] = out

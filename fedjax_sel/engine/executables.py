@@ -139,7 +139,7 @@ def compile_and_save(lowered, path: str):
   serializes without its kernels: `NOT_FOUND: Function ... not found` when the copy runs), so a
   miss here costs no more than before the store: tracing and the cache's load. A program XLA
   cannot serialize is marked (`jit_marker`) so the next process jits it; one that cannot be
-  written runs from memory. Safe on several threads at once (`programs.compile_ahead`)."""
+  written runs from memory. Safe on several threads at once."""
   hits = _hits()
   compiled = lowered.compile()
   digest = hashlib.sha256(lowered.as_text().encode()).hexdigest()

@@ -82,11 +82,6 @@ class _Placement:
     there is one (every process of a multi-host run then holds the whole state and metrics)."""
     return programs.program(fn, self.replicated, static_argnums)
 
-  def calls(self, state: EngineState) -> list[tuple]:
-    """The compiled calls to make ahead of the run (`programs.compile_ahead`): none here."""
-    del state
-    return []
-
   def step(self, state: EngineState):
     """One round (one compiled call), its contracts checked."""
     state, metrics = self._step(on_mesh(self.spec.config, state))
@@ -114,24 +109,12 @@ class DevicePlacement(_Placement):
   def _step(self, state: EngineState):
     if not self.stages:
       return self.program(programs.step)(self.keyed, state, self.arrays, self.spec.run_values)
-    return self._stage_calls(state, run=True)
-
-  def _stage_calls(self, state: EngineState, run: bool):
-    """A round's three stage calls from `state`: run (the round's outputs), or listed as
-    `compile_ahead` takes them, each stage's inputs shaped by the stage before (`shaped`)."""
-    do = (lambda prog, cfg, args: prog(cfg, *args)) if run else programs.shaped
     values, arrays = self.spec.run_values, self.arrays
-    calls = [(self.program(programs.plan_stage), self.keyed, (state, arrays, values))]
-    if not run and calls[0][0].stored(calls[0][1], *calls[0][2]):
-      return []  # Compiled with its other stages: no shapes to trace.
-    plan = do(*calls[-1])
-    calls.append((self.program(programs.train_stage), self.training,
-                  (state.params, arrays.train, values.seed, values.prox_mu, state.round,
-                   plan.cohort.request)))
-    trained = do(*calls[-1])
-    calls.append((self.program(programs.finish_stage), self.keyed,
-                  (state, arrays, values, plan, trained)))
-    return do(*calls[-1]) if run else calls
+    plan = self.program(programs.plan_stage)(self.keyed, state, arrays, values)
+    trained = self.program(programs.train_stage)(self.training, state.params, arrays.train,
+                                                 values.seed, values.prox_mu, state.round,
+                                                 plan.cohort.request)
+    return self.program(programs.finish_stage)(self.keyed, state, arrays, values, plan, trained)
 
   def steps(self, state: EngineState, num_rounds: int):
     """`num_rounds` rounds in one compiled call (a `lax.scan`); metrics stacked."""
@@ -144,13 +127,6 @@ class DevicePlacement(_Placement):
   def evaluate(self, params) -> dict:
     return self.program(programs.evaluate)(self.keyed, params, self.arrays)
 
-  def calls(self, state: EngineState) -> list[tuple]:
-    """The compiled calls `step` and `evaluate` make from `state`."""
-    state = on_mesh(self.spec.config, state)
-    steps = (self._stage_calls(state, run=False) if self.stages else
-             [(self.program(programs.step), self.keyed, (state, self.arrays,
-                                                         self.spec.run_values))])
-    return [*steps, (self.program(programs.evaluate), self.keyed, (state.params, self.arrays))]
 
 
 class HostPlacement(_Placement):

@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -41,14 +40,6 @@ _UNSEEN = object()
 ROUND_PROGRAMS = ("jit(step)", "jit(steps)", "jit(_batched_step)", "jit(plan_stage)",
                   "jit(train_stage)", "jit(finish_stage)", "jit(_batched_plan)",
                   "jit(_batched_train)", "jit(_batched_finish)")
-
-
-def _as_arrays(types: tuple) -> tuple:
-  """Leaf types with `jax.ShapeDtypeStruct`s (shapes from `jax.eval_shape`) as the arrays they
-  stand for, so a program compiled ahead from shapes is the one the call with arrays finds."""
-  array = type(jax.numpy.zeros(()))
-  return tuple((array if kind is jax.ShapeDtypeStruct else kind, *rest)
-               for kind, *rest in types)
 
 
 class Program:
@@ -94,45 +85,6 @@ class Program:
       return outputs
     return self.jitted(cfg, *args) if executable is None else executable(*dynamic)
 
-  def _unstored(self, cfg, args: tuple) -> tuple | None:
-    """`(memo, path)` of the call `self(cfg, *args)` when the store is on and would keep it but
-    holds nothing for it yet (nor does this process); else None. `args` may be shapes."""
-    folder = executables.folder()
-    if folder is None:
-      return None
-    static = tuple(args[i] for i in self.static)
-    leaves, tree = jax.tree.flatten(tuple(a for i, a in enumerate(args) if i not in self.static))
-    memo = (cfg, static, tree, _as_arrays(store_keys.avals(leaves)))
-    key = None if memo in self.compiled else store_keys.store_key(self.name, cfg.key, static,
-                                                                   memo[3], str(tree))
-    if key is None:
-      return None
-    path = os.path.join(folder, key + ".exe")
-    if os.path.exists(path) or os.path.exists(executables.jit_marker(path)):
-      return None
-    return memo, path
-
-  def stored(self, cfg, *args) -> bool:
-    """Whether the call `self(cfg, *args)` needs no compiling ahead (`ahead` would return
-    None), found without tracing."""
-    return self._unstored(cfg, args) is None
-
-  def ahead(self, cfg, *args) -> Callable[[], None] | None:
-    """The compilation of the call `self(cfg, *args)` as a function to run now, on any thread,
-    before the call: it lowers here (tracing needs the caller's thread) and returns what compiles
-    and stores the executable, which the call then finds. None when there is nothing to compile
-    ahead: the store is off, the program is stored or compiled already, or it is not stored."""
-    unstored = self._unstored(cfg, args)
-    if unstored is None:
-      return None
-    memo, path = unstored
-    lowered = self.jitted.lower(cfg, *args)
-
-    def compile_now():
-      self.compiled[memo] = executables.compile_and_save(lowered, path)
-
-    return compile_now
-
   def _prepare(self, folder: str, memo: tuple, args: tuple, dynamic: tuple):
     """`(executable, outputs)`: the stored executable and its outputs on these arguments (it is
     run once to check it), else one compiled now and stored, and None; `(None, None)` for a
@@ -150,35 +102,6 @@ class Program:
       if outputs is not None:
         return loaded, outputs
     return executables.compile_and_save(self.jitted.lower(cfg, *args), path), None
-
-
-def compile_ahead(calls, workers: int | None = None) -> int:
-  """Compiles the programs of `calls` (`(Program, cfg, args)` each, as they will be called) at
-  once, on `workers` threads (default: the CPU cores): XLA compiles outside Python's lock, so the
-  rounds of a job's methods compile side by side instead of one after another. Returns how many
-  were compiled; those stored or compiled already are skipped.
-
-  Example:
-    >>> import jax.numpy as jnp
-    >>> from fedjax_sel.engine.signature import Keyed
-    >>> double = program(lambda cfg, x: x * cfg.value)
-    >>> compile_ahead([(double, Keyed(("ahead",), 2.0), (jnp.float32(3.0),))]) in (0, 1)
-    True
-  """
-  jobs = [job for prog, cfg, args in calls if (job := prog.ahead(cfg, *args)) is not None]
-  if len(jobs) == 1:
-    jobs[0]()
-  elif jobs:
-    with ThreadPoolExecutor(min(len(jobs), workers or os.cpu_count() or 1)) as pool:
-      for done in [pool.submit(job) for job in jobs]:
-        done.result()
-  return len(jobs)
-
-
-def shaped(prog: Program, cfg, args: tuple):
-  """The shapes of the outputs of `prog(cfg, *args)` (`jax.eval_shape`: nothing compiles or
-  runs); `args` may be shapes too."""
-  return jax.eval_shape(lambda *a: prog.jitted(cfg, *a), *args)
 
 
 @functools.cache

@@ -50,7 +50,7 @@ from fedjax_sel.engine.description import (RoundConfig, client_step_cost, progra
                                            replicated)
 from fedjax_sel.engine.evaluation import evaluate
 from fedjax_sel.engine.placement import padded_arrays
-from fedjax_sel.engine.programs import program, shaped
+from fedjax_sel.engine.programs import program
 from fedjax_sel.engine.round import round_finish, round_plan, step_function
 from fedjax_sel.engine.run_spec import RunSpec
 from fedjax_sel.engine.signature import Keyed
@@ -244,38 +244,21 @@ class RunBatch:
     `init`, `step` or a resume of every run at one round: the runs advance together (run 0's
     round index is the batch's)."""
     if self.stages:
-      states, metrics = self._stage_calls(states, run=True)
+      states, metrics = self._stages(states)
     else:
       states, metrics = program(_batched_step, self.placement)(self.keyed, states, self.arrays,
                                                                 self.run_values)
     check_contracts(self.specs[0].config, metrics, runs_axis=True)
     return states, metrics
 
-  def _stage_calls(self, states: EngineState, run: bool):
-    """A round's three stage calls from `states`: run (the round's outputs), or listed as
-    `compile_ahead` takes them, each stage's inputs shaped by the stage before."""
-    do = (lambda prog, cfg, args: prog(cfg, *args)) if run else shaped
+  def _stages(self, states: EngineState):
+    """One round of every run as its three programs, called one by one."""
     values, arrays, where = self.run_values, self.arrays, self.placement
-    calls = [(program(_batched_plan, where), self.keyed, (states, arrays, values))]
-    if not run and calls[0][0].stored(calls[0][1], *calls[0][2]):
-      return []  # Compiled with its other stages: no shapes to trace.
-    plans = do(*calls[-1])
-    calls.append((program(_batched_train, where), self.training,
-                  (states.params, arrays.train, values.seed, values.prox_mu, states.round[0],
-                   plans.cohort.request)))
-    trained = do(*calls[-1])
-    calls.append((program(_batched_finish, where), self.keyed,
-                  (states, arrays, values, plans, trained)))
-    return do(*calls[-1]) if run else calls
-
-  def calls(self, states: EngineState) -> list[tuple]:
-    """The compiled calls `step` and `evaluate` make from `states`, as `(Program, config,
-    arguments)` for `programs.compile_ahead`."""
-    steps = (self._stage_calls(states, run=False) if self.stages else
-             [(program(_batched_step, self.placement), self.keyed,
-               (states, self.arrays, self.run_values))])
-    return [*steps, (program(_batched_evaluate, self.placement), self.keyed,
-                     (states.params, self.arrays))]
+    plans = program(_batched_plan, where)(self.keyed, states, arrays, values)
+    trained = program(_batched_train, where)(self.training, states.params, arrays.train,
+                                             values.seed, values.prox_mu, states.round[0],
+                                             plans.cohort.request)
+    return program(_batched_finish, where)(self.keyed, states, arrays, values, plans, trained)
 
   def evaluate(self, params) -> dict:
     """Every run's global-model metrics (`Simulator.evaluate`), stacked `[R]`."""

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sel.engine import checks, programs
+from fedjax_sel.engine import checks
 from fedjax_sel.engine.placement import place
 from fedjax_sel.engine.run_spec import RunSpec
 from fedjax_sel.engine.simulator import Simulator
@@ -286,10 +286,6 @@ class OneRun:
   def evaluate(self, params) -> dict:
     return self.placement.evaluate(params)
 
-  def calls(self, state: EngineState) -> list[tuple]:
-    """The compiled calls of `step` and `evaluate` (`programs.compile_ahead`)."""
-    return self.placement.calls(state)
-
   def run_slice(self, tree: Any, i: int) -> Any:
     del i
     return tree
@@ -351,26 +347,6 @@ def _checkpoint_rounds(path: str, template, fingerprint: dict) -> dict[int, str]
       continue
     found[int(np.asarray(state.round))] = p
   return found
-
-
-def compile_ahead(batches, workers: int | None = None) -> int:
-  """Compiles the round and the evaluation of every batch (a `RunBatch` or `OneRun`) at once,
-  side by side on `workers` threads (default: the CPU cores), before any of them runs; then
-  `run_batch` finds them compiled. A job of several methods compiles its rounds in about the time
-  of the slowest instead of their sum on as many cores. Returns the programs compiled (those
-  stored already, or with the executable store off, are left to their first call).
-
-  Example:
-    >>> import optax, fedjax_sel as fs
-    >>> data = fs.build_dataset(fs.DatasetSpec("digits", num_clients=10), seed=0)
-    >>> spec = fs.build_run(fs.build_model("logreg", data.feature_shape, 10), data,
-    ...                     lambda lr: optax.sgd(lr), fs.LocalHParams(batch_size=16),
-    ...                     fs.uniform_availability(10, 5), fs.random_selector(), fs.fedavg(), 3,
-    ...                     seed=0)
-    >>> compile_ahead([OneRun(spec)]) in (0, 1, 2)
-    True
-  """
-  return programs.compile_ahead([call for b in batches for call in b.calls(b.init())], workers)
 
 
 def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_every: int = 1,
