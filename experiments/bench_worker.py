@@ -34,13 +34,19 @@ import time
 from absl import flags
 
 import fedjax_sel as fs
-from experiments import run
 from experiments.launch import cli
 from fedjax_sel.engine import programs
 from fedjax_sel.engine.programs import ROUND_PROGRAMS
 from fedjax_sel.host.compilation import CompileLog
 
 MAX_MAPS = 30_000  # Mappings after which the programs are dropped (Linux allows 65,530).
+
+
+def _launcher():
+  """`experiments.run`, imported when the first job runs: importing it defines its flags, which a
+  process (a test importing this module for its helpers) may define only once."""
+  from experiments import run  # pylint: disable=import-outside-toplevel
+  return run
 
 
 def memory_maps() -> int:
@@ -121,6 +127,7 @@ def output_to(path: str):
 def run_job(flags_: list[str], log_path: str) -> dict:
   """One `experiments.run` job with `flags_`, its output appended to `log_path`; returns its
   timing (`status` is its exit status: 0, 1 for an error it reported, 130 if interrupted)."""
+  launcher = _launcher()  # Its flags defined before the job's are parsed.
   start = time.perf_counter()
   with CompileLog() as log, output_to(log_path):
     timer = Timer(log)
@@ -133,7 +140,7 @@ def run_job(flags_: list[str], log_path: str) -> dict:
       except flags.Error as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from e
-      cli.guarded(run.main)(["experiments.run"])
+      cli.guarded(launcher.main)(["experiments.run"])
     except SystemExit as e:
       status = e.code if isinstance(e.code, int) else 1
     except KeyboardInterrupt:  # A second interrupt while the first was handled.
