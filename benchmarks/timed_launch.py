@@ -26,22 +26,6 @@ import time
 START = time.perf_counter()
 
 
-class CountedSteps:
-  """A batch of runs (a `RunBatch` or `OneRun`) whose finished `step` calls are counted: the
-  rounds a process trained, whether it ended or was interrupted."""
-
-  def __init__(self, batch):
-    self.batch, self.steps = batch, 0
-
-  def __getattr__(self, name):
-    return getattr(self.batch, name)
-
-  def step(self, states):
-    out = self.batch.step(states)
-    self.steps += 1
-    return out
-
-
 def main():
   out, module_name, *argv = sys.argv[1:]
   from fedjax_sel.host.compilation import CompileLog  # pylint: disable=import-outside-toplevel
@@ -50,6 +34,7 @@ def main():
   compile_in = {"set-up": 0.0, "rounds": 0.0, "data": 0.0}
   module = importlib.import_module(module_name)
   import fedjax_sel as fs  # pylint: disable=import-outside-toplevel
+  from experiments.bench_worker import CountedSteps  # pylint: disable=import-outside-toplevel
   from experiments.launch import build, cli  # pylint: disable=import-outside-toplevel
   imported = time.perf_counter() - START
 

@@ -71,7 +71,9 @@ def release_programs(limit: int = MAX_MAPS) -> bool:
 
 
 class CountedSteps:
-  """A batch of runs whose `step` calls are counted (the rounds a job trained)."""
+  """A batch of runs (a `RunBatch` or `OneRun`) whose finished `step` calls are counted: the
+  rounds a job (or, in `benchmarks.timed_launch`, a process) trained, whether it ended or was
+  interrupted."""
 
   def __init__(self, batch):
     self.batch, self.steps = batch, 0
