@@ -463,31 +463,40 @@ def target_figure(jobs: dict[tuple[str, str], list[list[dict]]], target: float,
 
 
 def rank_figure(rows: list[dict], path: str, smoke: bool = False) -> None:
-  """A heatmap of each selector's rank by final accuracy in each scenario (1 = best) where the
-  95% intervals separate: coloured by its best possible rank, labelled with its range ("2-9": a
-  tie with the selectors its interval overlaps; `statistics.add_ranks`)."""
+  """A heatmap of each selector in each scenario: coloured by its paired difference in final
+  accuracy from random on the same seeds (blue better, red worse, white even), labelled with its
+  rank where the 95% intervals separate ("2-9": a tie with the selectors its interval overlaps;
+  `statistics.add_ranks`) and the difference, starred where its own 95% interval excludes 0."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
   selectors = list(dict.fromkeys(r["selector"] for r in rows))
-  ranks = np.full((len(selectors), len(scenarios)), np.nan)
+  diffs = np.full((len(selectors), len(scenarios)), np.nan)
   labels = {}
   for r in rows:
     i, j = selectors.index(r["selector"]), scenarios.index(r["scenario"])
-    ranks[i, j], labels[i, j] = r["rank_best"], r["rank"]
-  fig, ax = plt.subplots(figsize=(1.6 * len(scenarios) + 3, 0.35 * len(selectors) + 1.5))
-  image = ax.imshow(ranks, cmap="viridis_r", aspect="auto")
+    diff = r.get("vs_random_mean")
+    text = f"rank {r['rank']}"
+    if diff is not None and diff == diff:  # Random's own row has no difference.
+      diffs[i, j] = diff
+      star = "*" if r.get("vs_random_verdict") in ("better", "worse") else ""
+      text += f"\n{diff:+.3f}{star}"
+    labels[i, j] = text
+  # At least 5 points of accuracy either way: a tie of a few thousandths stays pale.
+  limit = max(float(np.nanmax(np.abs(diffs))) if np.isfinite(diffs).any() else 0.0, 0.05)
+  fig, ax = plt.subplots(figsize=(1.8 * len(scenarios) + 3, 0.45 * len(selectors) + 1.6))
+  image = ax.imshow(diffs, cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
   ax.set_xticks(range(len(scenarios)), scenarios, rotation=30, ha="right")
   ax.set_yticks(range(len(selectors)), selectors)
   for (i, j), text in labels.items():
-    light = ranks[i, j] <= (np.nanmax(ranks) + 1) / 2  # viridis_r: best ranks are yellow.
-    ax.text(j, i, text, ha="center", va="center", fontsize=7,
-            color="black" if light else "white")
+    strong = np.isfinite(diffs[i, j]) and abs(diffs[i, j]) > 0.6 * limit
+    ax.text(j, i, text, ha="center", va="center", fontsize=6.5,
+            color="white" if strong else "black")
   ax.set_title(("SMOKE RUN (--quick): meaningless\n" if smoke else "")
-               + "rank by final test accuracy where the 95% intervals separate\n"
-               "(1 = best; a range is a tie)")
-  fig.colorbar(image, ax=ax, label="best possible rank")
+               + "final test accuracy against random on the same seeds\n"
+               "(* the 95% interval of the difference excludes 0; rank where intervals separate)")
+  fig.colorbar(image, ax=ax, label="mean paired difference from random")
   fig.tight_layout()
   fig.savefig(path, dpi=120, bbox_inches="tight")
   plt.close(fig)
