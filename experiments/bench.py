@@ -22,7 +22,8 @@ comparison with random on the same seeds (the mean difference and its interval, 
 `reports/statistics.py`), then, as mean +- sample std, the mean of the last `--last_k`
 evaluated rounds, rounds and simulated seconds to the target (seeds that reached it), the
 worst-10% client's accuracy, Jain's index of participation, the samples clients spent on
-selection alone, and stragglers; `leaderboard_ranks.png` shows the ranks per scenario, and
+selection alone, and stragglers; `leaderboard_ranks.png` shows per scenario each selector's
+paired difference from random (starred where its interval excludes 0) and its rank range, and
 `participation.png` each selector's histogram of how often the clients took part. The CSV
 carries the numbers too (mean, std, interval, n; the paired difference, its interval and
 counts; the rank range). `--quick` is a smoke run: two rounds a job, random in every scenario
