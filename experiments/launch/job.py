@@ -386,12 +386,6 @@ class Job:
     print(f"-- runs {done + 1}-{done + len(runs)} of the job: {runs[0].method}: {each}",
           flush=True)
     batches = self.plan(runs, stages)
-    if self._batched(runs):
-      programs = len(fs.program_groups([r.spec.config for r in runs]))
-      if programs > 1:
-        print(f"-- {programs} compiled programs for these runs, one per value of "
-              f"{_structural(cfg) or 'their shapes'} (settings that set shapes or branches)",
-              flush=True)
     results = {}
     for batch in batches:
       records = _run_batch(cfg, batch.runner, [runs[i] for i in batch.indices],
@@ -406,17 +400,13 @@ class Job:
     """The run's folder under --out_dir."""
     return os.path.join(self.cfg.output.out_dir, *run.path)
 
-  def _batched(self, runs: list[Run]) -> bool:
-    """Whether `runs` advance in batches (--batch_runs, several runs, the device store)."""
-    return (self.cfg.output.batch_runs and len(runs) > 1
-            and not any(r.spec.on_host for r in runs))
-
   def plan(self, runs: list[Run], stages: bool = False) -> list[Batch]:
-    """The batches `run_all` advances `runs` in (see there), each made and its data placed;
+    """The batches `run_all` advances `runs` in (see there), each made and its data placed (and
+    says so when the runs need several programs);
     `stages`: their rounds as three programs (`fs.RunBatch`), to share a training compiled for
     another method."""
     out = self.cfg.output
-    batched = self._batched(runs)
+    batched = out.batch_runs and len(runs) > 1 and not any(r.spec.on_host for r in runs)
     if not batched:
       groups = [[i] for i in range(len(runs))]
     elif out.resume:  # Runs added to the job start as a batch of their own.
@@ -429,6 +419,10 @@ class Job:
       programs = fs.program_groups([r.spec.config for r in runs])
       groups = [[i for i in group if i in same] for same in programs for group in groups]
       groups = [g for g in groups if g]
+      if len(programs) > 1:
+        print(f"-- {len(programs)} compiled programs for these runs, one per value of "
+              f"{_structural(self.cfg) or 'their shapes'} (settings that set shapes or "
+              "branches)", flush=True)
     return [Batch(g, fs.RunBatch([runs[i].spec for i in g], stages=stages) if len(g) > 1 else
                   OneRun(runs[g[0]].spec, stages=stages)) for g in groups]
 

@@ -100,7 +100,8 @@ class DevicePlacement(_Placement):
     super().__init__(spec)
     self.host = padded_arrays(spec)
     self.stages = stages and spec.config.asynchrony is None
-    self.training = Keyed(training_key(spec.config), training_config(spec.config))
+    self.training = (Keyed(training_key(spec.config), training_config(spec.config))
+                     if self.stages else None)
 
   @functools.cached_property
   def arrays(self) -> DataArrays:
@@ -126,7 +127,6 @@ class DevicePlacement(_Placement):
 
   def evaluate(self, params) -> dict:
     return self.program(programs.evaluate)(self.keyed, params, self.arrays)
-
 
 
 class HostPlacement(_Placement):

@@ -97,36 +97,34 @@ def _over_runs(fn, chunk: int, *trees):
   return jax.tree.map(lambda a: a.reshape(r, *a.shape[2:]), out)
 
 
-def _batched_step(cfg, states, arrays, runs):
+def _each_run(cfg, fn, states, arrays, runs, *rest):
+  """`fn(config, state, arrays, run, *rest)` over the batch's runs, each with its swept value
+  settings in its config and the batch's round index (the runs advance together: one unbatched
+  index)."""
   config, chunk, pairs = cfg.value
-  t = states.round[0]  # The runs advance together: one unbatched round index.
-  fn = step_function(config)
+  t = states.round[0]
   return _over_runs(
-      lambda s, a, r: fn(sweeps.with_run_settings(config, pairs, r.settings),
-                         s._replace(round=t), a, r), chunk, states, arrays, runs)
+      lambda s, a, r, *x: fn(sweeps.with_run_settings(config, pairs, r.settings),
+                             s._replace(round=t), a, r, *x), chunk, states, arrays, runs, *rest)
+
+
+def _batched_step(cfg, states, arrays, runs):
+  return _each_run(cfg, step_function(cfg.value[0]), states, arrays, runs)
 
 
 def _batched_plan(cfg, states, arrays, runs):
-  config, chunk, pairs = cfg.value
-  t = states.round[0]
-  return _over_runs(
-      lambda s, a, r: round_plan(sweeps.with_run_settings(config, pairs, r.settings),
-                                 s._replace(round=t), a, r), chunk, states, arrays, runs)
-
-
-def _batched_train(cfg, params, pools, seeds, prox_mus, t, requests):
-  training, chunk = cfg.value
-  return _over_runs(lambda p, pool, seed, mu, req: train(training, p, pool, seed, mu, t, req),
-                    chunk, params, pools, seeds, prox_mus, requests)
+  return _each_run(cfg, round_plan, states, arrays, runs)
 
 
 def _batched_finish(cfg, states, arrays, runs, plans, trained):
-  config, chunk, pairs = cfg.value
-  t = states.round[0]
-  return _over_runs(
-      lambda s, a, r, p, tr: round_finish(sweeps.with_run_settings(config, pairs, r.settings),
-                                          s._replace(round=t), a, r, p, tr),
-      chunk, states, arrays, runs, plans, trained)
+  return _each_run(cfg, round_finish, states, arrays, runs, plans, trained)
+
+
+def _batched_train(cfg, params, pools, seeds, prox_mus, rounds, requests):
+  training, chunk = cfg.value
+  t = rounds[0]
+  return _over_runs(lambda p, pool, seed, mu, req: train(training, p, pool, seed, mu, t, req),
+                    chunk, params, pools, seeds, prox_mus, requests)
 
 
 def _batched_evaluate(cfg, params, arrays):
@@ -222,7 +220,8 @@ class RunBatch:
     self.config = BatchConfig(config, chunk, pairs)
     self.keyed = Keyed((program_key(config), chunk, pairs), self.config)
     self.stages = stages and config.asynchrony is None
-    self.training = Keyed((training_key(config), chunk), (training_config(config), chunk))
+    self.training = (Keyed((training_key(config), chunk), (training_config(config), chunk))
+                     if self.stages else None)
     self.arrays = stack_runs(hosts, self.placement)  # Each run's data uploaded once, here.
     self.run_values = stack_runs(
         [s.run_values._replace(settings=v) for s, v in zip(specs, values)], self.placement)
@@ -256,7 +255,7 @@ class RunBatch:
     values, arrays, where = self.run_values, self.arrays, self.placement
     plans = program(_batched_plan, where)(self.keyed, states, arrays, values)
     trained = program(_batched_train, where)(self.training, states.params, arrays.train,
-                                             values.seed, values.prox_mu, states.round[0],
+                                             values.seed, values.prox_mu, states.round,
                                              plans.cohort.request)
     return program(_batched_finish, where)(self.keyed, states, arrays, values, plans, trained)
 
