@@ -54,3 +54,16 @@ def test_stages_flag_compiles_the_round_as_three_programs_with_the_same_records(
                     "--selector=poc"], check=True, capture_output=True, timeout=HANG_GUARD_S)
     out[stages] = _records(folder)
   assert out["one"] == out["three"] and len(out["one"]) == 3
+
+
+def test_stages_with_the_asynchronous_mode_is_refused_naming_the_flags(tmp_path):
+  """The asynchronous mode keeps its round in one program: --stages=three would do nothing."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+
+  from tests.hang_guard import HANG_GUARD_S  # pylint: disable=import-outside-toplevel
+  proc = subprocess.run([sys.executable, "-m", "experiments.run", f"--out_dir={tmp_path}",
+                         "--mode=async", "--system_profile=lognormal", "--stages=three"],
+                        capture_output=True, text=True, timeout=HANG_GUARD_S)
+  assert proc.returncode != 0
+  assert "--stages=three has no effect with --mode=async" in proc.stderr, proc.stderr

@@ -173,8 +173,10 @@ class EngineConfig:
   stages: str = option("auto", "How a round compiles: one program, or three (plan, training, "
                        "finish) whose training is compiled once for every method and job of the "
                        "process that trains alike; auto: three where another method of the job "
-                       "trains alike (the records are the same either way).",
-                       choices=("auto", "one", "three"), result=False)
+                       "trains alike (the records are the same either way; --mode=async "
+                       "keeps one).",
+                       choices=("auto", "one", "three"), result=False,
+                       applies=(When("mode", ("sync",)),))
 
 
 @dataclasses.dataclass(frozen=True)
