@@ -10,12 +10,12 @@ goes to. The jobs run one after another through
 `experiments.run`'s own entry (`cli.guarded(run.main)`, the command line parsed again for each),
 so they share this process's imports, loaded libraries and compiled programs, and JAX's
 persistent compilation cache. Each job's rounds run as three programs (`--stages=three`, unless
-its flags say otherwise): a training compiled for one selector serves every later selector of the
-scenario that trains alike, which then compiles only its plan and finish stages. Each job's
-timing (wall, compile and round seconds, rounds trained, round programs compiled or loaded, its
-exit status) is written as `benchmarks.timed_launch` writes a process's. A SIGTERM or Ctrl-C
-stops the job running as it stops a launcher (its finished rounds kept, its timing written, exit
-status 130) and no later job starts.
+its flags say otherwise or run the asynchronous mode): a training compiled for one selector
+serves every later selector of the scenario that trains alike, which then compiles only its plan
+and finish stages. Each job's timing (wall, compile and round seconds, rounds trained, round
+programs compiled or loaded, its exit status) is written as `benchmarks.timed_launch` writes a
+process's. A SIGTERM or Ctrl-C stops the job running as it stops a launcher (its finished rounds
+kept, its timing written, exit status 130) and no later job starts.
 
 XLA:CPU maps each compiled program's code into the process, and a process that keeps hundreds of
 programs passes Linux's `vm.max_map_count` (65,530) and dies; after a job that leaves more than
@@ -138,7 +138,9 @@ def run_job(flags_: list[str], log_path: str) -> dict:
     try:
       flags.FLAGS.unparse_flags()
       try:
-        flags.FLAGS(["experiments.run", "--stages=three", *flags_])
+        # Three programs a round, except where the round is one (the asynchronous mode).
+        stages = [] if "--mode=async" in flags_ else ["--stages=three"]
+        flags.FLAGS(["experiments.run", *stages, *flags_])
       except flags.Error as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from e
