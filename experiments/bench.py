@@ -523,6 +523,8 @@ def participation_figure(jobs: dict[tuple[str, str], list[list[dict]]], path: st
                 for c in recs[-1].get("participations", [])]
       if counts:
         ax.hist(counts, bins=np.arange(max(counts) + 2) - 0.5, color="tab:blue")
+      elif (scenario, selector) not in jobs:  # Not run (a smoke run's): no frame to lay out.
+        ax.set_axis_off()
       if i == 0:
         ax.set_title(selector, fontsize=8)
       if j == 0:
@@ -534,7 +536,7 @@ def participation_figure(jobs: dict[tuple[str, str], list[list[dict]]], path: st
   if smoke:
     fig.suptitle("SMOKE RUN (--quick): meaningless", fontsize=9, color="tab:red")
   fig.tight_layout()
-  fig.savefig(path, dpi=110, bbox_inches="tight")
+  fig.savefig(path, dpi=110)
   plt.close(fig)
 
 
