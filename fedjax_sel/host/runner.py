@@ -499,7 +499,8 @@ def _start_batch(batch, states, out_dirs, resume, overwrite, fingerprints, say, 
   """The stacked states to start from and each run's history: with `resume`, every run from the
   latest round all of them hold a checkpoint of (the latest or the one before it)."""
   r = batch.num_runs
-  template = jax.tree.map(np.asarray, batch.run_slice(states, 0))
+  # Sliced on the host, and only to resume (a slice of each device array lowers a program).
+  template = batch.run_slice(jax.tree.map(np.asarray, states), 0) if resume else None
   found = []
   for i, d in enumerate(out_dirs):
     ckpt = os.path.join(d, CHECKPOINT_FILE)
