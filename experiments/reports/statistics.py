@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
-from scipy import stats
 
 LEVEL = 0.95  # The intervals' coverage.
 TIE = 1e-9  # Differences within this are ties (equal runs give exactly equal accuracies).
@@ -84,6 +83,9 @@ def interval(values: Sequence[float], level: float = LEVEL) -> Interval:
   if n == 1:
     return Interval(mean, 0.0, mean, mean, 1)
   std = float(a.std(ddof=1))
+  # Imported here: SciPy's statistics take 0.5 s to import, which `experiments.bench` and the
+  # launchers' start would pay for nothing.
+  from scipy import stats  # pylint: disable=import-outside-toplevel
   half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * std / math.sqrt(n)
   return Interval(mean, std, mean - half, mean + half, n)
 
