@@ -31,7 +31,8 @@ and every other selector in one (by default the scenarios that need no data file
 marked as such. With `--tune`, a selector the
 scenarios file tunes (`"tune": {"oort": ["--sweep=oort_exploration:0.1,0.5,0.9"]}`) is compared
 at its best setting: its job sweeps them (one batched program where the settings are values), a
-tenth of each client's data is held out, and the setting with the best final validation accuracy
+tenth of each client's data is held out (in every job, so all selectors train on the same rows),
+and the setting with the best final validation accuracy
 gives its row (`tuning.md` lists every setting's validation and test accuracy; the test split
 never chooses).
 """
@@ -602,12 +603,13 @@ def missing_file(spec: Scenarios, scenario: str, data_dir: str) -> str | None:
 def job_flags(spec: Scenarios, scenario: str, selector: str, tune: bool, quick: bool,
               data_dir: str, extra: tuple[str, ...] = ()) -> list[str]:
   """The `experiments.run` flags of a (scenario, selector) job: the common ones, the scenario's,
-  `--data_dir` where its files lie under it, `extra` (`--job_flag`), the selector, its tuning
-  sweep and held-out validation tenth with `tune`, and last, overriding them, the quick ones with
-  `quick`."""
+  `--data_dir` where its files lie under it, `extra` (`--job_flag`), the selector, with `tune`
+  its tuning sweep and the held-out validation tenth (every job's, tuned or not, so that all
+  train on the same rows and the paired comparison with random stays like for like), and last,
+  overriding them, the quick ones with `quick`."""
   own = spec.scenarios[scenario]
   tuning = list(spec.tune.get(selector, ())) if tune else []
-  held_out = ["--val_fraction=0.1"] if tuning and not any(
+  held_out = ["--val_fraction=0.1"] if tune and not any(
       f.startswith("--val_fraction=") for f in own) else []
   under_dir = any(not os.path.isabs(f) for f in spec.needs.get(scenario, ()))
   return [*spec.common, *own, *([f"--data_dir={data_dir}"] if under_dir else []), *extra,

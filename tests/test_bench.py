@@ -152,6 +152,10 @@ def test_a_tuned_selector_is_ranked_at_its_best_validation_setting(tmp_path):
   assert f"| label_skew | oort | oort_exploration={best:g} |" in tuning
   assert tuning.count("| yes |") == 1
   assert "(6 runs)" in (job / "bench.log").read_text(encoding="utf-8")  # 3 settings x 2 seeds.
+  # Random, tuned or not, trains on the same rows as the tuned selector: the tenth held out too.
+  plan = json.loads((out / "plan.json").read_text(encoding="utf-8"))
+  flags = {job["label"]: job["flags"] for job in plan}
+  assert all("--val_fraction=0.1" in f for f in flags.values()), flags
 
 
 def test_a_scenario_whose_files_are_missing_is_skipped_naming_the_file(tmp_path):
