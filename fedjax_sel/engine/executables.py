@@ -10,12 +10,11 @@ A config is stored only when its signature is the same in every process and its 
 one that describes a value by identity (an object without structural equality), or holds a class
 defined where there is no source file (a notebook), is compiled as before. The store is on
 with the persistent cache, in its `executables/` folder, on a single-device, single-process run;
-`FEDJAX_SEL_CACHE_DIR=off` turns both off. A file that cannot be read back is compiled again. A
-program that JAX's own cache supplied (after an edit of the sources changed the store's keys) is
-stored from the cache's bytes of it, so the next process loads it untraced (`compile_and_save`).
-Every file is sealed with the user's secret and read back only when its seal verifies under the
-key it is filed under, and only from a folder no other user may write (`store_trust.py`): a
-planted or swapped file is compiled again, never run.
+`FEDJAX_SEL_CACHE_DIR=off` turns both off. A file that cannot be read back is compiled again, and
+a program that JAX's own cache supplied is not stored (`compile_and_save` says why): it enters the
+store when XLA next compiles it. Every file is sealed with the user's secret and read back only
+when its seal verifies under the key it is filed under, and only from a folder no other user may
+write (`store_trust.py`): a planted or swapped file is compiled again, never run.
 
 Examples:
   >>> jit_marker("/cache/executables/abc.exe")
@@ -26,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import json
 import os
 import pickle
@@ -38,8 +36,6 @@ from typing import Any
 
 import jax
 from jax import monitoring
-from jax._src import compilation_cache as jax_cache
-from jax._src.lib import xla_client
 from jax.experimental import serialize_executable
 
 from fedjax_sel.engine import store_trust
@@ -66,25 +62,6 @@ def _hits() -> int:
 
 
 monitoring.register_event_listener(_count_hit)
-
-
-def _keeping_entries(extract: Callable) -> Callable:
-  """JAX's reader of a persistent cache entry, which also keeps the executable's bytes as the
-  cache holds them (the thread's last): the store files a program JAX's cache supplied from
-  them, since on CPU the executable JAX loads from them serializes again without its kernels."""
-  def wrapper(entry: bytes):
-    serialized, compile_time = extract(entry)
-    _HITS.entry = serialized
-    return serialized, compile_time
-  wrapper.__wrapped__ = extract
-  return wrapper
-
-
-# A private function of JAX (`get_executable_and_time` calls it by name): where it is missing or
-# changed, a program JAX's cache supplies is stored only from a twin, as before.
-if callable(getattr(jax_cache, "extract_executable_and_time", None)) and not hasattr(
-    jax_cache.extract_executable_and_time, "__wrapped__"):
-  jax_cache.extract_executable_and_time = _keeping_entries(jax_cache.extract_executable_and_time)
 
 
 def folder() -> str | None:
@@ -156,23 +133,21 @@ def load(path: str):
 
 
 def compile_and_save(lowered, path: str):
-  """Compiles `lowered` and stores it at `path`. A program JAX's persistent cache supplied is
-  stored from the cache's bytes of it (on CPU the executable JAX loads from them serializes again
-  without its kernels: `NOT_FOUND: Function ... not found` when the copy runs), else from its twin
-  that XLA compiled in this process (the same module for another config, e.g. the evaluation of
-  two methods), else not at all. A program XLA cannot serialize is marked (`jit_marker`) so the
-  next process jits it; one that cannot be written runs from memory. Safe on several threads at
-  once."""
-  hits, _HITS.entry = _hits(), None
+  """Compiles `lowered` and stores it at `path` when XLA compiled it now, or compiled its twin
+  (the same module for another config, e.g. the evaluation of two methods) in this process. One
+  that JAX's persistent cache supplied otherwise is not stored (on CPU an executable it loads
+  serializes without its kernels: `NOT_FOUND: Function ... not found` when the copy runs), so a
+  miss here costs no more than before the store: tracing and the cache's load. A program XLA
+  cannot serialize is marked (`jit_marker`) so the next process jits it; one that cannot be
+  written runs from memory. Safe on several threads at once."""
+  hits = _hits()
   compiled = lowered.compile()
   digest = hashlib.sha256(lowered.as_text().encode()).hexdigest()
-  source, entry = compiled, None
-  if _hits() != hits:  # JAX's cache supplied it: store the cache's bytes, or its twin's.
-    entry, twin, _HITS.entry = _HITS.entry, _COMPILED.get(digest), None
-    if entry is None:
-      if twin is None or _arguments(twin) != _arguments(compiled):
-        return compiled
-      source = twin
+  source = compiled
+  if _hits() != hits:  # JAX's cache supplied it: store it from its twin XLA compiled, if any.
+    source = _COMPILED.get(digest)
+    if source is None or _arguments(source) != _arguments(compiled):
+      return compiled
   else:
     _COMPILED[digest] = compiled
   # The oneDNN handlers registered in this process may be called: the loader registers them too.
@@ -181,8 +156,7 @@ def compile_and_save(lowered, path: str):
   try:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     try:
-      payload = (serialize_executable.serialize(source)[0] if entry is None else
-                 _serialized_from(compiled, entry))
+      payload, _, _ = serialize_executable.serialize(source)
       data = zlib.compress(pickle.dumps((payload, jax.tree.structure(compiled.args_info),
                                          compiled.out_tree, uses_onednn)), 1)
     except (ValueError, TypeError, NotImplementedError, pickle.PicklingError,
@@ -193,26 +167,6 @@ def compile_and_save(lowered, path: str):
   except OSError:
     pass  # A read-only cache: run it from memory.
   return compiled
-
-
-def _serialized_from(compiled, entry: bytes) -> bytes:
-  """`serialize_executable.serialize(compiled)[0]`, with `entry` (its bytes as JAX's persistent
-  cache holds them) as the executable's."""
-  # pylint: disable=protected-access
-  unloaded = getattr(compiled._executable, "_unloaded_executable", None)
-  if unloaded is None or compiled._params.const_args:
-    raise ValueError("this compilation cannot be serialized")
-
-  class EntryPickler(serialize_executable._JaxPjrtPickler):
-    def persistent_id(self, obj):
-      if isinstance(obj, xla_client.LoadedExecutable):
-        return ("exec", entry)
-      return super().persistent_id(obj)
-
-  with io.BytesIO() as file:
-    EntryPickler(file).dump((unloaded, jax.tree.leaves(compiled.args_info),
-                             compiled._no_kwargs))
-    return file.getvalue()
 
 
 def _arguments(compiled) -> str:
