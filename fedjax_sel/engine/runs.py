@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel.engine import sweeps
@@ -69,10 +70,11 @@ class BatchConfig(NamedTuple):
 
 
 def stack_runs(trees: Sequence[Any], sharding=None) -> Any:
-  """The trees stacked on a leading runs axis (on the host, then sent: no per-leaf program, which
-  `jnp.asarray` would lower for each shape and dtype)."""
+  """The trees stacked on a leading runs axis (on the host: no per-leaf compilation). Copied to
+  the device with `jnp.asarray`: on CPU `jax.device_put` of a numpy array aliases its memory."""
   stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *trees)
-  return jax.device_put(stacked, sharding)
+  return jax.device_put(stacked, sharding) if sharding is not None else jax.tree.map(
+      jnp.asarray, stacked)
 
 
 def unstack(tree: Any, i: int) -> Any:
