@@ -401,10 +401,9 @@ class Job:
     return os.path.join(self.cfg.output.out_dir, *run.path)
 
   def plan(self, runs: list[Run], stages: bool = False) -> list[Batch]:
-    """The batches `run_all` advances `runs` in (see there), each made and its data placed (and
-    says so when the runs need several programs);
-    `stages`: their rounds as three programs (`fs.RunBatch`), to share a training compiled for
-    another method."""
+    """The batches `run_all` advances `runs` in (see there), each made and its data placed, saying
+    so when the runs need several programs. `stages`: their rounds as three programs
+    (`fs.RunBatch`), to share a training compiled for another method."""
     out = self.cfg.output
     batched = out.batch_runs and len(runs) > 1 and not any(r.spec.on_host for r in runs)
     if not batched:

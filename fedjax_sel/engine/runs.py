@@ -70,8 +70,10 @@ class BatchConfig(NamedTuple):
 
 
 def stack_runs(trees: Sequence[Any], sharding=None) -> Any:
-  """The trees stacked on a leading runs axis (on the host: no per-leaf compilation). Copied to
-  the device with `jnp.asarray`: on CPU `jax.device_put` of a numpy array aliases its memory."""
+  """The trees stacked on a leading runs axis (on the host: no per-leaf compilation), then placed
+  on `sharding`, or without one copied with `jnp.asarray` (a small program per shape and dtype).
+  `jax.device_put` there, which on CPU aliases the numpy memory instead, was tried and taken out:
+  FedCor's jobs crashed or hung with it (docs/engine.md)."""
   stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *trees)
   return jax.device_put(stacked, sharding) if sharding is not None else jax.tree.map(
       jnp.asarray, stacked)
