@@ -889,6 +889,24 @@ def test_api_resume_with_a_changed_part_is_refused_naming_it(tmp_path, name, kw,
   fs.run(_resumable(), 3, str(tmp_path), resume=True, progress=None)  # The same setup resumes.
 
 
+def test_fingerprint_draws_equal_the_schedule_and_availability_computed_op_by_op():
+  # The fingerprint computes its learning rates and availability draws as one program; a run
+  # fingerprinted before (each operation run eagerly) must still resume, so the digests agree.
+  sim = _resumable(lr_schedule=fs.step_decay_lr(0.05, 0.998, 10), seed=7,
+                   availability=fs.probability_availability(np.linspace(0.2, 0.9, 6)))
+  spec, config = sim.spec, sim.spec.config
+  with jax.disable_jit():
+    rounds = jnp.arange(runner.LR_HORIZON, dtype=jnp.int32)
+    lrs = [spec.run_values.lr * config.lr_factor(t) for t in rounds[:50]]
+    avail = [config.availability.sample(spec.run_values.seed, t)
+             for t in rounds[:runner.AVAILABILITY_HORIZON]]
+    all_lrs = spec.run_values.lr * jax.vmap(config.lr_factor)(rounds)
+  np.testing.assert_array_equal(np.asarray(all_lrs[:50]), np.stack(lrs))
+  got = runner.run_fingerprint(spec)
+  assert got["lr_schedule"] == runner._digest(all_lrs)
+  assert got["availability_draws"] == runner._digest(np.stack(avail))
+
+
 def test_a_users_part_without_a_spec_is_fingerprinted_by_name_with_a_warning(tmp_path):
   mine = fs.Selector(init=lambda n, p: (), select=lambda s, key, inputs, mask: (
       fs.top_k_mask(jnp.arange(mask.shape[0], dtype=jnp.float32), mask, 2), s))

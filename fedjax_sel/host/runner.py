@@ -39,7 +39,9 @@ import numpy as np
 
 from fedjax_sel.engine import checks
 from fedjax_sel.engine.placement import place
+from fedjax_sel.engine.programs import program
 from fedjax_sel.engine.run_spec import RunSpec
+from fedjax_sel.engine.signature import Keyed, signature
 from fedjax_sel.engine.simulator import Simulator
 from fedjax_sel.engine.state import EngineState, to_host
 from fedjax_sel.host import checkpoint, folder_lock, telemetry
@@ -88,6 +90,16 @@ def _digest(a) -> str:
   return hashlib.sha256(np.ascontiguousarray(np.asarray(a)).tobytes()).hexdigest()[:16]
 
 
+def _draws(cfg, lr, seed):
+  """The learning rates of rounds 0..`LR_HORIZON`-1 and the availability of rounds
+  0..`AVAILABILITY_HORIZON`-1 of the schedule and availability model `cfg.value`: one program (run
+  eagerly, each of their operations compiled on its own: about 1 s of a cold process)."""
+  lr_factor, availability = cfg.value
+  rounds = jnp.arange(LR_HORIZON, dtype=jnp.int32)
+  lrs = lr * jax.vmap(lr_factor)(rounds) * jnp.ones_like(rounds, jnp.float32)
+  return lrs, jax.vmap(lambda t: availability.sample(seed, t))(rounds[:AVAILABILITY_HORIZON])
+
+
 def run_fingerprint(spec: RunSpec, settings: dict | None = None) -> dict:
   """What determines a run, in one vocabulary: the job config's field names (and flags) where one
   exists (`lr`, `prox_mu`, `clients_per_round`, `num_clients`, `batch_size`, `local_epochs`,
@@ -99,11 +111,9 @@ def run_fingerprint(spec: RunSpec, settings: dict | None = None) -> dict:
   where both name an entry."""
   config = spec.config
   shapes = [list(np.shape(a)) for a in jax.tree.leaves(jax.eval_shape(spec.initial_state).params)]
-  rounds = jnp.arange(LR_HORIZON, dtype=jnp.int32)
-  lrs = spec.run_values.lr * jax.vmap(config.lr_factor)(rounds) * jnp.ones_like(rounds,
-                                                                                   jnp.float32)
-  avail = jax.vmap(lambda t: config.availability.sample(spec.run_values.seed, t))(
-      rounds[:AVAILABILITY_HORIZON])
+  parts = (config.lr_factor, config.availability)
+  lrs, avail = program(_draws)(Keyed(signature(parts), parts), spec.run_values.lr,
+                               spec.run_values.seed)
   local = config.local
   parts = {kind: describe(getattr(config, role))
            for kind, role in (("selector", "selector"), ("filter", "filter"),
