@@ -27,8 +27,9 @@ paired difference from random (starred where its interval excludes 0) and its ra
 `participation.png` each selector's histogram of how often the clients took part. The CSV
 carries the numbers too (mean, std, interval, n; the paired difference, its interval and
 counts; the rank range). `--quick` is a smoke run: two rounds a job, random in every scenario
-and every other selector in one (by default the scenarios that need no data file), each output
-marked as such. With `--tune`, a selector the
+and every other selector in one (by default the scenarios that need no data file), compiled
+with `--fast_compile` (its numbers check that the benchmark runs, so their last float bits do
+not matter), each output marked as such. With `--tune`, a selector the
 scenarios file tunes (`"tune": {"oort": ["--sweep=oort_exploration:0.1,0.5,0.9"]}`) is compared
 at its best setting: its job sweeps them (one batched program where the settings are values), a
 tenth of each client's data is held out (in every job, so all selectors train on the same rows),

@@ -40,6 +40,7 @@ from fedjax_sel.data.federated import ClientPool, FederatedDataset
 from fedjax_sel.data.flower import flower_dataset
 from fedjax_sel.engine.capacity import Capacity
 from fedjax_sel.engine.description import LrSchedule, RoundConfig, constant_lr, step_decay_lr
+from fedjax_sel.engine.programs import use_fast_compile
 from fedjax_sel.engine.run_spec import RunSpec, build_run
 from fedjax_sel.engine.runs import RunBatch
 from fedjax_sel.engine.sweeps import program_groups
@@ -91,5 +92,5 @@ __all__ = [
     # Engine and host.
     "Capacity", "Costs", "EngineState", "LrSchedule", "RoundConfig", "RunSpec", "Simulator",
     "build_run", "constant_lr", "step_decay_lr", "RunBatch", "program_groups", "run", "run_batch",
-    "summary_table", "use_persistent_cache",
+    "summary_table", "use_fast_compile", "use_persistent_cache",
 ]

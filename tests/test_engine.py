@@ -14,6 +14,7 @@ import optax
 import pytest
 
 import fedjax_sel as fs
+from fedjax_sel.engine import programs
 from fedjax_sel.engine.stats import batch_loss
 from fedjax_sel.models import example_metrics
 from fedjax_sel.parts.types import AggregateInputs
@@ -261,3 +262,26 @@ def test_a_run_with_dropout_repeats_and_resumes_bit_for_bit(tmp_path):
   assert whole == strip(fs.run(sim(), 4, str(tmp_path / "b"), progress=None))
   fs.run(sim(), 2, str(tmp_path / "c"), checkpoint_every=1, progress=None)
   assert strip(fs.run(sim(), 4, str(tmp_path / "c"), resume=True, progress=None)) == whole
+
+
+def test_fast_compile_gives_the_default_compilations_rounds_to_float_rounding(tmp_path):
+  # `use_fast_compile` changes how XLA:CPU emits the programs, not what they compute: a run's
+  # records agree with the default compilation's to float rounding, and repeat bit for bit.
+  from tests.test_reliability import make_sim  # pylint: disable=import-outside-toplevel
+
+  def records(fast, folder):
+    fs.use_fast_compile(fast)
+    try:
+      assert programs.program(programs.step).name.endswith("+fast") == fast
+      return fs.run(make_sim(seed=3), 4, str(tmp_path / folder), progress=None)
+    finally:
+      fs.use_fast_compile(False)
+
+  default, fast, again = records(False, "a"), records(True, "b"), records(True, "c")
+  strip = lambda rs: [{k: v for k, v in r.items() if k not in ("wall_s", "round_time_s")}
+                      for r in rs]
+  assert strip(fast) == strip(again)
+  for want, got in zip(strip(default), strip(fast)):
+    assert jax.tree.structure(want) == jax.tree.structure(got)
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+      np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)

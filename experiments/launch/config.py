@@ -280,6 +280,10 @@ class OutputConfig:
                            "uploads later) or online (streams; needs `wandb login`).",
                            choices=("offline", "online"), result=False,
                            applies=(When("wandb", (True,)),))
+  fast_compile: bool = option(False, "Compile the rounds with XLA:CPU's legacy loop emitters: "
+                              "about a quarter less compiling, rounds as fast, but the records "
+                              "may differ in the last float bits from a run without it "
+                              "(fedjax_sel.use_fast_compile).")
   batch_runs: bool = option(True, "Advance a method's runs (its seeds, and --sweep values) "
                             "together as one batched compiled program (device store); "
                             "--nobatch_runs runs them one after another, still sharing one "

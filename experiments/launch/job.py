@@ -326,6 +326,7 @@ class Job:
   def __init__(self, cfg: cfglib.JobConfig, flag_lines: list[str]):
     self.cfg = cfg
     self.flag_lines = flag_lines
+    fs.use_fast_compile(cfg.output.fast_compile)  # Before the job's first program.
     self.manifest: list[dict] = []  # Per run: launcher, label, method, seed, sweep, folder.
     self.stopped: list[str] = []  # "<label>: why" of each run that stopped.
 
