@@ -4,7 +4,8 @@ r"""Time to result: where a short job's wall time goes, and what compiling once 
   python -m benchmarks.time_to_result --quick    # smoke run
 
 Three tables, each job in fresh processes:
-- jobs: each launcher's default job and the library example, with a cold persistent compilation
+- jobs: each launcher's default job (the main job and FedSRC's also with `--fast_compile`) and
+  the library example, with a cold persistent compilation
   cache (a fresh `FEDJAX_SEL_CACHE_DIR`) and warm (the same job again in a new process): wall time
   split into import, data, set-up, compile and rounds (`benchmarks.timed_launch`), the round
   programs compiled (JAX's compile events) against methods x seeds, and the cache hits.
@@ -42,6 +43,10 @@ JOBS = {  # name: (launcher, flags, runs of the default job: methods x groups x 
     "uacs": ("experiments.uacs", [], 60),
     "fedsrc": ("experiments.fedsrc", [], 42),
     "run (FedAvg)": ("experiments.run", [], 1),
+    # The same jobs compiled with XLA:CPU's legacy loop emitters (opt-in: the last float bits
+    # may differ from the default compilation's; docs/engine.md).
+    "filfl --fast_compile": ("experiments.filfl", ["--fast_compile"], 9),
+    "fedsrc --fast_compile": ("experiments.fedsrc", ["--fast_compile"], 42),
 }
 QUICK_JOBS = {"filfl (main job)": ("experiments.filfl", ["--rounds=2"], 9),
               "run (FedAvg)": ("experiments.run", ["--rounds=2", "--seeds=0,1"], 2)}

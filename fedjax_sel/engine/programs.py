@@ -117,7 +117,7 @@ def use_fast_compile(on: bool = True) -> None:
   of XLA compilation; FedSRC's job 57 -> 52 s cold) and run as fast, but a composition may round
   differently in the last float bits (a clock's seconds did; every golden job's records did
   not), so a run is reproduced bit for bit only under the setting it ran with: the launchers'
-  `--fast_compile`, off by default (docs/performance.md, "Compilation"). Without effect on
+  `--fast_compile`, off by default (docs/engine.md, "Faster compiling"). Without effect on
   accelerators.
 
   Example:
