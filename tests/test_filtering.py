@@ -12,6 +12,8 @@ import pytest
 import fedjax_sel as fs
 from fedjax_sel import keys as keylib
 from fedjax_sel.client.local_training import local_train
+from fedjax_sel.engine import placement
+from fedjax_sel.engine.round import round_step
 from fedjax_sel.host.compilation import CompileLog
 from fedjax_sel.parts.filters import filfl as filtering
 
@@ -177,6 +179,33 @@ def test_greedy_compiles_once_across_calls():
     c = jax.tree.map(lambda a: a + i, clients)
     fn(c, jnp.arange(9) % (i + 2) > 0, g, jax.random.PRNGKey(i))
   assert fn._cache_size() == 1
+
+
+def test_the_mode_as_a_traced_flag_gives_each_modes_algorithm1():
+  # The engine's filter passes DGF or RGF as data (its state): both through one compiled program.
+  fn = jax.jit(lambda c, v, p, k, flag, loss_fn: filtering.greedy_filter(
+      loss_fn, c, v, p, k, randomized=flag), static_argnums=5)
+  for case, n in enumerate([3, 12]):
+    loss_fn, clients, g = make_problem(case, n, scale=0.8)
+    valid = np.arange(n) % 4 != 1
+    key = jax.random.PRNGKey(case + 5)
+    for mode in ("dgf", "rgf"):
+      out = fn(clients, jnp.asarray(valid), g, key, jnp.asarray(mode == "rgf"), loss_fn)
+      want, _ = reference_algorithm1(loss_fn, clients, valid, g, key, mode, "zero", 10.0,
+                                     "random")
+      assert np.flatnonzero(np.asarray(out.kept)).tolist() == want, (mode, n)
+  assert fn._cache_size() == 2  # One per problem's shapes, not per mode.
+
+
+def test_dgf_and_rgf_rounds_are_one_program():
+  data = _data_with_public()
+  texts = []
+  for mode in ("dgf", "rgf"):
+    spec = _filfl_sim(data, mode).spec
+    step = jax.jit(lambda s, a, r, config=spec.config: round_step(config, s, a, r))
+    texts.append(step.lower(spec.initial_state(), placement.place(spec).arrays,
+                            spec.run_values).as_text())
+  assert texts[0] == texts[1]
 
 
 def _filfl_sim(data, mode="dgf", period=2, model=None):

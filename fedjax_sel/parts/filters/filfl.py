@@ -85,7 +85,7 @@ def _scale(tree, s):
 def greedy_filter(loss_fn: PublicLoss, client_params: Params, valid: jax.Array,
                   global_params: Params, key: jax.Array, *, mode: str = "dgf",
                   empty_value: str = "zero", const: float = 10.0,
-                  order: str = "random") -> GreedyResult:
+                  order: str = "random", randomized: jax.Array | None = None) -> GreedyResult:
   """Algorithm 1 of FilFL (DGF or RGF) over stacked `client_params [n, ...]`.
 
   Args:
@@ -98,11 +98,15 @@ def greedy_filter(loss_fn: PublicLoss, client_params: Params, valid: jax.Array,
     empty_value: "zero" (R(empty) = 0, default) or "global" (R(empty) = C - F^P(w_t)).
     const: C of R(S) = C - F^P.
     order: "random" (a permutation drawn from `key`) or "index".
+    randomized: a bool scalar, possibly traced, that chooses RGF (True) or DGF in place of `mode`:
+      one compiled program then serves both (the engine's filter passes its state's).
 
   Returns:
     A `GreedyResult`.
   """
   _check(mode, empty_value, order)
+  if randomized is None:
+    randomized = mode == "rgf"
   n = valid.shape[0]
   valid = valid.astype(bool)
   order_key, coin_key = jax.random.split(key)
@@ -138,13 +142,12 @@ def greedy_filter(loss_fn: PublicLoss, client_params: Params, valid: jax.Array,
     r_y_new = jnp.where(y_count - 1.0 > 0, r_pair[1], r_empty)
     a = r_x_new - r_x
     b = r_y_new - r_y
-    if mode == "dgf":
-      keep = a > b
-      p = keep.astype(jnp.float32)
-    else:
-      ap, bp = jnp.maximum(a, 0.0), jnp.maximum(b, 0.0)
-      p = jnp.where((ap == 0) & (bp == 0), 1.0, ap / jnp.maximum(ap + bp, 1e-30))
-      keep = jax.random.uniform(jax.random.fold_in(coin_key, i)) < p
+    # DGF keeps u_i when a > b; RGF with probability a+ / (a+ + b+) (1 when both are 0).
+    ap, bp = jnp.maximum(a, 0.0), jnp.maximum(b, 0.0)
+    p_rgf = jnp.where((ap == 0) & (bp == 0), 1.0, ap / jnp.maximum(ap + bp, 1e-30))
+    keep = jnp.where(randomized, jax.random.uniform(jax.random.fold_in(coin_key, i)) < p_rgf,
+                     a > b)
+    p = jnp.where(randomized, p_rgf, keep.astype(jnp.float32))
     keep = keep & live
     drop = (~keep) & live
     x_sum = jax.tree.map(lambda xs, wu: jnp.where(keep, xs + wu, xs), x_sum, w_u)
@@ -285,7 +288,7 @@ def filfl_filter(public_loss: Callable[[Params, jax.Array, jax.Array], jax.Array
     slots, valid, res = local
     m = inputs.public_y.shape[0]
     loss_fn = lambda p: public_loss(p, inputs.public_x, inputs.public_y)
-    out = greedy_filter(loss_fn, res.params, valid, inputs.params, key, mode=config.mode,
+    out = greedy_filter(loss_fn, res.params, valid, inputs.params, key, randomized=state,
                         empty_value=config.empty_value, const=config.const, order=config.order)
     n_clients = inputs.available.shape[0]
     filtered = jnp.zeros((n_clients,), bool).at[slots].max(out.kept & valid)
@@ -304,7 +307,11 @@ def filfl_filter(public_loss: Callable[[Params, jax.Array, jax.Array], jax.Array
     info["public_samples"] = evals * m
     return filtered, state, info
 
-  return Filter(init=lambda n, params: (), apply=apply, period=config.period, trains_available=True,
+  # The mode is the filter's state (a bool: RGF), not a constant of the round: DGF's and RGF's
+  # rounds are then one program, compiled once (JAX's cache serves the second its twin).
+  randomized = config.mode == "rgf"
+  return Filter(init=lambda n, params: jnp.asarray(randomized), apply=apply, period=config.period,
+                trains_available=True,
                 uses_public=True,
                 costs=lambda info: PartCosts(server_public_samples=info["public_samples"]),
                 spec={"name": config.mode, **config._asdict(),
