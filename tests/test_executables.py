@@ -122,6 +122,25 @@ def test_a_program_from_jax_s_cache_is_stored_from_its_twin_compiled_in_this_pro
                                   program(x))
 
 
+def test_a_twin_of_a_program_with_a_sort_is_stored_after_the_first_has_run(tmp_path):
+  """XLA:CPU refuses to serialize a program with a sort once it has run (`LessThan` is not
+  serializable): the twin is stored from the first's serialization made when it compiled (before,
+  the FilFL job's RGF finish and two evaluations were marked for jit and traced in every warm
+  run)."""
+  c = float(int.from_bytes(os.urandom(3), "little"))
+  first, twin = (lambda x: jnp.sort(x * c)), (lambda x: jnp.sort(x * c))
+  paths = [str(tmp_path / "first.exe"), str(tmp_path / "twin.exe")]
+  x = jnp.linspace(1.0, -1.0, 5)
+  compiled = executables.compile_and_save(_lower(first), paths[0])
+  want = compiled(x)  # It runs before its twin comes.
+  with CompileLog() as log:
+    executables.compile_and_save(_lower(twin), paths[1])
+  assert log.cache_hits == 1
+  assert sorted(os.listdir(tmp_path)) == ["first.exe", "twin.exe"]
+  loaded = executables.load(paths[1])
+  np.testing.assert_array_equal(executables.first_call(loaded, (x,), paths[1], "jit(f)"), want)
+
+
 def test_a_program_xla_cannot_serialize_is_marked_for_jit(tmp_path, monkeypatch):
   def refuse(compiled):
     raise NotImplementedError("not serializable")

@@ -23,13 +23,13 @@ Examples:
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import json
 import os
 import pickle
 import threading
-import weakref
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -46,9 +46,13 @@ LOADED_EVENT = "/fedjax_sel/executables/loaded"  # A `jax.monitoring` event per 
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"  # JAX's event per persistent cache load.
 MAX_BYTES = 1 << 30  # The store's size: past it, the files least recently used are removed.
 _HITS = threading.local()  # JAX's persistent cache hits of each thread (its monitoring events).
-# The executables XLA compiled in this process, by their module's digest: what a twin program
-# (another config, the same module) that JAX's cache then supplied is stored from.
-_COMPILED = weakref.WeakValueDictionary()
+# The serialized executables XLA compiled lately in this process, with their argument types, by
+# their module's digest: what a twin program (another config, the same module) that JAX's cache
+# then supplied is stored from. Serialized when compiled: XLA:CPU refuses to serialize a program
+# with a sort (`LessThan` is not serializable) once it has run.
+_COMPILED: collections.OrderedDict = collections.OrderedDict()
+_COMPILED_KEPT = 32
+_COMPILED_LOCK = threading.Lock()
 
 
 def _count_hit(event: str, **kwargs) -> None:
@@ -134,7 +138,8 @@ def load(path: str):
 
 def compile_and_save(lowered, path: str):
   """Compiles `lowered` and stores it at `path` when XLA compiled it now, or compiled its twin
-  (the same module for another config, e.g. the evaluation of two methods) in this process. One
+  (the same module for another config, e.g. the evaluation of two methods) in this process, from
+  the bytes that was serialized to when it compiled. One
   that JAX's persistent cache supplied otherwise is not stored (on CPU an executable it loads
   serializes without its kernels: `NOT_FOUND: Function ... not found` when the copy runs), so a
   miss here costs no more than before the store: tracing and the cache's load. A program XLA
@@ -143,30 +148,42 @@ def compile_and_save(lowered, path: str):
   hits = _hits()
   compiled = lowered.compile()
   digest = hashlib.sha256(lowered.as_text().encode()).hexdigest()
-  source = compiled
   if _hits() != hits:  # JAX's cache supplied it: store it from its twin XLA compiled, if any.
-    source = _COMPILED.get(digest)
-    if source is None or _arguments(source) != _arguments(compiled):
+    with _COMPILED_LOCK:
+      twin = _COMPILED.get(digest)
+    if twin is None or twin[1] != _arguments(compiled):
       return compiled
+    payload = twin[0]
   else:
-    _COMPILED[digest] = compiled
+    payload = _serialized(compiled)
+    with _COMPILED_LOCK:
+      _COMPILED[digest] = (payload, _arguments(compiled))
+      while len(_COMPILED) > _COMPILED_KEPT:
+        _COMPILED.popitem(last=False)
   # The oneDNN handlers registered in this process may be called: the loader registers them too.
   uses_onednn = (onednn.unavailable_reason.cache_info().currsize > 0
                  and onednn.unavailable_reason() is None)
   try:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    try:
-      payload, _, _ = serialize_executable.serialize(source)
+    if payload is None:  # E.g. an operation XLA cannot serialize.
+      path, data = jit_marker(path), b""
+    else:
       data = zlib.compress(pickle.dumps((payload, jax.tree.structure(compiled.args_info),
                                          compiled.out_tree, uses_onednn)), 1)
-    except (ValueError, TypeError, NotImplementedError, pickle.PicklingError,
-            jax.errors.JaxRuntimeError):  # E.g. an operation XLA cannot serialize.
-      path, data = jit_marker(path), b""
     _write(path, _sealed(path, data))
     evict(os.path.dirname(path), MAX_BYTES)
   except OSError:
     pass  # A read-only cache: run it from memory.
   return compiled
+
+
+def _serialized(compiled) -> bytes | None:
+  """`compiled` serialized, or None when XLA cannot serialize it."""
+  try:
+    return serialize_executable.serialize(compiled)[0]
+  except (ValueError, TypeError, NotImplementedError, pickle.PicklingError,
+          jax.errors.JaxRuntimeError):
+    return None
 
 
 def _arguments(compiled) -> str:
