@@ -167,3 +167,19 @@ def test_no_aggregated_slot_keeps_the_global_model(aggregator):
   inputs = AggregateInputs(jnp.zeros(5, bool), jnp.ones(5), jnp.zeros(5))
   new, _ = aggregator.apply((), glob, params, inputs)
   assert all(bool((a == 7.0).all()) for a in jax.tree.leaves(new))
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 7, 10, 33])
+def test_the_slot_sort_equals_jnp_sort_bit_for_bit(k):
+  # The robust aggregators sort the K slots with a compare-exchange network on CPU (33 slots:
+  # jnp.sort itself); it must give jnp.sort's values in its order, NaNs last, zeros of either
+  # sign and subnormals kept where its stable sort keeps them.
+  rng = np.random.default_rng(k)
+  special = np.array([0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 1.0, -1.0, 5e-45, -5e-45,
+                      1e-38, -1.18e-38], np.float32)
+  x = rng.normal(size=(k, 40, 3)).astype(np.float32)
+  pick = rng.random(x.shape) < 0.35
+  x[pick] = rng.choice(special, size=pick.sum())
+  got = jax.jit(agg.sort_slots)(jnp.asarray(x))
+  want = jax.jit(lambda a: jnp.sort(a, axis=0))(jnp.asarray(x))
+  np.testing.assert_array_equal(np.asarray(got).view(np.uint32), np.asarray(want).view(np.uint32))

@@ -103,10 +103,65 @@ def fedavg(weighting: str = "examples") -> Aggregator:
 TRIM_ROUNDINGS = ("floor", "ceil")
 
 
+# Slots up to which a sort along them is a network of compare-exchanges, elementwise over the
+# coordinates, instead of XLA's sort (on CPU a comparator call per comparison: FedSRC's median
+# and trimmed-mean rounds took 90 ms against FedAvg's 32 at K = 10).
+NETWORK_SLOTS = 32
+
+
+def _sort_key(bits: jax.Array) -> jax.Array:
+  """A float32's bits as an unsigned key in `jnp.sort`'s order on CPU: NaN last, and zeros and
+  subnormals equal (XLA:CPU compares with subnormals as zero)."""
+  top = jnp.uint32(0x80000000)
+  key = jnp.where(bits >= top, ~bits, bits | top)
+  key = jnp.where((bits & jnp.uint32(0x7F800000)) == 0, top, key)
+  return jnp.where((bits & jnp.uint32(0x7FFFFFFF)) > jnp.uint32(0x7F800000),
+                   jnp.uint32(0xFFFFFFFF), key)
+
+
+def sort_slots(stack: jax.Array) -> jax.Array:
+  """`jnp.sort(stack, axis=0)` of a float32 stack, bit for bit: on CPU, for up to
+  `NETWORK_SLOTS` slots, an odd-even transposition network (K rounds of adjacent compare-exchanges,
+  in a loop, that swap only a pair strictly out of order, so equal values keep their order, as
+  `jnp.sort`'s stable sort keeps them). Values and keys move as unsigned integers: no float
+  operation touches them, so none is flushed.
+
+  Example:
+    >>> sort_slots(jnp.array([[3.0, -0.0], [1.0, jnp.nan], [2.0, 0.0]])).tolist()
+    [[1.0, -0.0], [2.0, 0.0], [3.0, nan]]
+  """
+  k = stack.shape[0]
+  if (k > NETWORK_SLOTS or not k or stack.dtype != jnp.float32
+      or jax.default_backend() != "cpu"):
+    return jnp.sort(stack, axis=0)
+  bits = jax.lax.bitcast_convert_type(stack, jnp.uint32)
+
+  def exchange(rows_and_keys, start):
+    """One phase: the pairs (start, start + 1), (start + 2, start + 3), ... compare-exchanged."""
+    n = (k - start) // 2
+    if n == 0:
+      return rows_and_keys
+    end = start + 2 * n
+    keys = rows_and_keys[1]
+    swap = keys[start + 1:end:2] < keys[start:end:2]
+
+    def moved(rows):
+      a, b = rows[start:end:2], rows[start + 1:end:2]
+      pairs = jnp.stack([jnp.where(swap, b, a), jnp.where(swap, a, b)], axis=1)
+      return jnp.concatenate([rows[:start], pairs.reshape(2 * n, *rows.shape[1:]), rows[end:]])
+
+    return tuple(moved(rows) for rows in rows_and_keys)
+
+  # (k + 1) // 2 pairs of phases: at least the k rounds the network needs.
+  bits, _ = jax.lax.fori_loop(0, (k + 1) // 2, lambda _, x: exchange(exchange(x, 0), 1),
+                              (bits, _sort_key(bits)))
+  return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
 def _masked_sorted(stack: jax.Array, mask: jax.Array) -> jax.Array:
   """`stack [K, ...]` sorted along the slots with masked-out slots last (+inf), in float32."""
   m = mask.reshape(-1, *([1] * (stack.ndim - 1)))
-  return jnp.sort(jnp.where(m, stack.astype(jnp.float32), jnp.inf), axis=0)
+  return sort_slots(jnp.where(m, stack.astype(jnp.float32), jnp.inf))
 
 
 def _take_rank(sorted_stack: jax.Array, rank: jax.Array) -> jax.Array:
