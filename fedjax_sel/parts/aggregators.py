@@ -21,6 +21,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_sel import registry
 from fedjax_sel.parts.types import AggregateInputs, Aggregator
@@ -168,21 +169,33 @@ def _take_rank(sorted_stack: jax.Array, rank: jax.Array) -> jax.Array:
   return jax.lax.dynamic_index_in_dim(sorted_stack, rank, axis=0, keepdims=False)
 
 
-def _masked_median_leaf(stack: jax.Array, mask: jax.Array) -> jax.Array:
-  s = _masked_sorted(stack, mask)
+def _median_of_sorted(s: jax.Array, mask: jax.Array) -> jax.Array:
+  """The median of the `mask` slots from their sorted stack `s` (masked-out slots last)."""
   n = jnp.sum(mask)
   lo, hi = (n - 1) // 2, n // 2
   return 0.5 * (_take_rank(s, jnp.maximum(lo, 0)) + _take_rank(s, jnp.maximum(hi, 0)))
 
 
-def _keep_if_empty(fn):
-  """Wraps a per-leaf `fn(stack, mask) -> float32 leaf` with the dtype cast and the empty case."""
+def _masked_median_leaf(stack: jax.Array, mask: jax.Array) -> jax.Array:
+  return _median_of_sorted(_masked_sorted(stack, mask), mask)
+
+
+def _keep_if_empty(stat):
+  """An aggregator's apply from `stat(sorted [K, ...], mask) -> float32 leaf`, a statistic of each
+  leaf's slots sorted (masked-out slots last), with the dtype cast and the empty case. The slots
+  are sorted once for the whole model, every leaf's coordinates side by side (one sort to
+  compile), and the statistic is taken leaf by leaf."""
   def apply(state, global_params, client_params, inputs: AggregateInputs):
     mask = inputs.mask
     some = jnp.any(mask)
-    new = jax.tree.map(lambda st, g: jnp.where(some, fn(st, mask), g).astype(g.dtype),
-                       client_params, global_params)
-    return new, state
+    stacks, tree = jax.tree.flatten(client_params)
+    k = stacks[0].shape[0]
+    flat = jnp.concatenate([st.reshape(k, -1).astype(jnp.float32) for st in stacks], axis=1)
+    ends = np.cumsum([int(np.prod(st.shape[1:])) for st in stacks])[:-1]
+    ordered = jnp.split(_masked_sorted(flat, mask), ends, axis=1)
+    new = [jnp.where(some, stat(s.reshape(st.shape), mask), g).astype(g.dtype)
+           for s, st, g in zip(ordered, stacks, jax.tree.leaves(global_params))]
+    return jax.tree.unflatten(tree, new), state
   return apply
 
 
@@ -198,7 +211,7 @@ def coordinate_median() -> Aggregator:
     >>> new.tolist()
     [3.0]
   """
-  return Aggregator(init=lambda n, params: (), apply=_keep_if_empty(_masked_median_leaf),
+  return Aggregator(init=lambda n, params: (), apply=_keep_if_empty(_median_of_sorted),
                     spec={"name": "median"})
 
 
@@ -223,11 +236,10 @@ def trimmed_mean(beta: float = 0.3, rounding: str = "floor") -> Aggregator:
   if rounding not in TRIM_ROUNDINGS:
     raise ValueError(f"trim rounding must be one of {TRIM_ROUNDINGS}, got {rounding!r}")
 
-  def leaf(stack, mask):
-    s = _masked_sorted(stack, mask)
+  def leaf(s, mask):
     n = jnp.sum(mask)
     t = trim_count(n, beta, rounding)
-    rank = jnp.arange(stack.shape[0]).reshape(-1, *([1] * (stack.ndim - 1)))
+    rank = jnp.arange(s.shape[0]).reshape(-1, *([1] * (s.ndim - 1)))
     keep = (rank >= t) & (rank < n - t)
     return jnp.sum(jnp.where(keep, s, 0.0), axis=0) / jnp.maximum(n - 2 * t, 1)
 
