@@ -11,6 +11,7 @@ import sys
 import time
 import warnings
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -887,6 +888,29 @@ def test_api_resume_with_a_changed_part_is_refused_naming_it(tmp_path, name, kw,
     fs.run(_resumable(**kw), 4, str(tmp_path), resume=True, progress=None)
   assert (tmp_path / "metrics.jsonl").read_text(encoding="utf-8") == before  # Nothing lost.
   fs.run(_resumable(), 3, str(tmp_path), resume=True, progress=None)  # The same setup resumes.
+
+
+def test_a_batchs_extras_read_their_own_runs_state():
+  # Each run's extra sees its run's slice of a field it reads (`runner.RunView`), read when it
+  # reads it: here the round index and the global model after the round.
+  batch = fs.RunBatch([make_sim(seed=s).spec for s in (0, 1)])
+  seen = [[], []]
+
+  def extra(i):
+    def read(state, record):
+      seen[i].append((int(state.round), jax.tree.map(np.asarray, state.params)))
+      return {"extra_round": record["round"]}
+    return read
+
+  records = fs.run_batch(batch, 2, progress=None, extras=[extra(0), extra(1)])
+  assert [r["extra_round"] for r in records[0]] == [0, 1]
+  states = batch.init()
+  for t in range(2):
+    states, _ = batch.step(states)
+    for i in (0, 1):
+      assert seen[i][t][0] == t + 1
+      chex.assert_trees_all_equal(seen[i][t][1], jax.tree.map(lambda a: np.asarray(a[i]),
+                                                              states.params))
 
 
 def test_fingerprint_draws_equal_the_schedule_and_availability_computed_op_by_op():

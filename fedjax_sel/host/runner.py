@@ -100,6 +100,26 @@ def _draws(cfg, lr, seed):
   return lrs, jax.vmap(lambda t: availability.sample(seed, t))(rounds[:AVAILABILITY_HORIZON])
 
 
+class RunView:
+  """Run `i`'s part of a batch's `EngineState`, each field sliced when it is read: an extra that
+  reads one field (or none) costs a slice of that field, not of every leaf of the state.
+
+  Example:
+    >>> import numpy as np
+    >>> class Batch:
+    ...   run_slice = staticmethod(lambda tree, i: tree[i])
+    >>> states = EngineState(*[None] * 11)._replace(round=np.array([3, 3]))
+    >>> int(RunView(Batch, states, 1).round)
+    3
+  """
+
+  def __init__(self, batch, states: EngineState, i: int):
+    self._batch, self._states, self._i = batch, states, i
+
+  def __getattr__(self, name: str):
+    return self._batch.run_slice(getattr(self._states, name), self._i)
+
+
 def run_fingerprint(spec: RunSpec, settings: dict | None = None) -> dict:
   """What determines a run, in one vocabulary: the job config's field names (and flags) where one
   exists (`lr`, `prox_mu`, `clients_per_round`, `num_clients`, `batch_size`, `local_epochs`,
@@ -392,7 +412,7 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
     settings: per-run JSON-able settings for the fingerprints (e.g. the launcher's flags with the
       run's swept value).
     extras: per-run optional `(state, record) -> dict` merged into each of its records (`state`
-      is that run's slice of the batch's state).
+      is that run's view of the batch's state, `RunView`: each field it reads sliced then).
     on_records: per-run optional callback of each new record, as `run`'s `on_record`.
   """
   writer, progress, say = _host_loop(rounds, eval_every, checkpoint_every, progress, label,
@@ -453,7 +473,7 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
             if t == rounds - 1:
               record["participations"] = counts.tolist()
           if extras is not None and extras[i] is not None:
-            record.update(extras[i](batch.run_slice(states, i), record))
+            record.update(extras[i](RunView(batch, states, i), record))
           record["wall_s"] = wall
           histories[i].append(record)
           if sinks[i]:
