@@ -131,8 +131,8 @@ def run_fingerprint(spec: RunSpec, settings: dict | None = None) -> dict:
   where both name an entry."""
   config = spec.config
   shapes = [list(np.shape(a)) for a in jax.tree.leaves(jax.eval_shape(spec.initial_state).params)]
-  parts = (config.lr_factor, config.availability)
-  lrs, avail = program(_draws)(Keyed(signature(parts), parts), spec.run_values.lr,
+  drawn = (config.lr_factor, config.availability)
+  lrs, avail = program(_draws)(Keyed(signature(drawn), drawn), spec.run_values.lr,
                                spec.run_values.seed)
   local = config.local
   parts = {kind: describe(getattr(config, role))

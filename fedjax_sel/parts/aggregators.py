@@ -180,7 +180,7 @@ def _masked_median_leaf(stack: jax.Array, mask: jax.Array) -> jax.Array:
   return _median_of_sorted(_masked_sorted(stack, mask), mask)
 
 
-def _keep_if_empty(stat):
+def _sorted_statistic(stat):
   """An aggregator's apply from `stat(sorted [K, ...], mask) -> float32 leaf`, a statistic of each
   leaf's slots sorted (masked-out slots last), with the dtype cast and the empty case. The slots
   are sorted once for the whole model, every leaf's coordinates side by side (one sort to
@@ -211,7 +211,7 @@ def coordinate_median() -> Aggregator:
     >>> new.tolist()
     [3.0]
   """
-  return Aggregator(init=lambda n, params: (), apply=_keep_if_empty(_median_of_sorted),
+  return Aggregator(init=lambda n, params: (), apply=_sorted_statistic(_median_of_sorted),
                     spec={"name": "median"})
 
 
@@ -243,7 +243,7 @@ def trimmed_mean(beta: float = 0.3, rounding: str = "floor") -> Aggregator:
     keep = (rank >= t) & (rank < n - t)
     return jnp.sum(jnp.where(keep, s, 0.0), axis=0) / jnp.maximum(n - 2 * t, 1)
 
-  return Aggregator(init=lambda n, params: (), apply=_keep_if_empty(leaf),
+  return Aggregator(init=lambda n, params: (), apply=_sorted_statistic(leaf),
                     spec={"name": "trimmed_mean", "beta": registry.plain(beta),
                           "rounding": rounding})
 
