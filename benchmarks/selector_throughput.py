@@ -61,7 +61,7 @@ LIMITS = {"divfl": (10000, "an [N, D] gradient table and [N, N] distances"),
 ROUND_LIMITS = {"clustered_similarity": LIMITS["clustered_similarity"],
                 "divfl": (1000, "N gradients and an [N, N] facility location on its first round"),
                 "fedcor": (1000, "refused at build: with N / 2 available its GP fit after the "
-                                 "warm-up factors an [N, N] matrix per history row (hours)")}
+                                 "warm-up factors an [N, N] matrix per live history row (hours)")}
 
 
 def model():

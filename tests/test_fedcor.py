@@ -2,6 +2,8 @@
 the greedy selection, the GP's likelihood, gradient and Adam fit, the discounted mean; and its
 schedule of random rounds and fits."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -51,6 +53,56 @@ def test_likelihood_gradient_mean_and_fit_match_the_authors():
   want_x, _, _ = authors.gp_train(x, data, n, 0.9, max_epoches=30, update_mean=True)
   got_x = fedcor.fit(xj, muj, *args, 30)
   np.testing.assert_allclose(np.asarray(got_x), want_x, rtol=1e-3, atol=1e-4)
+
+
+def test_gradient_over_rows_of_different_clients_between_empty_rows_matches_the_authors():
+  """Two runs on the runs axis, each history a ring buffer whose live rows observed different
+  clients, with empty rows (weight 0, junk values) between them and a different number of live
+  rows per run: `gp_grad` visits only the live rows, and equals the authors' gradient."""
+  rng = np.random.default_rng(2)
+  n, d, rows, gamma = 8, 10, 9, 0.9
+  xs, mus, values, observed, weights, wants = [], [], [], [], [], []
+  for live_rows in ([1, 4, 6, 7], [0, 2, 3, 5, 8]):
+    x = rng.normal(size=(d, n)) / np.sqrt(d)
+    value = rng.normal(0.0, 0.3, (rows, n))
+    seen = rng.random((rows, n)) < 0.7
+    epochs = {r: 10 + i for i, r in enumerate(live_rows)}
+    weight = np.array([gamma ** (max(epochs.values()) - epochs[r]) if r in epochs else 0.0
+                       for r in range(rows)])
+    mu = rng.normal(0.0, 0.1, n)
+    data = {epochs[r]: np.stack([np.flatnonzero(seen[r]), value[r, seen[r]]], axis=1)[None]
+            for r in live_rows}
+    wants.append(authors.gp_train_loss_and_grad(x, mu, data, gamma)[1])
+    xs.append(x), mus.append(mu), values.append(value), observed.append(seen)
+    weights.append(weight)
+  f32 = lambda a: jnp.asarray(np.stack(a), jnp.float32)
+  got = jax.jit(jax.vmap(fedcor.gp_grad))(f32(xs), f32(mus), f32(values),
+                                           jnp.asarray(np.stack(observed)), f32(weights))
+  np.testing.assert_allclose(np.asarray(got), np.stack(wants), rtol=2e-3, atol=2e-3)
+
+
+def _lapack_shapes(fn, *args):
+  """The array shapes of every LAPACK call in `fn`'s compiled program."""
+  text = jax.jit(fn).lower(*args).compile().as_text()
+  calls = [line for line in text.splitlines() if 'custom_call_target="lapack_' in line]
+  assert calls
+  return {shape for line in calls for shape in re.findall(r"f32\[([\d,]*)\]", line)}
+
+
+@pytest.mark.parametrize("everyone", [False, True], ids=["rows_apart", "rows_shared"])
+def test_the_fit_under_the_runs_axis_factors_and_solves_one_matrix_at_a_time(everyone):
+  """jaxlib 0.10's CPU LAPACK kernels run a batch of matrices on XLA:CPU's thread pool and block a
+  pool thread until it is done; two at once deadlock a 2-core machine (a FedCor job hung so). So
+  under vmap, as the engine runs a batch of runs, no factor or solve may be batched."""
+  runs, n, rows = 2, 6, 4
+  rng = np.random.default_rng(3)
+  observed = np.ones((runs, rows, n), bool) if everyone else rng.random((runs, rows, n)) < 0.7
+  args = (jnp.asarray(rng.normal(size=(runs, 3, n)), jnp.float32), jnp.zeros((runs, n)),
+          jnp.asarray(rng.normal(size=(runs, rows, n)), jnp.float32), jnp.asarray(observed),
+          jnp.ones((runs, rows)))
+  for fn in (jax.vmap(lambda *a: fedcor.fit(*a, 3)), jax.vmap(fedcor.gp_grad)):
+    shapes = _lapack_shapes(fn, *args)
+    assert all(shape.count(",") <= 1 for shape in shapes), shapes
 
 
 def test_unobserved_clients_leave_the_likelihood_as_a_smaller_gaussian():

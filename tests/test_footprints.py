@@ -1,6 +1,6 @@
 """Selectors whose work grows faster than N say so before round 0 (`engine/footprints.py`): at
 N = 5,000 FedCor and clustered sampling by similarity are warned with their estimates, or refused
-when the GP fit factors one matrix per history row; at N = 20,000 both are refused with their
+when the GP fit factors one matrix per live history row; at N = 20,000 both are refused with their
 memory estimates instead of running out of memory; a linear selector is neither. Every run here
 is only built (nothing compiles)."""
 
@@ -66,9 +66,9 @@ def test_a_selector_costing_more_than_linear_in_n_warns_with_its_estimate(select
 
 def test_fedcor_fitting_one_factor_per_history_row_is_refused(memory_24gib):
   with pytest.raises(ValueError, match=r"'fedcor' at N = 5000 clients takes about [\d.]+ h .*"
-                                       r"once per history row \(101: clients' availability "
+                                       r"once per live history row \(16: clients' availability "
                                        r"varies\).*more than 12 h a round; run it with fewer "
-                                       r"clients, or a shorter fedcor history"):
+                                       r"clients, or a shorter fedcor warmup or history"):
     _build(fedcor_selector(), 5000, available=500)
 
 

@@ -81,55 +81,102 @@ def greedy_select(x: jax.Array, p: jax.Array, discount: jax.Array, mask: jax.Arr
   return jax.lax.fori_loop(0, min(k, n), step, carry)[3]
 
 
+def _factor(sigma: jax.Array, seen: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The Cholesky factor of Sigma over the clients of `seen` (the others' rows and columns become
+  the identity) and its log-determinant."""
+  keep = seen[:, None] & seen[None, :]
+  chol = jnp.linalg.cholesky(jnp.where(keep, sigma, jnp.eye(sigma.shape[0], dtype=sigma.dtype)))
+  return chol, 2.0 * jnp.sum(jnp.log(jnp.diag(chol)))
+
+
+def _row_nll(sigma: jax.Array, mu: jax.Array, value: jax.Array, seen: jax.Array) -> jax.Array:
+  """`-log N(value; mu, Sigma)` over the clients of `seen` (their residuals; the others' are 0)."""
+  chol, logdet = _factor(sigma, seen)
+  r = jnp.where(seen, value - mu, 0.0)
+  a = jax.scipy.linalg.cho_solve((chol, True), r)
+  return 0.5 * (r @ a + logdet + jnp.sum(seen) * jnp.log(2.0 * jnp.pi))
+
+
+def _shared_nll(sigma: jax.Array, mu: jax.Array, values: jax.Array, seen: jax.Array) -> jax.Array:
+  """`[B]` `_row_nll` of each row of `values`, all over the clients of `seen`: one factor, and one
+  solve with the rows as its columns."""
+  chol, logdet = _factor(sigma, seen)
+  r = jnp.where(seen, values - mu, 0.0)
+  a = jax.scipy.linalg.cho_solve((chol, True), r.T)
+  return 0.5 * (jnp.sum(r.T * a, axis=0) + logdet + jnp.sum(seen) * jnp.log(2.0 * jnp.pi))
+
+
 def gp_loss(x: jax.Array, mu: jax.Array, values: jax.Array, observed: jax.Array,
             weights: jax.Array) -> jax.Array:
-  """`-sum_e w_e log N(values_e; mu, Sigma)` over the history's rows of weight > 0 (each over its
-  observed clients: the others' rows and columns of Sigma become the identity, their residuals
-  0). Rows that observed the same clients (the usual case) share one Cholesky factor."""
+  """`-sum_e w_e log N(values_e; mu, Sigma)` over the history's rows of weight > 0, each over
+  its observed clients (the objective `fit` descends; `gp_grad` is its gradient)."""
   sigma = covariance(x)
-  n = sigma.shape[0]
+  rows = jax.lax.map(lambda vs: _row_nll(sigma, mu, *vs), (values, observed))
+  return jnp.sum(jnp.where(weights > 0, weights * rows, 0.0))
+
+
+@jax.custom_batching.sequential_vmap
+def gp_grad(x: jax.Array, mu: jax.Array, values: jax.Array, observed: jax.Array,
+            weights: jax.Array) -> jax.Array:
+  """`d gp_loss / d x`, visiting only the history's rows of weight > 0.
+
+  When those rows observed the same clients (every client available), they share one Cholesky
+  factor and one solve. Otherwise the rows are visited one at a time in a loop over the live rows
+  only: the ring buffer holds `history + 1` rows but on most rounds few are live (16 of 101 at
+  the fit after the default warm-up), where a `lax.map` over the buffer would factor every row,
+  live or not, 6x the work. One row's factor is in memory at a time.
+
+  Under `vmap` (the engine's runs axis) the runs' gradients are taken one after another
+  (`sequential_vmap`), so that every Cholesky factor and triangular solve is of one matrix:
+  jaxlib 0.10's CPU LAPACK kernels hand a batch of matrices to XLA:CPU's thread pool in chunks
+  and block a pool thread until they finish, and two such calls at once (the two branches of a
+  batched `cond`, or a solve and a factor's derivative) hold both threads of a 2-core machine
+  and never finish. Batched factors were no faster: 100 steps of `fit` over 3 runs of 50 clients
+  with 16 live rows took 0.25 s one run after another, 0.36 s batched.
+  """
+  sigma, back = jax.vjp(covariance, x)
   live = weights > 0
   first = observed[jnp.argmax(live)]
   shared = jnp.all(jnp.where(live[:, None], observed == first[None, :], True))
 
-  def factor(seen):
-    keep = seen[:, None] & seen[None, :]
-    chol = jnp.linalg.cholesky(jnp.where(keep, sigma, jnp.eye(n, dtype=sigma.dtype)))
-    return chol, 2.0 * jnp.sum(jnp.log(jnp.diag(chol)))
-
-  def nll(chol, logdet, value, seen):
-    r = jnp.where(seen, value - mu, 0.0)
-    a = jax.scipy.linalg.cho_solve((chol, True), r)
-    return 0.5 * (r @ a + logdet + jnp.sum(seen) * jnp.log(2.0 * jnp.pi))
-
   def one_factor():
-    chol, logdet = factor(first)
-    return jax.vmap(lambda v, s: nll(chol, logdet, v, s))(values, observed)
-
-  # One row at a time, recomputed in the backward pass: an [N, N] factor in memory, not one per
-  # row.
-  row = jax.checkpoint(lambda vs: nll(*factor(vs[1]), *vs))
+    return jax.grad(lambda s: jnp.sum(jnp.where(live, weights * _shared_nll(
+        s, mu, values, first), 0.0)))(sigma)
 
   def per_row():
-    return jax.lax.map(row, (values, observed))
+    order = jnp.argsort(~live, stable=True)  # The live rows first, in their order.
+    count = jnp.sum(live)
 
-  rows = jax.lax.cond(shared, one_factor, per_row)
-  return jnp.sum(jnp.where(live, weights * rows, 0.0))
+    def body(i, total):  # The last live row first, as the transposed lax.map adds them.
+      r = order[count - 1 - i]
+      _, row_back = jax.vjp(lambda s: _row_nll(s, mu, values[r], observed[r]), sigma)
+      return total + row_back(weights[r])[0]
+
+    return jax.lax.fori_loop(0, count, body, jnp.zeros_like(sigma))
+
+  return back(jax.lax.cond(shared, one_factor, per_row))[0]
 
 
 def fit(x: jax.Array, mu: jax.Array, values: jax.Array, observed: jax.Array,
         weights: jax.Array, steps, lr: float = 0.01) -> jax.Array:
   """X after `steps` (a traced int is fine) Adam steps on `gp_loss`, from a fresh Adam state (the
-  authors build a new optimizer on each fit)."""
+  authors build a new optimizer on each fit).
+
+  Under `vmap` the runs are fitted one after another, each by the program of one run, so a run's
+  fit is the same to the bit batched or not (see `gp_grad` for why no factor is batched).
+  """
   opt = optax.adam(lr)
-  grad = jax.grad(gp_loss)
 
-  def body(_, carry):
-    x, state = carry
-    updates, state = opt.update(grad(x, mu, values, observed, weights), state, x)
-    return optax.apply_updates(x, updates), state
+  @jax.custom_batching.sequential_vmap
+  def one_run(x, mu, values, observed, weights, steps):
+    def body(_, carry):
+      x, state = carry
+      updates, state = opt.update(gp_grad(x, mu, values, observed, weights), state, x)
+      return optax.apply_updates(x, updates), state
 
-  return jax.lax.fori_loop(0, steps, body, (x, opt.init(x)))[0]
+    return jax.lax.fori_loop(0, steps, body, (x, opt.init(x)))[0]
+
+  return one_run(x, mu, values, observed, weights, jnp.asarray(steps))
 
 
 def discounted_mean(values: jax.Array, observed: jax.Array, weights: jax.Array) -> jax.Array:
@@ -198,13 +245,15 @@ class FedCorConfig:
 
 
 def gp_footprint(scale: Scale, config: FedCorConfig) -> Footprint:
-  """FedCor's costliest round: the GP fit after the warm-up, 1000 Adam steps (150 without
-  `update_mean`). A step factors the `[N, N]` covariance (N^3 / 3 flops) and differentiates the
-  factor (about 4 N^3: two triangular solves with N right-hand sides and a product): once when
-  every history row observed the same clients, as when all N are available, else once per row of
-  the history (`lax.map` visits all `history + 1`, each factor recomputed in the backward pass).
-  XLA's buffers for a step hold fourteen `[N, N]` float32 arrays (56 N^2 bytes, measured at
-  N = 500-3000).
+  """FedCor's costliest round: a GP fit, the one after the warm-up (1000 Adam steps, 150 without
+  `update_mean`, over the warm-up's `min(history, warmup) + 1` rows), or a later refit (100
+  steps over at most `history // interval + 1` more rows) if that is more work. A step factors
+  the `[N, N]` covariance (N^3 / 3 flops) and differentiates the factor (about 4 N^3: two
+  triangular solves with N right-hand sides and a product): once when every history row
+  observed the same clients, as when all N are available (then each of the history's
+  `history + 1` rows solves with it), else once per live row of the history (each factor
+  recomputed in the backward pass). XLA's buffers for a step hold fourteen `[N, N]`
+  float32 arrays (56 N^2 bytes, measured at N = 500-3000).
 
   Example:
     >>> f = gp_footprint(Scale(num_clients=1000, num_available=1000, k=10, model_size=650),
@@ -212,19 +261,22 @@ def gp_footprint(scale: Scale, config: FedCorConfig) -> Footprint:
     >>> f"{f.flops:.2e} flops, {f.memory / 1e6:.0f} MB"
     '5.03e+12 flops, 57 MB'
   """
-  n, rows, d = scale.num_clients, config.history + 1, config.dimension
-  steps = 1000 if config.update_mean else 150
-  factor = n ** 3 / 3.0 + 4.0 * n ** 3
+  n, d = scale.num_clients, config.dimension
   per_row = scale.num_available < n
+  steps, rows = 1000 if config.update_mean else 150, min(config.history, config.warmup) + 1
+  when = "the GP fit after the warm-up"
+  later = min(config.history + 1, rows + config.history // config.interval + 1)
+  if per_row and 100 * later > steps * rows:
+    steps, rows, when = 100, later, "a GP refit after a later random round"
+  factor = n ** 3 / 3.0 + 4.0 * n ** 3
   step_flops = (rows * (factor + n ** 3 / 3.0) + 6.0 * d * n * n if per_row
-                else factor + 6.0 * (rows + d) * n * n)
-  how = f"once per history row ({rows}: clients' availability varies)" if per_row else "once"
+                else factor + 6.0 * (config.history + 1 + d) * n * n)
+  how = f"once per live history row ({rows}: clients' availability varies)" if per_row else "once"
   return Footprint(
-      flops=steps * step_flops, memory=56.0 * n * n + 8.0 * (rows + d) * n,
-      step=f"the GP fit after the warm-up: {steps} Adam steps, each factoring the [N, N] "
-           f"covariance {how}",
-      cheaper=("a shorter fedcor history (one factor a row), or every client available (one "
-               "factor a step)" if per_row else ""))
+      flops=steps * step_flops, memory=56.0 * n * n + 8.0 * (config.history + 1 + d) * n,
+      step=f"{when}: {steps} Adam steps, each factoring the [N, N] covariance {how}",
+      cheaper=("a shorter fedcor warmup or history (one factor a live row), or every client "
+               "available (one factor a step)" if per_row else ""))
 
 
 def fedcor_selector(seed: int = 0, config: FedCorConfig = FedCorConfig()) -> Selector:
