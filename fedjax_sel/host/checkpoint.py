@@ -155,14 +155,13 @@ def load(path: str, template: Any, fingerprint: dict | None = None) -> tuple[Any
   want, treedef = jax.tree.flatten(template)
   if len(stored) != len(want):
     raise CheckpointError(f"{path} holds a state of {len(stored)} arrays, this run's has "
-                          f"{len(want)}: it was written by another configuration")
+                          f"{len(want)}: {_OTHER_STATE}")
   leaves = []
   for i, w in enumerate(want):
     got = np.asarray(stored[str(i)])
     if got.shape != np.shape(w) or got.dtype != np.asarray(w).dtype:
       raise CheckpointError(f"{path}: array {i} is {got.dtype}{list(got.shape)}, this run "
-                            f"expects {np.asarray(w).dtype}{list(np.shape(w))}: it was written "
-                            "by another configuration")
+                            f"expects {np.asarray(w).dtype}{list(np.shape(w))}: {_OTHER_STATE}")
     leaves.append(got)
   return jax.tree.unflatten(treedef, leaves), found
 
@@ -193,6 +192,12 @@ def _read(path: str) -> tuple[dict, dict]:
 
 
 DEFAULTS = "defaults"  # A fingerprint's {setting: default value}, not compared itself.
+
+# Why a checkpoint's arrays may not fit the run: its parts kept other state (FilFL's filter,
+# for one, now keeps its DGF or RGF mode; it kept nothing before).
+_OTHER_STATE = ("it was written by another configuration, or by another version of fedjax_sel "
+                "whose parts kept other state; rerun the run from its start with --overwrite (or "
+                "resume it with the fedjax_sel that wrote it)")
 
 
 ABSENT = "(absent)"  # A fingerprint entry, or a nested value, that one side lacks.
