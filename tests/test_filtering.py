@@ -13,6 +13,7 @@ import fedjax_sel as fs
 from fedjax_sel import keys as keylib
 from fedjax_sel.client.local_training import local_train
 from fedjax_sel.engine import placement
+from fedjax_sel.engine.description import program_key
 from fedjax_sel.engine.round import round_step
 from fedjax_sel.host.compilation import CompileLog
 from fedjax_sel.parts.filters import filfl as filtering
@@ -198,14 +199,18 @@ def test_the_mode_as_a_traced_flag_gives_each_modes_algorithm1():
 
 
 def test_dgf_and_rgf_rounds_are_one_program():
+  """The two modes' rounds lower to the same module, and their configs have one program key:
+  the engine's jit cache then serves the second mode without tracing it."""
   data = _data_with_public()
-  texts = []
+  texts, keys = [], []
   for mode in ("dgf", "rgf"):
     spec = _filfl_sim(data, mode).spec
     step = jax.jit(lambda s, a, r, config=spec.config: round_step(config, s, a, r))
     texts.append(step.lower(spec.initial_state(), placement.place(spec).arrays,
                             spec.run_values).as_text())
+    keys.append(program_key(spec.config))
   assert texts[0] == texts[1]
+  assert keys[0] == keys[1]
 
 
 def _filfl_sim(data, mode="dgf", period=2, model=None):

@@ -32,6 +32,16 @@ def test_methods_that_train_alike_share_their_training_and_a_method_alone_keeps_
   assert shared_training(methods[:1] * 2) == [False, False]  # One round program: one method.
 
 
+def test_dgf_and_rgf_are_one_round_program_not_stages():
+  """FilFL's two modes differ in their state and names only: one program key, so the job runs
+  both on one round program instead of three stages that share their training."""
+  model = fs.build_model("logreg", DATA.feature_shape, DATA.num_classes)
+  public = lambda p, x, y: per_example_loss(model, p, x, y).mean()
+  modes = [_method(fs.random_selector(), filter=filtering.filfl_filter(
+      public, filtering.FilterConfig(mode, period=2))) for mode in ("dgf", "rgf")]
+  assert shared_training(modes) == [False, False]
+
+
 def _records(folder):
   import json  # pylint: disable=import-outside-toplevel
   lines = (folder / "seed0" / "metrics.jsonl").read_text().splitlines()

@@ -78,21 +78,46 @@ def check_contracts(config, metrics: dict, runs_axis: bool = False) -> None:
                         "clients); the run stops here, before anything of this round is kept")
 
 
+class NoteName:
+  """A part's name as the notes of `noted` give it. Every `NoteName` equals every other, so the
+  name, which is not what the part computes, leaves parts equal in structure equal in their
+  signature (`signature.py`): FilFL's DGF and RGF, whose mode is their state, have one program.
+
+  Example:
+    >>> NoteName("dgf") == NoteName("rgf"), NoteName("dgf").text
+    (True, 'dgf')
+  """
+
+  __slots__ = ("text",)
+
+  def __init__(self, text: str):
+    self.text = text
+
+  def __eq__(self, other) -> bool:
+    return isinstance(other, NoteName)
+
+  def __hash__(self) -> int:
+    return 0
+
+  def __repr__(self) -> str:  # The same in every process: the executable store's key reads it.
+    return "NoteName"
+
+
 def noted(kind: str, part):
   """`part` whose functions add a note naming the part and the function to any exception they
   raise (a shape error while the round is traced, a missing statistic), so that the traceback of
   a user's broken part says which part broke. The wrappers trace as the functions do, and parts
-  equal in structure stay equal (one compiled program)."""
+  equal in structure stay equal (one compiled program), whatever their names."""
   if part is None:
     return None
-  name = (part.spec or {}).get("name", type(part).__name__)
+  name = NoteName((part.spec or {}).get("name", type(part).__name__))
 
   def wrap(field, fn):
     def call(*args, **kwargs):
       try:
         return fn(*args, **kwargs)
       except Exception as e:
-        e.add_note(f"raised by the {kind} {name!r} in its {field}")
+        e.add_note(f"raised by the {kind} {name.text!r} in its {field}")
         raise
     return call
   return part._replace(**{f: wrap(f, getattr(part, f)) for f in part._fields

@@ -282,6 +282,10 @@ def filfl_filter(public_loss: Callable[[Params, jax.Array, jax.Array], jax.Array
   _check(config.mode, config.empty_value, config.order)
   if config.period < 1:
     raise ValueError(f"filter period h must be >= 1, got {config.period}")
+  # The mode is the filter's state (a bool: RGF), not a constant of the round: `apply` reads the
+  # other settings only, so DGF's and RGF's rounds have one program key and are traced and
+  # compiled once.
+  rule = config._replace(mode=None)
 
   def apply(state, key, inputs, mask, local):
     del mask
@@ -289,26 +293,24 @@ def filfl_filter(public_loss: Callable[[Params, jax.Array, jax.Array], jax.Array
     m = inputs.public_y.shape[0]
     loss_fn = lambda p: public_loss(p, inputs.public_x, inputs.public_y)
     out = greedy_filter(loss_fn, res.params, valid, inputs.params, key, randomized=state,
-                        empty_value=config.empty_value, const=config.const, order=config.order)
+                        empty_value=rule.empty_value, const=rule.const, order=rule.order)
     n_clients = inputs.available.shape[0]
     filtered = jnp.zeros((n_clients,), bool).at[slots].max(out.kept & valid)
     evals = out.num_evals
     info = {"R_filtered": out.value, "R_available": out.value_all, "R_empty": out.value_empty}
-    if config.opt:
-      best = opt_filter(loss_fn, res.params, slots.shape[0], const=config.const)
+    if rule.opt:
+      best = opt_filter(loss_fn, res.params, slots.shape[0], const=rule.const)
       info.update(R_opt=best.value, approx_ratio=out.value / best.value,
                   opt_size=jnp.sum(best.kept))
       evals = evals + best.num_evals
-    if config.submod_samples:
+    if rule.submod_samples:
       pct = submodularity_check(loss_fn, res.params, valid, jax.random.fold_in(key, 1),
-                                config.gammas, samples=config.submod_samples, const=config.const)
+                                rule.gammas, samples=rule.submod_samples, const=rule.const)
       info["submod_verified"] = pct
-      evals = evals + config.submod_samples * (slots.shape[0] + 2)
+      evals = evals + rule.submod_samples * (slots.shape[0] + 2)
     info["public_samples"] = evals * m
     return filtered, state, info
 
-  # The mode is the filter's state (a bool: RGF), not a constant of the round: DGF's and RGF's
-  # rounds are then one program, compiled once (JAX's cache serves the second its twin).
   randomized = config.mode == "rgf"
   return Filter(init=lambda n, params: jnp.asarray(randomized), apply=apply, period=config.period,
                 trains_available=True,
