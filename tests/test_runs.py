@@ -14,6 +14,7 @@ import optax
 import pytest
 
 import fedjax_sel as fs
+from fedjax_sel.engine.evaluation import evaluation_key
 from fedjax_sel.host.compilation import CompileLog
 from fedjax_sel.host.runner import NonFiniteError, OneRun
 from fedjax_sel.models import per_example_loss
@@ -145,7 +146,8 @@ def test_a_round_in_three_programs_equals_the_round_in_one(method):
 
 def test_rounds_that_train_alike_share_one_compiled_training(tmp_path, monkeypatch):
   """Three rounds (two selectors, two weightings of FedAvg) on one model and local training, in
-  stages from an empty store: one training program for all three, and a plan and a finish each.
+  stages from an empty store: one training program for all three, and a plan and a finish each;
+  one evaluation (it reads only the model and how to evaluate).
   (An aggregator that is not linear, such as the median, trains apart: its clients' models are
   kept, not folded into the aggregate as they train.)"""
   from fedjax_sel.engine import executables, programs  # pylint: disable=import-outside-toplevel
@@ -163,6 +165,10 @@ def test_rounds_that_train_alike_share_one_compiled_training(tmp_path, monkeypat
       fs.run_batch(OneRun(spec, stages=True), 2, progress=None)
   assert (log.count("train_stage"), log.count("plan_stage"), log.count("finish_stage")) == (
       1, 3, 3), log.by_name
+  assert log.count("evaluate") == 1, log.by_name  # One model evaluated alike: one evaluation.
+  key = evaluation_key(specs[0].config)
+  assert key == evaluation_key(specs[1].config)
+  assert key != evaluation_key(specs[0].config._replace(eval_batch_size=7))
 
 
 def test_a_second_process_loads_the_round_untraced_and_runs_it_the_same(tmp_path):

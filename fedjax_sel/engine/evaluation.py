@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from fedjax_sel.client.evaluation import client_metrics
 from fedjax_sel.engine.description import RoundConfig
+from fedjax_sel.engine.signature import signature
 from fedjax_sel.engine.state import DataArrays
 from fedjax_sel.models.bundle import Model, example_metrics
 
@@ -35,6 +36,15 @@ def evaluate(config: RoundConfig, params, arrays: DataArrays) -> dict:
   if arrays.public_y.shape[0]:
     out.update(public_metrics(config.model, params, arrays.public_x, arrays.public_y))
   return out
+
+
+def evaluation_key(config: RoundConfig):
+  """The structural signature of what the evaluation reads of a config: the model, the evaluation
+  batch size and whether the clean metrics are on. The methods of a job that evaluate one model
+  alike, whatever their selector, filter, rule or aggregator, then trace and compile one
+  evaluation (a job's 19 selectors one, not 19)."""
+  return signature((config.model._replace(init=None), config.eval_batch_size,
+                    config.clean_metrics))
 
 
 def pooled_metrics(config: RoundConfig, per_split: dict, eval_mask) -> dict:

@@ -38,7 +38,7 @@ from fedjax_sel.engine import programs
 from fedjax_sel.engine.capacity import SPLITS, fits_on_device, padded_pool
 from fedjax_sel.engine.contracts import check_contracts
 from fedjax_sel.engine.description import keyed, replicated
-from fedjax_sel.engine.evaluation import pooled_metrics
+from fedjax_sel.engine.evaluation import evaluation_key, pooled_metrics
 from fedjax_sel.engine.run_spec import RunSpec, on_mesh
 from fedjax_sel.engine.signature import Keyed
 from fedjax_sel.engine.state import DataArrays, EngineState
@@ -75,6 +75,7 @@ class _Placement:
   def __init__(self, spec: RunSpec):
     self.spec = spec
     self.keyed = keyed(spec.config)
+    self.evaluation = Keyed(evaluation_key(spec.config), spec.config)  # Shared by alike runs.
     self.replicated = replicated(spec.config)
 
   def program(self, fn, static_argnums: tuple[int, ...] = ()):
@@ -126,7 +127,7 @@ class DevicePlacement(_Placement):
     return state, metrics
 
   def evaluate(self, params) -> dict:
-    return self.program(programs.evaluate)(self.keyed, params, self.arrays)
+    return self.program(programs.evaluate)(self.evaluation, params, self.arrays)
 
 
 class HostPlacement(_Placement):
@@ -225,7 +226,7 @@ class HostPlacement(_Placement):
         rows = compact(pool, ids, self._stream_capacity[split])
         integrity.check_rows(rows, f"data.{split} (rows read from the host store)",
                              data.num_classes)
-        m = metrics_fn(self.keyed, params, device_pool(rows))
+        m = metrics_fn(self.evaluation, params, device_pool(rows))
         for field, values in zip(fields, m):
           field[ids] = np.asarray(values)[ids]
       per_split[split] = ClientMetrics(*(jnp.asarray(f) for f in fields))
@@ -233,7 +234,7 @@ class HostPlacement(_Placement):
     mask = jnp.asarray(self.spec.eval_mask) if config.clean_metrics else None
     out = pooled_metrics(config, per_split, mask)
     if data.public_y.shape[0]:
-      out.update(self.program(programs.public)(self.keyed, params, self.arrays.public_x,
+      out.update(self.program(programs.public)(self.evaluation, params, self.arrays.public_x,
                                                self.arrays.public_y))
     return out
 

@@ -48,7 +48,7 @@ from fedjax_sel.engine import sweeps
 from fedjax_sel.engine.contracts import check_contracts
 from fedjax_sel.engine.description import (RoundConfig, client_step_cost, program_key,
                                            replicated)
-from fedjax_sel.engine.evaluation import evaluate
+from fedjax_sel.engine.evaluation import evaluate, evaluation_key
 from fedjax_sel.engine.placement import padded_arrays
 from fedjax_sel.engine.programs import program
 from fedjax_sel.engine.round import round_finish, round_plan, step_function
@@ -222,6 +222,7 @@ class RunBatch:
       config = config._replace(client_sharding=None)
     self.config = BatchConfig(config, chunk, pairs)
     self.keyed = Keyed((program_key(config), chunk, pairs), self.config)
+    self.evaluation = Keyed((evaluation_key(config), chunk), self.config)
     self.stages = stages and config.asynchrony is None
     self.training = (Keyed((training_key(config), chunk), (training_config(config), chunk))
                      if self.stages else None)
@@ -264,4 +265,4 @@ class RunBatch:
 
   def evaluate(self, params) -> dict:
     """Every run's global-model metrics (`Simulator.evaluate`), stacked `[R]`."""
-    return program(_batched_evaluate, self.placement)(self.keyed, params, self.arrays)
+    return program(_batched_evaluate, self.placement)(self.evaluation, params, self.arrays)
