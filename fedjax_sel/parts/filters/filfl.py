@@ -313,11 +313,10 @@ def filfl_filter(public_loss: Callable[[Params, jax.Array, jax.Array], jax.Array
 
   randomized = config.mode == "rgf"
   return Filter(init=lambda n, params: jnp.asarray(randomized), apply=apply, period=config.period,
-                trains_available=True,
-                uses_public=True,
+                trains_available=True, uses_public=True,
                 costs=lambda info: PartCosts(server_public_samples=info["public_samples"]),
                 spec={"name": config.mode, **config._asdict(),
-                                        "public_loss": getattr(public_loss, "__qualname__", "?")})
+                      "public_loss": getattr(public_loss, "__qualname__", "?")})
 
 
 # --- Registered names (fedjax_sel.registry) ------------------------------------------------------

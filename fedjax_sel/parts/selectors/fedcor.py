@@ -90,7 +90,9 @@ def _factor(sigma: jax.Array, seen: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def _row_nll(sigma: jax.Array, mu: jax.Array, value: jax.Array, seen: jax.Array) -> jax.Array:
-  """`-log N(value; mu, Sigma)` over the clients of `seen` (their residuals; the others' are 0)."""
+  """`-log N(value; mu, Sigma)` over the clients of `seen` (their residuals; the others' are 0).
+  A vector solve, not `_shared_nll` of one row: the per-row gradient keeps the bits of the
+  `lax.map` over rows it replaced."""
   chol, logdet = _factor(sigma, seen)
   r = jnp.where(seen, value - mu, 0.0)
   a = jax.scipy.linalg.cho_solve((chol, True), r)
