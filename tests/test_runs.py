@@ -144,6 +144,23 @@ def test_a_round_in_three_programs_equals_the_round_in_one(method):
   assert (one, batch) == want
 
 
+def test_building_a_batch_compiles_no_operation_on_its_own():
+  """Building FilFL's runs, their initial states and their batch compiles only whole programs
+  (the model's initializer, the schedule's round-0 rate): no operation run eagerly compiles on its
+  own, as each would be a compilation of a cold process and a cache load of a warm one (43 of the
+  main job's compilations were)."""
+  from fedjax_sel.engine import checks, programs  # pylint: disable=import-outside-toplevel
+  jax.clear_caches()
+  programs.program.cache_clear()
+  checks._at_round_zero.cache_clear()  # pylint: disable=protected-access
+  with CompileLog() as log:
+    batch = fs.RunBatch(_sims("filfl_dgf", _datasets(), METHODS["filfl_dgf"]))
+    states = batch.init()
+  assert set(log.by_name) == {"jit(init_params)", "jit(<lambda>)"}, log.by_name
+  assert log.by_name["jit(<lambda>)"] == 1, log.by_name  # One schedule: one round-0 rate.
+  assert states.filter_state.tolist() == [False] * 3  # DGF's mode, one per run.
+
+
 def test_rounds_that_train_alike_share_one_compiled_training(tmp_path, monkeypatch):
   """Three rounds (two selectors, two weightings of FedAvg) on one model and local training, in
   stages from an empty store: one training program for all three, and a plan and a finish each;

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fedjax_sel.client.chunking import size_sorted_chunks
@@ -317,7 +318,7 @@ def step_cost(model: Model, optimizer: OptimizerFactory, hp: LocalHParams, param
   FLOPs of one client's step (XLA's count on the lowered step: nothing compiles for it). With
   `bytes_from_flops`, a step of fewer FLOPs is not compiled to measure its memory (bytes 0): on
   CPU, where such a tiny step runs one client per chunk anyway (`auto_chunk_size`)."""
-  tx = optimizer(jnp.float32(0.1))
+  tx = optimizer(np.float32(0.1))  # A host number: building the optimizer compiles nothing.
 
   def client_step(p, o, x, y):
     mask = jnp.ones(y.shape, jnp.float32)

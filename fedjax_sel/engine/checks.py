@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -24,7 +25,8 @@ from fedjax_sel.client.local_training import samples_per_client
 from fedjax_sel.client.system import client_times
 from fedjax_sel.data.federated import FederatedDataset
 from fedjax_sel.engine.description import LrSchedule
-from fedjax_sel.models.bundle import Model, model_bytes
+from fedjax_sel.engine.signature import Keyed, signature
+from fedjax_sel.models.bundle import Model, model_bytes, param_shapes
 from fedjax_sel.parts.asynchronous import AsyncSpec
 from fedjax_sel.parts.types import SPLIT_STATS, part_name
 
@@ -32,6 +34,13 @@ NONFINITE = ("stop", "exclude")
 STORES = ("device", "host", "auto")
 HOST_ROWS = ("auto", "available", "chosen")
 MAX_WINDOWS = 2**24  # Availability indices a float32 clock tells apart (`check_clock`).
+
+
+@functools.lru_cache(maxsize=64)
+def _at_round_zero(factor: Keyed) -> float:
+  """`factor.value(0)`, a schedule's factor at round 0, as one small program per factor signature
+  (op by op, its few operations would each compile)."""
+  return float(jax.jit(lambda t: factor.value(t))(np.int32(0)))
 
 
 def check_arguments(data, optimizer, local, availability, seed, eval_mask, lr_schedule,
@@ -71,8 +80,9 @@ def check_arguments(data, optimizer, local, availability, seed, eval_mask, lr_sc
     raise ValueError("eval_mask selects no client: its clean_* metrics would read 0 every round; "
                      "pass None to skip them")
   if lr_schedule is not None:
-    base = lr_schedule.base if isinstance(lr_schedule, LrSchedule) else 1.0
-    first = float(np.asarray(lr_schedule(0)))
+    base, factor = ((lr_schedule.base, lr_schedule.factor) if isinstance(lr_schedule, LrSchedule)
+                    else (1.0, lr_schedule))
+    first = base * _at_round_zero(Keyed(signature(factor), factor))
     if not (math.isfinite(base) and base >= 0 and math.isfinite(first) and first >= 0):
       raise ValueError(f"lr_schedule must give a finite learning rate >= 0, got base {base} and "
                        f"{first} at round 0 (a negative rate runs gradient ascent)")
@@ -143,7 +153,7 @@ def check_model_fits(model: Model, memory: int | None = None) -> int:
   """The model's parameter bytes from its shapes (nothing allocated); ValueError when three copies
   (the global model, a client's model and its gradient, the least a round holds) exceed the
   device's memory, with the estimate."""
-  size = model_bytes(jax.eval_shape(model.init, jax.random.PRNGKey(0)))
+  size = model_bytes(param_shapes(model))
   memory = device_memory_bytes() if memory is None else memory
   if 3 * size > memory:
     raise ValueError(f"the model {model.name!r} has {size / 2**30:.1f} GiB of parameters; a round "
@@ -157,7 +167,7 @@ def check_model(model: Model, data: FederatedDataset, init_params) -> None:
   if model.num_classes != data.num_classes:
     raise ValueError(f"model {model.name!r} predicts {model.num_classes} classes, the dataset has "
                      f"{data.num_classes}")
-  params = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+  params = param_shapes(model)
   inputs = jax.ShapeDtypeStruct((2, *data.feature_shape), np.asarray(data.train.x[:0]).dtype)
   try:
     logits = jax.eval_shape(model.apply, params, inputs)

@@ -26,7 +26,7 @@ from fedjax_sel.client.local_training import (CPU_TINY_STEP_FLOPS, LocalHParams,
                                               StepCost, step_cost)
 from fedjax_sel.engine import executables
 from fedjax_sel.engine.signature import Keyed, signature
-from fedjax_sel.models.bundle import Model
+from fedjax_sel.models.bundle import Model, param_shapes
 from fedjax_sel.parts.availability import Availability
 from fedjax_sel.parts.types import Aggregator, Filter, Participation, Selector
 
@@ -159,7 +159,7 @@ def _step_cost(key: Keyed) -> StepCost:
   tiny = CPU_TINY_STEP_FLOPS if jax.devices()[0].platform == "cpu" else 0.0
 
   def compute():
-    params = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+    params = param_shapes(model)
     return step_cost(model, optimizer, local, params, feature_shape, bytes_from_flops=tiny)
 
   return StepCost(*executables.remembered("client_step_cost", (key.key, tiny), compute))

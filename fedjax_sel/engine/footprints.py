@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from fedjax_sel.engine.checks import device_memory_bytes
-from fedjax_sel.models.bundle import Model
+from fedjax_sel.models.bundle import Model, param_shapes
 from fedjax_sel.parts.types import Footprint, Scale, part_name
 
 # (FLOP/s, bytes/s) a footprint is timed at. CPU: measured on this project's 2-core AMD EPYC
@@ -48,7 +48,7 @@ def seconds(footprint: Footprint, platform: str) -> float:
 
 def scale_of(model: Model, num_clients: int, num_available: int, k: int) -> Scale:
   """The run's `Scale`, the model's parameters counted from their shapes (nothing allocated)."""
-  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+  shapes = param_shapes(model)
   size = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(shapes))
   return Scale(int(num_clients), int(num_available), int(k), size)
 

@@ -26,7 +26,6 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel.client.local_training import (LocalHParams, OptimizerFactory, auto_chunk_size,
@@ -91,12 +90,13 @@ class RunSpec(NamedTuple):
                                                                           self.run_values.seed)
     filt, server_opt = config.filter, config.server_optimizer
     state = EngineState(
-        round=jnp.zeros((), jnp.int32), params=params, clients=ClientState.create(n),
+        round=jax.device_put(np.int32(0)), params=params, clients=ClientState.create(n),
         filter_state=filt.init(n, params) if filt is not None else (),
         selector_state=config.selector.init(n, params),
         participation_state=config.participation.init(n, params),
-        aggregator_state=config.aggregator.init(n, params), filtered=jnp.zeros((n,), bool),
-        prev_available=jnp.zeros((n,), bool), costs=Costs.zeros(),
+        aggregator_state=config.aggregator.init(n, params),
+        filtered=jax.device_put(np.zeros(n, bool)),
+        prev_available=jax.device_put(np.zeros(n, bool)), costs=Costs.zeros(),
         server_state=(() if server_opt is None else
                       server_opt.transform.init(trainable(config.model, params))),
         inflight=(() if config.asynchrony is None else
@@ -286,7 +286,8 @@ def build_run(model: Model, data: FederatedDataset, optimizer: OptimizerFactory,
       client_sharding=_client_sharding(), server_optimizer=server_optimizer, clock=clock,
       proximal=bool(local.prox_mu), asynchrony=asynchrony)
   return RunSpec(config, data,
-                 RunValues(jnp.int32(seed), jnp.float32(base), jnp.float32(local.prox_mu)),
+                 jax.device_put(RunValues(np.int32(seed), np.float32(base),
+                                          np.float32(local.prox_mu))),
                  init_params,
                  np.ones(n, bool) if eval_mask is None else np.asarray(eval_mask, bool),
                  capacity, on_host, host_rows)

@@ -41,7 +41,6 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel.engine import sweeps
@@ -70,13 +69,12 @@ class BatchConfig(NamedTuple):
 
 
 def stack_runs(trees: Sequence[Any], sharding=None) -> Any:
-  """The trees stacked on a leading runs axis (on the host: no per-leaf compilation), then placed
-  on `sharding`, or without one copied with `jnp.asarray` (a small program per shape and dtype).
-  `jax.device_put` there, which on CPU aliases the numpy memory instead, was tried and taken out:
-  FedCor's jobs crashed or hung with it (docs/engine.md)."""
+  """The trees stacked on a leading runs axis on the host, then placed on `sharding` (or the
+  default device) with `jax.device_put`, which compiles nothing; `jnp.asarray` would compile a
+  small copy program per shape and dtype. On CPU the placed arrays may alias the stacked numpy
+  memory, which nothing else holds."""
   stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *trees)
-  return jax.device_put(stacked, sharding) if sharding is not None else jax.tree.map(
-      jnp.asarray, stacked)
+  return jax.device_put(stacked, sharding)
 
 
 def unstack(tree: Any, i: int) -> Any:

@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel.data.federated import ClientPool
@@ -47,7 +46,7 @@ class Costs(NamedTuple):
 
   @staticmethod
   def zeros() -> Costs:
-    return Costs(*(jnp.zeros((), jnp.float32) for _ in Costs._fields))
+    return jax.device_put(Costs(*(np.zeros((), np.float32) for _ in Costs._fields)))
 
 
 class EngineState(NamedTuple):

@@ -72,6 +72,12 @@ def logits_loss(model: Model, logits: jax.Array, y: jax.Array) -> jax.Array:
   return optax.softmax_cross_entropy_with_integer_labels(logits, y)
 
 
+def param_shapes(model: Model) -> Params:
+  """The shapes and dtypes of the model's parameters (`jax.ShapeDtypeStruct` leaves): nothing is
+  computed or compiled, the initializer's key included."""
+  return jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0)))
+
+
 def model_bytes(params) -> float:
   """Bytes of one copy of the model (what a client downloads or uploads)."""
   return float(sum(np.prod(a.shape) * np.dtype(a.dtype).itemsize
@@ -159,7 +165,7 @@ def from_flax(module: nn.Module, input_shape: tuple[int, ...], num_classes: int,
     >>> model.apply(params, jnp.ones((2, 4))).shape
     (2, 3)
   """
-  dummy = jnp.zeros((1, *input_shape), input_dtype)
+  dummy = np.zeros((1, *input_shape), input_dtype)
 
   if not stateful:
     def train_call(params, x, mask, key):

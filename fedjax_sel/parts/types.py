@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 STAT_NAMES = ("loss", "accuracy", "entropy", "batch_loss", "val_loss", "val_accuracy", "test_loss",
               "test_accuracy", "grad_norm", "grad")
@@ -61,8 +62,10 @@ class ClientState(NamedTuple):
 
   @staticmethod
   def create(num_clients: int) -> ClientState:
-    return ClientState(jnp.full((num_clients,), jnp.inf), jnp.full((num_clients,), -1, jnp.int32),
-                       jnp.zeros((num_clients,), jnp.int32), jnp.zeros((num_clients,), jnp.int32))
+    """Every client never seen: built on the host and placed, so nothing compiles."""
+    n = (num_clients,)
+    return jax.device_put(ClientState(np.full(n, np.inf, np.float32), np.full(n, -1, np.int32),
+                                      np.zeros(n, np.int32), np.zeros(n, np.int32)))
 
 
 class RoundInputs(NamedTuple):

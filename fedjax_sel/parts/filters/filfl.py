@@ -312,8 +312,8 @@ def filfl_filter(public_loss: Callable[[Params, jax.Array, jax.Array], jax.Array
     return filtered, state, info
 
   randomized = config.mode == "rgf"
-  return Filter(init=lambda n, params: jnp.asarray(randomized), apply=apply, period=config.period,
-                trains_available=True, uses_public=True,
+  return Filter(init=lambda n, params: jax.device_put(np.bool_(randomized)), apply=apply,
+                period=config.period, trains_available=True, uses_public=True,
                 costs=lambda info: PartCosts(server_public_samples=info["public_samples"]),
                 spec={"name": config.mode, **config._asdict(),
                       "public_loss": getattr(public_loss, "__qualname__", "?")})

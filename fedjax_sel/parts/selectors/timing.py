@@ -14,11 +14,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import jax
 import numpy as np
 
 from fedjax_sel import registry
-from fedjax_sel.models.bundle import model_bytes
+from fedjax_sel.models.bundle import model_bytes, param_shapes
 
 
 class ExpectedTimes(NamedTuple):
@@ -51,6 +50,6 @@ def context_times(context: registry.BuildContext, method: str) -> ExpectedTimes:
                      "clock, --system_profile)")
   if context.data is None or context.model is None:
     raise ValueError(f"{method} needs the run's data and model to time its clients")
-  size = model_bytes(jax.eval_shape(context.model.init, jax.random.PRNGKey(0)))
+  size = model_bytes(param_shapes(context.model))
   return expected_times(context.profile.speed, context.profile.bandwidth,
                         context.data.train.counts, context.local_epochs, size)
