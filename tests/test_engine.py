@@ -264,6 +264,51 @@ def test_a_run_with_dropout_repeats_and_resumes_bit_for_bit(tmp_path):
   assert strip(fs.run(sim(), 4, str(tmp_path / "c"), resume=True, progress=None)) == whole
 
 
+LIGHT_SHAPES = {"logreg": ((64,), 10), "mlp": ((64,), 10), "leaf_cnn": ((28, 28, 1), 62),
+                "cifar_cnn": ((32, 32, 3), 10), "resnet18": ((32, 32, 3), 10),
+                "char_lstm": ((80,), 80), "word_lstm": ((20,), 1000)}
+
+
+def _at_level(fn, level, *args):
+  return jax.jit(fn, compiler_options={"xla_backend_optimization_level": level})(*args)
+
+
+@pytest.mark.parametrize("name", [n if n in ("mlp", "char_lstm") else
+                                  pytest.param(n, marks=pytest.mark.slow) for n in LIGHT_SHAPES])
+def test_a_light_initializer_gives_every_bit_of_the_default_level(name):
+  # Initializers compile `light` (XLA:CPU's backend level 1, `programs.LIGHT_CPU_OPTIONS`): their
+  # weights must be the default level 3's, bit for bit, or a run would start elsewhere than
+  # before.
+  shape, classes = LIGHT_SHAPES[name]
+  model = fs.build_model(name, shape, classes)
+  init = lambda seed: model.init(jax.random.PRNGKey(seed))
+  for seed in (0, 7):
+    chex.assert_trees_all_equal(_at_level(init, 1, seed), _at_level(init, 3, seed))
+
+
+def test_light_fingerprint_draws_give_every_bit_of_the_default_level():
+  from fedjax_sel.engine.signature import Keyed  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.host import runner  # pylint: disable=import-outside-toplevel
+  for schedule, availability in (
+      (fs.step_decay_lr(0.05, 0.998, 10), fs.probability_availability(np.linspace(0.2, 0.9, 6))),
+      (fs.constant_lr(0.1), fs.uniform_availability(50, 25))):
+    drawn = Keyed(("draws", id(schedule)), (schedule.factor, availability))
+    draws = lambda lr, seed, drawn=drawn: runner._draws(drawn, lr, seed)  # pylint: disable=protected-access
+    chex.assert_trees_all_equal(_at_level(draws, 1, np.float32(0.05), np.int32(3)),
+                                _at_level(draws, 3, np.float32(0.05), np.int32(3)))
+
+
+def test_programs_are_light_unless_xla_flags_set_a_level(monkeypatch):
+  for flags, light in (("", True), ("--xla_backend_optimization_level=0", False)):
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    programs.program.cache_clear()
+    try:
+      assert programs.program(programs.init_params, light=True).name.endswith("+light") == light
+      assert not programs.program(programs.step).name.endswith("+light")
+    finally:
+      programs.program.cache_clear()
+
+
 def test_fast_compile_gives_the_default_compilations_rounds_to_float_rounding(tmp_path):
   # `use_fast_compile` changes how XLA:CPU emits the programs, not what they compute: a run's
   # records agree with the default compilation's to float rounding, and repeat bit for bit.

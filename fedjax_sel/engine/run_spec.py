@@ -86,8 +86,8 @@ class RunSpec(NamedTuple):
     params = self.init_params
     if params is None:
       model = Keyed(signature(config.model.init), config.model)
-      params = programs.program(programs.init_params, replicated(config))(model,
-                                                                          self.run_values.seed)
+      params = programs.program(programs.init_params, replicated(config), light=True)(
+          model, self.run_values.seed)
     filt, server_opt = config.filter, config.server_optimizer
     state = EngineState(
         round=jax.device_put(np.int32(0)), params=params, clients=ClientState.create(n),

@@ -132,8 +132,8 @@ def run_fingerprint(spec: RunSpec, settings: dict | None = None) -> dict:
   config = spec.config
   shapes = [list(np.shape(a)) for a in jax.tree.leaves(jax.eval_shape(spec.initial_state).params)]
   drawn = (config.lr_factor, config.availability)
-  lrs, avail = program(_draws)(Keyed(signature(drawn), drawn), spec.run_values.lr,
-                               spec.run_values.seed)
+  lrs, avail = program(_draws, light=True)(Keyed(signature(drawn), drawn), spec.run_values.lr,
+                                           spec.run_values.seed)
   local = config.local
   parts = {kind: describe(getattr(config, role))
            for kind, role in (("selector", "selector"), ("filter", "filter"),
