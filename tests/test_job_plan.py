@@ -77,3 +77,30 @@ def test_stages_with_the_asynchronous_mode_is_refused_naming_the_flags(tmp_path)
                         capture_output=True, text=True, timeout=HANG_GUARD_S)
   assert proc.returncode != 0
   assert "--stages=three has no effect with --mode=async" in proc.stderr, proc.stderr
+
+
+def test_a_job_reads_each_next_methods_stored_programs_while_one_runs(tmp_path):
+  """The launchers plan the next method's batches before a method runs and read their stored
+  programs on another thread (`job.preload`): FedAvg, DGF and RGF preload DGF's and RGF's."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  import textwrap  # pylint: disable=import-outside-toplevel
+
+  from tests.hang_guard import HANG_GUARD_S  # pylint: disable=import-outside-toplevel
+  script = textwrap.dedent(f"""
+      import runpy, sys
+      from experiments.launch import job
+      seen, preload = [], job.preload
+      job.preload = lambda batches: seen.append(len(batches)) or preload(batches)
+      sys.argv = ["filfl", "--out_dir={tmp_path / 'job'}", "--rounds=2", "--seeds=0,1",
+                  "--num_clients=12", "--num_available=6", "--clients_per_round=3"]
+      try:
+        runpy.run_module("experiments.filfl", run_name="__main__")
+      except SystemExit as e:
+        assert not e.code, e.code
+      print("preloaded", seen)
+  """)
+  out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True,
+                       text=True, timeout=HANG_GUARD_S).stdout
+  # Per method in order: the next method's batches (one each), then its own after the first.
+  assert "preloaded [1, 0, 1, 0, 0]" in out, out[-2000:]

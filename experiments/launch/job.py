@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -258,6 +259,24 @@ class Batch(NamedTuple):
   runner: fs.RunBatch | OneRun
 
 
+class Plan(NamedTuple):
+  """A method's batches (`Job.plan`) and what to say when they start (None: nothing)."""
+
+  batches: list[Batch]
+  note: str | None
+
+
+def preload(batches: list[Batch]) -> threading.Thread:
+  """Reads the batches' stored programs on another thread (`RunBatch.preload`), so that XLA's
+  loading overlaps the rounds running before them (a warm main job: 0.2 s of FilFL's round).
+  Their initial states are made here (a program not compiled yet compiles on this thread, once)."""
+  states = [b.runner.init() for b in batches]
+  thread = threading.Thread(target=lambda: [b.runner.preload(s) for b, s in zip(batches, states)],
+                            daemon=True, name="preload")
+  thread.start()
+  return thread
+
+
 def _run_batch(cfg: cfglib.JobConfig, batch: fs.RunBatch | OneRun, runs: list[Run],
                folders: list[str]) -> tuple[list[list[dict]], list[str | None]]:
   """`runs` advanced together by `batch`: (each run's records, why each stopped or None)."""
@@ -371,7 +390,8 @@ class Job:
       sys.exit("error: " + "; ".join(self.stopped) + ". The other runs finished; the summary "
                "holds every run's rounds up to where it stopped (job.json marks the stopped runs)")
 
-  def run_all(self, runs: list[Run], stages: bool = False) -> list[list[dict]]:
+  def run_all(self, runs: list[Run], stages: bool = False,
+              plan: Plan | None = None) -> list[list[dict]]:
     """Runs a method's runs for --rounds, each keeping its own folder, metrics, checkpoint and
     resume: with --batch_runs and the device store as one `RunBatch` (one compiled call per
     round for all of them), else one after another; with --resume, runs added to the job (a
@@ -379,16 +399,20 @@ class Job:
     diverges stops alone: the others finish, its records so far are returned and it is marked
     stopped in job.json (`finish` then exits 1 after the launcher's summary). A refused resume or
     a foreign checkpoint exits with the message (status 1). `stages`: their rounds as three
-    programs (`plan`)."""
+    programs (`plan`); `plan`: their batches when planned before (`run_groups` plans the next
+    method's while these run)."""
     cfg = self.cfg
     self.record_runs(runs)
     done = len(self.manifest) - len(runs)
     each = ", ".join(r.label[len(r.method):].strip() for r in runs)  # "s0 lr=0.05, s1 ..."
     print(f"-- runs {done + 1}-{done + len(runs)} of the job: {runs[0].method}: {each}",
           flush=True)
-    batches = self.plan(runs, stages)
+    plan = plan or self.plan(runs, stages)
+    if plan.note:
+      print(plan.note, flush=True)
+    preload(plan.batches[1:])
     results = {}
-    for batch in batches:
+    for batch in plan.batches:
       records = _run_batch(cfg, batch.runner, [runs[i] for i in batch.indices],
                            [self.folder(runs[i]) for i in batch.indices])
       for i, recs, stopped in zip(batch.indices, *records):
@@ -401,9 +425,9 @@ class Job:
     """The run's folder under --out_dir."""
     return os.path.join(self.cfg.output.out_dir, *run.path)
 
-  def plan(self, runs: list[Run], stages: bool = False) -> list[Batch]:
-    """The batches `run_all` advances `runs` in (see there), each made and its data placed, saying
-    so when the runs need several programs. `stages`: their rounds as three programs
+  def plan(self, runs: list[Run], stages: bool = False) -> Plan:
+    """The batches `run_all` advances `runs` in (see there), each made and its data placed, and a
+    note when the runs need several programs. `stages`: their rounds as three programs
     (`fs.RunBatch`), to share a training compiled for another method."""
     out = self.cfg.output
     batched = out.batch_runs and len(runs) > 1 and not any(r.spec.on_host for r in runs)
@@ -415,16 +439,17 @@ class Job:
                             for group in (True, False)) if b]
     else:
       groups = [list(range(len(runs)))]
+    note = None
     if batched:  # Runs of a structural setting's values run as a batch per program.
       programs = fs.program_groups([r.spec.config for r in runs])
       groups = [[i for i in group if i in same] for same in programs for group in groups]
       groups = [g for g in groups if g]
       if len(programs) > 1:
-        print(f"-- {len(programs)} compiled programs for these runs, one per value of "
-              f"{_structural(self.cfg) or 'their shapes'} (settings that set shapes or "
-              "branches)", flush=True)
-    return [Batch(g, fs.RunBatch([runs[i].spec for i in g], stages=stages) if len(g) > 1 else
-                  OneRun(runs[g[0]].spec, stages=stages)) for g in groups]
+        note = (f"-- {len(programs)} compiled programs for these runs, one per value of "
+                f"{_structural(self.cfg) or 'their shapes'} (settings that set shapes or "
+                "branches)")
+    return Plan([Batch(g, fs.RunBatch([runs[i].spec for i in g], stages=stages) if len(g) > 1
+                       else OneRun(runs[g[0]].spec, stages=stages)) for g in groups], note)
 
   def run_groups(self, groups: list[str], load: Load, build_run: BuildRun
                  ) -> tuple[dict[str, dict[str, list[list[dict]]]], dict[tuple[int, str], tuple]]:
@@ -465,8 +490,13 @@ class Job:
       stages = cfg.engine.stages
       shared = (shared_training([runs for runs, _ in methods]) if stages == "auto" else
                 [stages == "three"] * len(methods))
-      for (runs, names), share in zip(methods, shared):
-        records = self.run_all(runs, stages=share)
+      plans = [None] * len(methods)
+      for i, ((runs, names), share) in enumerate(zip(methods, shared)):
+        if i + 1 < len(methods):  # The next method's stored programs are read while these run.
+          plans[i + 1] = self.plan(methods[i + 1][0], shared[i + 1])
+          preload(plans[i + 1].batches)
+        records = self.run_all(runs, stages=share, plan=plans[i])
+        plans[i] = None
         n = len(cfg.seeds)
         out.update({name: records[i * n:(i + 1) * n] for i, name in enumerate(names)})
       results[group] = out

@@ -83,6 +83,11 @@ class _Placement:
     there is one (every process of a multi-host run then holds the whole state and metrics)."""
     return programs.program(fn, self.replicated, static_argnums)
 
+  def preload(self, state: EngineState) -> None:
+    """Reads the stored programs of the round from `state` ahead of their first call
+    (`programs.Program.preload`); a placement that sends rows each round has none to read."""
+    del state
+
   def step(self, state: EngineState):
     """One round (one compiled call), its contracts checked."""
     state, metrics = self._step(on_mesh(self.spec.config, state))
@@ -107,6 +112,14 @@ class DevicePlacement(_Placement):
   @functools.cached_property
   def arrays(self) -> DataArrays:
     return to_device(self.host, self.replicated)
+
+  def preload(self, state: EngineState) -> None:
+    """The round's program (or its first stage: the others read what it returns) and the
+    evaluation, read from the store ahead of their first call."""
+    state = on_mesh(self.spec.config, state)
+    self.program(programs.plan_stage if self.stages else programs.step).preload(
+        self.keyed, state, self.arrays, self.spec.run_values)
+    self.program(programs.evaluate).preload(self.evaluation, state.params, self.arrays)
 
   def _step(self, state: EngineState):
     if not self.stages:

@@ -16,8 +16,10 @@ Examples:
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -75,14 +77,52 @@ class Program:
     self.static = tuple(i - 1 for i in static_argnums)  # Among the arguments after the config.
     self.compiled: dict = {}  # (config, static, tree, types) -> executable, or None: jit it.
     self.recent: dict = {}  # (config, static, tree, weak types) -> the last executable used.
+    self.preloaded: dict = {}  # (config, static, tree, types) -> Future of the stored executable.
+    self._lock = threading.Lock()
+
+  def _split(self, args: tuple):
+    """(static arguments, dynamic arguments, their leaves, their tree)."""
+    static = tuple(args[i] for i in self.static)
+    dynamic = tuple(a for i, a in enumerate(args) if i not in self.static)
+    leaves, tree = jax.tree.flatten(dynamic)
+    return static, dynamic, leaves, tree
+
+  def preload(self, cfg, *args) -> None:
+    """Reads the stored executable of these arguments, if the store holds one, ahead of its first
+    call: XLA's loading takes a while (0.2 s for FilFL's batched round), and on another thread it
+    overlaps the programs running before it. The first call then checks and runs it as it would
+    one read then. Safe on several threads; nothing is compiled or traced here."""
+    folder = executables.folder()
+    if folder is None:
+      return
+    static, _, leaves, tree = self._split(args)
+    memo = (cfg, static, tree, store_keys.avals(leaves))
+    future = concurrent.futures.Future()
+    with self._lock:
+      if memo in self.compiled or memo in self.preloaded:
+        return
+      self.preloaded[memo] = future
+    try:
+      path = self._stored(folder, memo)
+      future.set_result(executables.load(path) if path and os.path.exists(path) else None)
+    except Exception:  # pylint: disable=broad-except
+      future.set_result(None)  # The first call reads it itself.
+
+  def _stored(self, folder: str, memo: tuple) -> str | None:
+    """The store file of `memo`, or None for a config that is not stored or a program the store
+    leaves to JAX's cache."""
+    cfg, static, tree, types = memo
+    key = store_keys.store_key(self.name, cfg.key, static, types, str(tree))
+    if key is None:
+      return None
+    path = os.path.join(folder, key + ".exe")
+    return None if os.path.exists(executables.jit_marker(path)) else path
 
   def __call__(self, cfg, *args):
     folder = executables.folder()
     if folder is None:
       return self.jitted(cfg, *args)
-    static = tuple(args[i] for i in self.static)
-    dynamic = tuple(a for i, a in enumerate(args) if i not in self.static)
-    leaves, tree = jax.tree.flatten(dynamic)
+    static, dynamic, leaves, tree = self._split(args)
     if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):  # Called inside a trace.
       return self.jitted(cfg, *args)
     # The executable checks shapes and dtypes itself (a TypeError before it runs); weak types,
@@ -109,18 +149,20 @@ class Program:
     """`(executable, outputs)`: the stored executable and its outputs on these arguments (it is
     run once to check it), else one compiled now and stored, and None; `(None, None)` for a
     config that is not stored (jit then traces it)."""
-    cfg, static, tree, types = memo
-    key = store_keys.store_key(self.name, cfg.key, static, types, str(tree))
-    if key is None:
+    path = self._stored(folder, memo)
+    if path is None:  # Not stored, or not serializable: JAX's cache instead.
       return None, None
-    path = os.path.join(folder, key + ".exe")
-    if os.path.exists(executables.jit_marker(path)):  # Not serializable: JAX's cache instead.
-      return None, None
-    loaded = executables.load(path) if os.path.exists(path) else None
+    with self._lock:
+      future = self.preloaded.pop(memo, None)
+    if future is not None:
+      loaded = future.result()  # Waits for a preload still reading it.
+    else:
+      loaded = executables.load(path) if os.path.exists(path) else None
     if loaded is not None:
       outputs = executables.first_call(loaded, dynamic, path, self.jit_name)
       if outputs is not None:
         return loaded, outputs
+    cfg = memo[0]
     return executables.compile_and_save(self.jitted.lower(cfg, *args), path), None
 
 

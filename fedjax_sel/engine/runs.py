@@ -240,6 +240,18 @@ class RunBatch:
     """The runs' states before round 0, stacked `[R, ...]`."""
     return stack_runs([s.initial_state() for s in self.specs], self.placement)
 
+  def preload(self, states: EngineState) -> None:
+    """Reads the batch's stored round (or its first stage: the others read what it returns) and
+    evaluation for `states` (`init`'s) ahead of their first call (`programs.Program.preload`): a
+    job calls it on another thread while the batch before runs, so XLA's loading overlaps those
+    rounds."""
+    where = self.placement
+    if self.stages:
+      program(_batched_plan, where).preload(self.keyed, states, self.arrays, self.run_values)
+    else:
+      program(_batched_step, where).preload(self.keyed, states, self.arrays, self.run_values)
+    program(_batched_evaluate, where).preload(self.evaluation, states.params, self.arrays)
+
   def step(self, states: EngineState) -> tuple[EngineState, dict]:
     """One round of every run (one compiled call); metrics stacked `[R, ...]`. `states` come from
     `init`, `step` or a resume of every run at one round: the runs advance together (run 0's

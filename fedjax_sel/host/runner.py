@@ -310,6 +310,10 @@ class OneRun:
   def init(self) -> EngineState:
     return self.specs[0].initial_state()
 
+  def preload(self, state: EngineState) -> None:
+    """Reads the run's stored programs ahead of their first call (`RunBatch.preload`)."""
+    self.placement.preload(state)
+
   def step(self, state: EngineState) -> tuple[EngineState, dict]:
     return self.placement.step(state)
 
