@@ -149,11 +149,27 @@ def device_memory_bytes() -> int:
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def model_shapes(model: Model):
+  """The model's parameter shapes (`bundle.param_shapes`), traced once per model signature: a
+  job's runs build equal models, and three checks read them."""
+  return _model_shapes(Keyed(signature(model), model))
+
+
+@functools.lru_cache(maxsize=64)
+def _model_shapes(model: Keyed):
+  return param_shapes(model.value)
+
+
+@functools.lru_cache(maxsize=64)
+def _logits_shape(model: Keyed, inputs: jax.ShapeDtypeStruct) -> tuple[int, ...]:
+  return tuple(jax.eval_shape(model.value.apply, model_shapes(model.value), inputs).shape)
+
+
 def check_model_fits(model: Model, memory: int | None = None) -> int:
   """The model's parameter bytes from its shapes (nothing allocated); ValueError when three copies
   (the global model, a client's model and its gradient, the least a round holds) exceed the
   device's memory, with the estimate."""
-  size = model_bytes(param_shapes(model))
+  size = model_bytes(model_shapes(model))
   memory = device_memory_bytes() if memory is None else memory
   if 3 * size > memory:
     raise ValueError(f"the model {model.name!r} has {size / 2**30:.1f} GiB of parameters; a round "
@@ -167,16 +183,16 @@ def check_model(model: Model, data: FederatedDataset, init_params) -> None:
   if model.num_classes != data.num_classes:
     raise ValueError(f"model {model.name!r} predicts {model.num_classes} classes, the dataset has "
                      f"{data.num_classes}")
-  params = param_shapes(model)
+  params = model_shapes(model)
   inputs = jax.ShapeDtypeStruct((2, *data.feature_shape), np.asarray(data.train.x[:0]).dtype)
   try:
-    logits = jax.eval_shape(model.apply, params, inputs)
+    logits = _logits_shape(Keyed(signature(model), model), inputs)
   except Exception as e:  # pylint: disable=broad-except  # Any shape error of a user's model.
     raise ValueError(f"model {model.name!r} cannot take the dataset's inputs of shape "
                      f"{data.feature_shape} ({type(e).__name__}: {e})") from e
-  if tuple(logits.shape) != (2, data.num_classes):
+  if logits != (2, data.num_classes):
     raise ValueError(f"model {model.name!r} maps a batch of 2 inputs to logits of shape "
-                     f"{tuple(logits.shape)}, expected (2, {data.num_classes})")
+                     f"{logits}, expected (2, {data.num_classes})")
   if init_params is not None:
     want, got = jax.tree.structure(params), jax.tree.structure(init_params)
     if want != got:

@@ -20,8 +20,8 @@ import warnings
 import jax
 import numpy as np
 
-from fedjax_sel.engine.checks import device_memory_bytes
-from fedjax_sel.models.bundle import Model, param_shapes
+from fedjax_sel.engine.checks import device_memory_bytes, model_shapes
+from fedjax_sel.models.bundle import Model
 from fedjax_sel.parts.types import Footprint, Scale, part_name
 
 # (FLOP/s, bytes/s) a footprint is timed at. CPU: measured on this project's 2-core AMD EPYC
@@ -48,7 +48,7 @@ def seconds(footprint: Footprint, platform: str) -> float:
 
 def scale_of(model: Model, num_clients: int, num_available: int, k: int) -> Scale:
   """The run's `Scale`, the model's parameters counted from their shapes (nothing allocated)."""
-  shapes = param_shapes(model)
+  shapes = model_shapes(model)
   size = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(shapes))
   return Scale(int(num_clients), int(num_available), int(k), size)
 
