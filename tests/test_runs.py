@@ -188,40 +188,42 @@ def test_rounds_that_train_alike_share_one_compiled_training(tmp_path, monkeypat
   assert key != evaluation_key(specs[0].config._replace(eval_batch_size=7))
 
 
-def test_a_preloaded_round_is_read_once_on_another_thread_and_runs_the_same(tmp_path,
-                                                                              monkeypatch):
+def test_a_preloaded_round_is_read_once_on_another_thread_and_runs_the_same(tmp_path):
   """`RunBatch.preload` reads the stored round and evaluation on another thread; their first
   calls then read nothing more from the store, and the records are those of the batch that
-  compiled them (a job preloads the next method's batch while one runs)."""
-  import threading  # pylint: disable=import-outside-toplevel
-
-  from fedjax_sel.engine import executables, programs  # pylint: disable=import-outside-toplevel
-  monkeypatch.setattr(executables, "folder", lambda: str(tmp_path))
-  jax.config.update("jax_enable_compilation_cache", False)  # XLA compiles: the store files it.
-  try:
-    programs.program.cache_clear()
-    jax.clear_caches()
-    specs = _sims("fedavg", _datasets()[:2], METHODS["fedavg"])
-    strip = lambda runs: [[{k: v for k, v in r.items() if k != "wall_s"} for r in run]
-                          for run in runs]
-    want = strip(fs.run_batch(fs.RunBatch(specs), 3, progress=None))
-    programs.program.cache_clear()  # As a new process: nothing read or compiled yet.
-    reads = []
-    load = executables.load
-    monkeypatch.setattr(executables, "load", lambda path: reads.append(path) or load(path))
-    batch = fs.RunBatch(specs)
-    states = batch.init()  # Reads the initializer.
-    thread = threading.Thread(target=batch.preload, args=(states,))
-    thread.start()
-    thread.join()
-    assert len(reads) == 3, reads  # The initializer, then the round and the evaluation.
-    with CompileLog() as log:
-      got = strip(fs.run_batch(batch, 3, progress=None))
-    assert len(reads) == 3 and log.loaded == 2 and log.count("step") == 0, (reads, log.by_name)
-    assert got == want
-  finally:
-    jax.config.update("jax_enable_compilation_cache", True)
-    programs.program.cache_clear()
+  compiled them (a job preloads the next method's batch while one runs). In a process of its
+  own, so that XLA compiles (and the store files) the first batch's programs."""
+  script = textwrap.dedent("""
+      import sys, threading
+      sys.path.insert(0, %r)
+      import fedjax_sel as fs
+      from fedjax_sel.engine import executables, programs
+      from fedjax_sel.host.compilation import CompileLog, use_persistent_cache
+      from tests.test_runs import METHODS, _datasets, _sims
+      use_persistent_cache()
+      specs = _sims("fedavg", _datasets()[:2], METHODS["fedavg"])
+      strip = lambda runs: [[{k: v for k, v in r.items() if k != "wall_s"} for r in run]
+                            for run in runs]
+      want = strip(fs.run_batch(fs.RunBatch(specs), 3, progress=None))
+      programs.program.cache_clear()  # As a new process: nothing read or compiled yet.
+      reads, load = [], executables.load
+      executables.load = lambda path: reads.append(path) or load(path)
+      batch = fs.RunBatch(specs)
+      states = batch.init()  # Reads the initializer.
+      thread = threading.Thread(target=batch.preload, args=(states,))
+      thread.start()
+      thread.join()
+      preloaded = len(reads)
+      with CompileLog() as log:
+        got = strip(fs.run_batch(batch, 3, progress=None))
+      print("reads", preloaded, len(reads), "loaded", log.loaded, "compiled", log.count("step"),
+            "same", got == want)
+  """) % REPO
+  out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                       env=dict(os.environ, FEDJAX_SEL_CACHE_DIR=str(tmp_path / "cache")),
+                       check=True, timeout=HANG_GUARD_S).stdout
+  # The initializer, then the round and the evaluation; at their calls nothing more.
+  assert "reads 3 3 loaded 2 compiled 0 same True" in out, out[-2000:]
 
 
 def test_a_second_process_loads_the_round_untraced_and_runs_it_the_same(tmp_path):
