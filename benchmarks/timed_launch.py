@@ -89,7 +89,7 @@ def main():
       "compiles": log.compiles, "cache_hits": log.cache_hits}
   with open(out, "w", encoding="utf-8") as f:
     json.dump(result, f)
-  sys.exit(status)
+  cli.exit_now(status)  # As the launcher ends when it is the process (`cli.launch`).
 
 
 if __name__ == "__main__":

@@ -23,6 +23,28 @@ def launch(module, *args, check=True):
   return proc
 
 
+@pytest.mark.parametrize("code,status", [(3, 3), (None, 0), ("stopped: why", 1)])
+def test_exit_now_ends_as_sys_exit_after_threads_atexit_and_streams(tmp_path, code, status):
+  # A launcher run as `python -m` ends with `cli.exit_now` (no interpreter teardown): what an
+  # exit runs first must still run, and the status and message be sys.exit's.
+  script = (
+      "import atexit, sys, threading, time\n"
+      "from experiments.launch import cli\n"
+      f"atexit.register(lambda: open({str(tmp_path / 'atexit')!r}, 'w').write('ran'))\n"
+      "def late():\n"
+      "  time.sleep(0.2)\n"
+      f"  open({str(tmp_path / 'thread')!r}, 'w').write('done')\n"
+      "threading.Thread(target=late).start()\n"
+      "sys.stdout.write('no newline, buffered')\n"
+      f"cli.exit_now({code!r})\n")
+  proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                        timeout=HANG_GUARD_S)
+  assert proc.returncode == status, proc.stderr
+  assert proc.stdout == "no newline, buffered"
+  assert (tmp_path / "atexit").read_text() == "ran" and (tmp_path / "thread").read_text() == "done"
+  assert proc.stderr == ("stopped: why\n" if isinstance(code, str) else "")
+
+
 def test_run_writes_metrics_progress_and_summary(tmp_path):
   out = tmp_path / "run"
   proc = launch("experiments.run", "--rounds=3", "--num_clients=20", "--num_available=10",

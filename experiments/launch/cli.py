@@ -7,19 +7,24 @@ and writes `resolve(cfg, given)` and `execute(job)`; `launcher_main` makes its `
   if __name__ == "__main__":
     cli.launch(main, BINDING)
 
-`launch` prints the short, grouped `--help`, turns JAX's persistent compilation cache on, and
+`launch` prints the short, grouped `--help`, turns JAX's persistent compilation cache on,
 turns a usage error, a full disk or an interrupt (Ctrl-C, or a SIGTERM: `interrupt_on_sigterm`)
-into one line and an exit status (`guarded`).
+into one line and an exit status (`guarded`), and ends a launcher run as `python -m` without the
+interpreter's teardown (`exit_now`).
 """
 
 from __future__ import annotations
 
+import atexit
 import errno
 import logging
 import math
+import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
+from typing import NoReturn
 
 from absl import app, flags
 
@@ -34,12 +39,43 @@ HELP = ("--help", "-h", "-?", "--helpshort")
 def launch(main: Callable[[list[str]], None],
            binding: flag_binding.Binding | None = None) -> None:
   """Runs a launcher's `main` with absl (`app.run(guarded(main))`); with the launcher's
-  `binding`, `--help` (or `-h`) prints its short, grouped help and exits 0."""
+  `binding`, `--help` (or `-h`) prints its short, grouped help and exits 0. A launcher that is the
+  process (`python -m experiments.<launcher>`) ends with `exit_now`; one run from other code
+  (`runpy`, tests) raises its `SystemExit` as before."""
   if binding is not None and any(a in HELP for a in sys.argv[1:]):
     print(binding.short_help(sys.modules["__main__"].__doc__ or ""))
     sys.exit(0)
   interrupt_on_sigterm()
-  app.run(guarded(main))
+  try:
+    app.run(guarded(main))
+  except SystemExit as e:
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    if spec is not None and spec.name.startswith("experiments."):
+      exit_now(e.code)
+    raise
+
+
+def exit_now(code) -> NoReturn:
+  """Ends the process with the status `sys.exit(code)` gives, after what an exit runs first (the
+  other threads that are not daemons joined, the `atexit` functions, the streams flushed), but
+  without the interpreter tearing down every module and object: 0.2-0.3 s of every launcher's
+  wall time once JAX, flax and optax are loaded, measured on a 2-core CPU. Files are written and
+  closed by then (the launchers write with `with`); what a finalizer of a leftover object would
+  do is not done."""
+  if code is None:
+    status = 0
+  elif isinstance(code, int):
+    status = code
+  else:  # As sys.exit: a message is printed and the status is 1.
+    sys.stderr.write(f"{code}\n")
+    status = 1
+  for thread in threading.enumerate():
+    if thread is not threading.main_thread() and not thread.daemon:
+      thread.join()
+  atexit._run_exitfuncs()  # pylint: disable=protected-access  # logging's flush among them.
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)
 
 
 def interrupt_on_sigterm() -> None:
