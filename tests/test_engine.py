@@ -298,6 +298,25 @@ def test_light_fingerprint_draws_give_every_bit_of_the_default_level():
                                 _at_level(draws, 3, np.float32(0.05), np.int32(3)))
 
 
+def test_a_light_program_runs_inside_another_trace_with_the_store_off(monkeypatch):
+  # JAX refuses compiler options on a jit staged into another trace: a light (or fast) program
+  # called by code under `jax.eval_shape`, where nothing is stored (the cache off, several
+  # devices), becomes part of that trace, and at the top level it runs with its options.
+  from fedjax_sel.engine import executables  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.engine.signature import Keyed  # pylint: disable=import-outside-toplevel
+  monkeypatch.setenv("XLA_FLAGS", "")
+  monkeypatch.setattr(executables, "folder", lambda: None)
+  programs.program.cache_clear()
+  try:
+    double = programs.program(lambda cfg, x: x * cfg.value, light=True)
+    assert double.name.endswith("+light")
+    two = Keyed(("two",), 2.0)
+    assert jax.eval_shape(lambda: double(two, np.float32(3.0))).shape == ()
+    assert float(double(two, np.float32(3.0))) == 6.0
+  finally:
+    programs.program.cache_clear()
+
+
 def test_programs_are_light_unless_xla_flags_set_a_level(monkeypatch):
   for flags, light in (("", True), ("--xla_backend_optimization_level=0", False)):
     monkeypatch.setenv("XLA_FLAGS", flags)

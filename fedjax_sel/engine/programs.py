@@ -67,9 +67,11 @@ class Program:
     light = light and cpu and "--xla_backend_optimization_level" not in os.environ.get(
         "XLA_FLAGS", "")
     options = {**(FAST_CPU_OPTIONS if fast else {}), **(LIGHT_CPU_OPTIONS if light else {})}
-    if options:
-      kwargs["compiler_options"] = options
-    self.jitted = jax.jit(fn, static_argnums=(0, *static_argnums), **kwargs)
+    # Called inside another function's trace, the program is part of that one's compilation,
+    # and JAX refuses compiler options there: `nested` is the same jit without them.
+    self.nested = jax.jit(fn, static_argnums=(0, *static_argnums), **kwargs)
+    self.jitted = (jax.jit(fn, static_argnums=(0, *static_argnums), compiler_options=options,
+                           **kwargs) if options else self.nested)
     # The executable store keeps the compilations of a program apart.
     self.name = (f"{fn.__module__}.{fn.__qualname__}{'+fast' if fast else ''}"
                  f"{'+light' if light else ''}")
@@ -118,20 +120,32 @@ class Program:
     path = os.path.join(folder, key + ".exe")
     return None if os.path.exists(executables.jit_marker(path)) else path
 
+  def _jit(self, cfg, *args):
+    """The program through `jax.jit`: with its compiler options at the top level, without them
+    inside another trace (`jax.eval_shape` of code that calls it, with concrete arguments)."""
+    if self.jitted is self.nested:
+      return self.jitted(cfg, *args)
+    try:
+      return self.jitted(cfg, *args)
+    except ValueError as e:  # Raised while staging into the outer trace, before any compute.
+      if "compiler_options" not in str(e):
+        raise
+      return self.nested(cfg, *args)
+
   def __call__(self, cfg, *args):
     folder = executables.folder()
     if folder is None:
-      return self.jitted(cfg, *args)
+      return self._jit(cfg, *args)
     static, dynamic, leaves, tree = self._split(args)
     if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):  # Called inside a trace.
-      return self.jitted(cfg, *args)
+      return self.nested(cfg, *args)
     # The executable checks shapes and dtypes itself (a TypeError before it runs); weak types,
     # which it lets pass, are part of the lookup, since jit would trace them apart.
     recent = (cfg, static, tree, tuple(getattr(leaf, "weak_type", None) for leaf in leaves))
     executable = self.recent.get(recent, _UNSEEN)
     if executable is not _UNSEEN:
       if executable is None:
-        return self.jitted(cfg, *args)
+        return self._jit(cfg, *args)
       try:
         return executable(*dynamic)
       except TypeError:  # Other shapes or dtypes than last time: look them up below.
@@ -143,7 +157,7 @@ class Program:
     self.recent[recent] = executable = self.compiled[memo]
     if outputs is not None:
       return outputs
-    return self.jitted(cfg, *args) if executable is None else executable(*dynamic)
+    return self._jit(cfg, *args) if executable is None else executable(*dynamic)
 
   def _prepare(self, folder: str, memo: tuple, args: tuple, dynamic: tuple):
     """`(executable, outputs)`: the stored executable and its outputs on these arguments (it is

@@ -130,7 +130,7 @@ def run_fingerprint(spec: RunSpec, settings: dict | None = None) -> dict:
   (a launcher's: its job config's fields, `experiments.launch.config.fingerprint`), theirs kept
   where both name an entry."""
   config = spec.config
-  shapes = [list(np.shape(a)) for a in jax.tree.leaves(jax.eval_shape(spec.initial_state).params)]
+  shapes = [list(a.shape) for a in jax.tree.leaves(checks.model_shapes(config.model))]
   drawn = (config.lr_factor, config.availability)
   lrs, avail = program(_draws, light=True)(Keyed(signature(drawn), drawn), spec.run_values.lr,
                                            spec.run_values.seed)
