@@ -266,10 +266,13 @@ class Plan(NamedTuple):
   note: str | None
 
 
-def preload(batches: list[Batch]) -> threading.Thread:
+def preload(batches: list[Batch]) -> threading.Thread | None:
   """Reads the batches' stored programs on another thread (`RunBatch.preload`), so that XLA's
   loading overlaps the rounds running before them (a warm main job: 0.2 s of FilFL's round).
-  Their initial states are made here (a program not compiled yet compiles on this thread, once)."""
+  Their initial states are made here (a program not compiled yet compiles on this thread, once).
+  None when there are no batches."""
+  if not batches:
+    return None
   states = [b.runner.init() for b in batches]
   thread = threading.Thread(target=lambda: [b.runner.preload(s) for b, s in zip(batches, states)],
                             daemon=True, name="preload")
