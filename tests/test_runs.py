@@ -145,7 +145,8 @@ def test_a_round_in_three_programs_equals_the_round_in_one(method):
 
 
 def test_building_a_batch_compiles_no_operation_on_its_own():
-  """Building FilFL's runs, their initial states and their batch compiles only whole programs
+  """Building FilFL's runs, their initial states and their batch (or a run alone, uploaded)
+  compiles only whole programs
   (the model's initializer, the schedule's round-0 rate): no operation run eagerly compiles on its
   own, as each would be a compilation of a cold process and a cache load of a warm one (43 of the
   main job's compilations were)."""
@@ -154,8 +155,10 @@ def test_building_a_batch_compiles_no_operation_on_its_own():
   programs.program.cache_clear()
   checks._at_round_zero.cache_clear()  # pylint: disable=protected-access
   with CompileLog() as log:
-    batch = fs.RunBatch(_sims("filfl_dgf", _datasets(), METHODS["filfl_dgf"]))
+    specs = _sims("filfl_dgf", _datasets(), METHODS["filfl_dgf"])
+    batch = fs.RunBatch(specs)
     states = batch.init()
+    jax.block_until_ready(OneRun(specs[0]).placement.arrays)  # A run alone, uploaded.
   # The initializer compiled, or loaded from the executable store when an earlier test stored it.
   assert set(log.by_name) | set(log.loaded_by_name) == {"jit(init_params)", "jit(<lambda>)"}, (
       log.by_name, log.loaded_by_name)

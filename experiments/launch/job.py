@@ -410,10 +410,11 @@ class Job:
     each = ", ".join(r.label[len(r.method):].strip() for r in runs)  # "s0 lr=0.05, s1 ..."
     print(f"-- runs {done + 1}-{done + len(runs)} of the job: {runs[0].method}: {each}",
           flush=True)
-    plan = plan or self.plan(runs, stages)
+    if plan is None:  # A plan made ahead was preloaded whole (`run_groups`).
+      plan = self.plan(runs, stages)
+      preload(plan.batches[1:])
     if plan.note:
       print(plan.note, flush=True)
-    preload(plan.batches[1:])
     results = {}
     for batch in plan.batches:
       records = _run_batch(cfg, batch.runner, [runs[i] for i in batch.indices],

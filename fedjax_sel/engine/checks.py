@@ -162,7 +162,7 @@ def _model_shapes(model: Keyed):
 
 @functools.lru_cache(maxsize=64)
 def _logits_shape(model: Keyed, inputs: jax.ShapeDtypeStruct) -> tuple[int, ...]:
-  return tuple(jax.eval_shape(model.value.apply, model_shapes(model.value), inputs).shape)
+  return tuple(jax.eval_shape(model.value.apply, _model_shapes(model), inputs).shape)
 
 
 def check_model_fits(model: Model, memory: int | None = None) -> int:
@@ -183,10 +183,11 @@ def check_model(model: Model, data: FederatedDataset, init_params) -> None:
   if model.num_classes != data.num_classes:
     raise ValueError(f"model {model.name!r} predicts {model.num_classes} classes, the dataset has "
                      f"{data.num_classes}")
-  params = model_shapes(model)
+  keyed = Keyed(signature(model), model)
+  params = _model_shapes(keyed)
   inputs = jax.ShapeDtypeStruct((2, *data.feature_shape), np.asarray(data.train.x[:0]).dtype)
   try:
-    logits = _logits_shape(Keyed(signature(model), model), inputs)
+    logits = _logits_shape(keyed, inputs)
   except Exception as e:  # pylint: disable=broad-except  # Any shape error of a user's model.
     raise ValueError(f"model {model.name!r} cannot take the dataset's inputs of shape "
                      f"{data.feature_shape} ({type(e).__name__}: {e})") from e

@@ -65,7 +65,8 @@ def to_device(arrays: DataArrays, sharding=None) -> DataArrays:
   """The arrays on the device (replicated over the mesh when `sharding` is given)."""
   if sharding is not None:
     return jax.device_put(arrays, sharding)
-  return DataArrays(*(device_pool(a) if isinstance(a, ClientPool) else jnp.asarray(a)
+  # `jax.device_put` compiles nothing (`jnp.asarray` would compile a copy per shape and dtype).
+  return DataArrays(*(device_pool(a) if isinstance(a, ClientPool) else jax.device_put(np.asarray(a))
                       for a in arrays))
 
 
