@@ -180,17 +180,29 @@ def pfl_round(args):
   return run
 
 
-def our_model(name: str, width: int, conv_impl: str = "auto"):
-  """Our model `name`: the library's, or pfl-research's `simple_cnn` as a user writes it in flax
-  (`benchmarks/user_cnns.py`, the model guide's recipe; evaluation mode, so no dropout)."""
+def our_model(name: str, width: int, conv_impl: str = "auto", written: str = "library"):
+  """Our model `name`. `written="library"`: the library's, or for `simple_cnn` pfl-research's
+  model as the model guide's `models.PatchConv` recipe writes it; `"flax"`: the network as a flax
+  user writes it, with `nn.Conv` and `nn.max_pool` (`benchmarks/user_cnns.py`; the CNNs only).
+  Evaluation mode, so no dropout."""
   # pylint: disable=import-outside-toplevel
   import functools
 
+  import flax.linen as nn
+
   import fedjax_sel as fs
+  from benchmarks.user_cnns import SimpleCNN, UserCifarCNN, flax_pool
   shape, classes = SHAPES[name]
+  if written == "flax":
+    modules = {"simple_cnn": lambda: SimpleCNN(classes, nn.Conv, flax_pool),
+               "cifar_cnn": lambda: UserCifarCNN(classes, nn.Conv, flax_pool),
+               "leaf_cnn": lambda: UserCifarCNN(classes, nn.Conv, flax_pool, hidden=(2048,))}
+    if name not in modules:
+      raise ValueError(f"--written=flax takes the models {sorted(modules)}, got {name!r}")
+    return fs.models.from_flax(modules[name](), shape, classes, f"{name}_flax",
+                               conv_impl=conv_impl)
   if name != "simple_cnn":
     return fs.build_model(name, shape, classes, width=width, conv_impl=conv_impl)
-  from benchmarks.user_cnns import SimpleCNN
   conv = functools.partial(fs.models.PatchConv, impl=conv_impl)
   return fs.models.from_flax(SimpleCNN(classes, conv), shape, classes, "simple_cnn")
 
@@ -210,13 +222,13 @@ def ours_round(args):
   shape, classes = SHAPES[args.model]
   k = args.clients
   pool = make_pool(k, args.samples, shape, classes, args.seed)
-  model = our_model(args.model, args.width)
+  model = our_model(args.model, args.width, written=args.written)
   params = model.init(jax.random.PRNGKey(args.seed))
   sgd = lambda lr: optax.sgd(lr)
   cost = step_cost(model, sgd, fs.LocalHParams(args.batch_size), params, shape)
   # XLA counts no FLOPs in oneDNN's custom calls: count the step's FLOPs on the patches lowering
   # (the same products), lowered only.
-  patches = our_model(args.model, args.width, conv_impl="patches")
+  patches = our_model(args.model, args.width, conv_impl="patches", written=args.written)
   step_flops = step_cost(patches, sgd, fs.LocalHParams(args.batch_size), params, shape,
                          bytes_from_flops=float("inf")).flops
   hp = fs.LocalHParams(batch_size=args.batch_size, num_epochs=1,
@@ -279,6 +291,8 @@ def parse(argv):
   p.add_argument("--width", type=int, default=16, help="ResNet18's first-stage channels.")
   p.add_argument("--warmup", type=int, default=2, help="Untimed rounds before `ready`.")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--written", choices=("library", "flax"), default="library",
+                 help="ours: the library's model, or the CNN as a flax user writes it (nn.Conv).")
   return p.parse_args(argv)
 
 

@@ -43,6 +43,9 @@ flags.DEFINE_list("clients", ["10", "100"], "K values.")
 flags.DEFINE_integer("reps", 5, "Interleaved timed rounds per worker.")
 flags.DEFINE_integer("width", 16, "ResNet18's first-stage channels (64 in the paper; narrowed "
                      "so a K = 100 round fits this benchmark's time on a 2-core CPU).")
+flags.DEFINE_enum("written", "library", ["library", "flax"], "Our models: the library's (for "
+                  "simple_cnn, written with models.PatchConv), or the CNNs as a flax user writes "
+                  "them, with nn.Conv and nn.max_pool (results: peers_flax).")
 flags.DEFINE_string("peer_python", None, "Python of an environment with torch and pfl (default: "
                     ".venv-peers/bin/python when it exists, else this interpreter).")
 
@@ -53,13 +56,13 @@ class Worker:
   """A `peer_worker.py` process kept warm; `round()` times one more round in it."""
 
   def __init__(self, python: str, framework: str, model: str, clients: int, threads: int,
-               width: int):
+               width: int, written: str = "library"):
     self.label = framework if framework == "ours" else f"{framework} ({threads} thr)"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(WORKER)), os.environ.get("PYTHONPATH", "")]))
     self.proc = subprocess.Popen(
         [python, WORKER, f"--framework={framework}", f"--model={model}", f"--clients={clients}",
-         f"--threads={threads}", f"--width={width}"],
+         f"--threads={threads}", f"--width={width}", f"--written={written}"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     line = self.proc.stdout.readline().strip()
     if line != "ready":
@@ -89,7 +92,7 @@ def measure(model: str, clients: int, python: str | None, peers: list[str],
   frameworks `python` runs."""
   samples = clients * 64
   threads = sorted({1, os.cpu_count() or 1})
-  workers = [Worker(sys.executable, "ours", model, clients, 1, FLAGS.width)]
+  workers = [Worker(sys.executable, "ours", model, clients, 1, FLAGS.width, FLAGS.written)]
   workers += [Worker(python, f, model, clients, t, FLAGS.width) for f in peers for t in threads]
   times = {w.label: [] for w in workers}
   for _ in range(reps):
@@ -138,16 +141,20 @@ def main(argv):
              ("pfl (1 thr)", "pfl, 1 thread"), (f"pfl ({thr} thr)", f"pfl, {thr} threads"),
              ("vs_best_peer", "ours / best peer")]
   impl = ", ".join(sorted({split["conv_impl"] for split in splits}))
-  table = ("Training samples/s (S = 64 samples per client, B = 32, E = 1, FedAvg over all K; our "
-           f"convolutions: {impl})\n\n"
+  ours = ("the library's models" if FLAGS.written == "library" else
+          "our models as flax users write them, with nn.Conv and nn.max_pool")
+  table = ("Training samples/s (S = 64 samples per client, B = 32, E = 1, FedAvg over all K; "
+           f"{ours}; our convolutions: {impl})\n\n"
            + markdown_table(rows, columns))
   table += f"\n\nPeak float32 GEMM rate of this machine: {peak:.0f} GFLOP/s."
   table += ("\n\nWhere our round's time goes (profiler trace; kernels = XLA's dots and library "
             "fusions, oneDNN's convolutions)\n\n" + markdown_table(splits, [
                 ("model", "model"), ("K", "K"), ("gemm_share", "share of op time in kernels"),
                 ("gemm_gflops", "kernel GFLOP/s"), ("round_gflops", "round GFLOP/s")]))
-  write_results("peers", rows, table, {"time_split": splits, "peak_gflops": peak, "conv_impl": impl,
-                                       "peer_python": python, "width": FLAGS.width})
+  name = "peers" if FLAGS.written == "library" else "peers_flax"
+  write_results(name, rows, table, {"time_split": splits, "peak_gflops": peak, "conv_impl": impl,
+                                    "peer_python": python, "width": FLAGS.width,
+                                    "written": FLAGS.written})
 
 
 if __name__ == "__main__":

@@ -19,19 +19,21 @@ from fedjax_sel import models
 
 
 class UserCifarCNN(nn.Module):
-  """The library's CIFAR CNN as a user writes it from the guide (conv impl at its default)."""
+  """The library's CIFAR CNN as a user writes it from the guide (conv impl at its default); with
+  `hidden=(2048,)`, the LEAF CNN."""
 
   num_classes: int
   conv: type = models.PatchConv
   pool: object = staticmethod(models.max_pool_2x2)
+  hidden: tuple[int, ...] = (512, 128)
 
   @nn.compact
   def __call__(self, x):
     x = self.pool(nn.relu(self.conv(32, (5, 5))(x)))
     x = self.pool(nn.relu(self.conv(64, (5, 5))(x)))
     x = x.reshape((x.shape[0], -1))
-    x = nn.relu(nn.Dense(512)(x))
-    x = nn.relu(nn.Dense(128)(x))
+    for h in self.hidden:
+      x = nn.relu(nn.Dense(h)(x))
     return nn.Dense(self.num_classes)(x)
 
 

@@ -5,15 +5,18 @@ fast as the library's own?
   python -m benchmarks.user_models --quick    # smoke run
 
 One FedAvg round (K clients of S synthetic 32 x 32 x 3 images each, batch B, one local epoch: the
-setup of pfl-research's CIFAR-10 benchmark, with its cohort scaled by --clients) for four models,
+setup of pfl-research's CIFAR-10 benchmark, with its cohort scaled by --clients) for six models,
 each in the same process and on the same data:
 - `cifar_cnn (library)`: `build_model("cifar_cnn", ...)`.
 - `cifar_cnn (user)`: the same architecture written by a user in flax with `models.PatchConv` and
   `models.max_pool_2x2` at their defaults: the guide's recipe.
 - `simple_cnn (user)`: pfl-research's `simple_cnn` (conv 3x3 32, conv 3x3 64, pool, dropout 0.25,
   dense 128, dropout 0.5) written the same way, dropout on.
-- `simple_cnn (nn.Conv)`: the same written with flax's `nn.Conv` and `nn.max_pool`, what a flax
-  user writes without the guide.
+- `cifar_cnn (nn.Conv)` and `simple_cnn (nn.Conv)`: the same written with flax's `nn.Conv` and
+  `nn.max_pool`, what a flax user writes without the guide; `from_flax` moves them onto the
+  library's lowering (`models.fast_ops`).
+- `simple_cnn (nn.Conv, conv_impl=lax)`: the same, run as written (XLA's convolution and
+  `reduce_window`): what the lowering saves.
 
 Each model compiles and runs a round first; then the timed rounds are interleaved (one round of
 each model, again and again). Samples/s are medians over --reps rounds; the FLOP rate divides
@@ -51,16 +54,20 @@ SHAPE, CLASSES = (32, 32, 3), 10
 
 
 def variants() -> dict:
-  """name -> (model, the same architecture with nn.Conv for XLA's FLOP count)."""
-  wrap = lambda module, name, stochastic=False: models.from_flax(
-      module, SHAPE, CLASSES, name, stochastic=stochastic)
-  plain_cifar = wrap(UserCifarCNN(CLASSES, nn.Conv, flax_pool), "cifar_cnn_nn")
-  plain_simple = wrap(SimpleCNN(CLASSES, nn.Conv, flax_pool), "simple_cnn_nn", True)
+  """name -> (model, the same architecture as written, with XLA's convolution, for its FLOPs)."""
+  wrap = lambda module, name, stochastic=False, conv_impl="auto": models.from_flax(
+      module, SHAPE, CLASSES, name, stochastic=stochastic, conv_impl=conv_impl)
+  plain_cifar = wrap(UserCifarCNN(CLASSES, nn.Conv, flax_pool), "cifar_cnn_nn", conv_impl="lax")
+  plain_simple = wrap(SimpleCNN(CLASSES, nn.Conv, flax_pool), "simple_cnn_nn", True, "lax")
   return {
       "cifar_cnn (library)": (fs.build_model("cifar_cnn", SHAPE, CLASSES), plain_cifar),
       "cifar_cnn (user)": (wrap(UserCifarCNN(CLASSES), "user_cifar_cnn"), plain_cifar),
+      "cifar_cnn (nn.Conv)": (wrap(UserCifarCNN(CLASSES, nn.Conv, flax_pool), "cifar_cnn_nn"),
+                              plain_cifar),
       "simple_cnn (user)": (wrap(SimpleCNN(CLASSES), "simple_cnn", True), plain_simple),
-      "simple_cnn (nn.Conv)": (plain_simple, plain_simple),
+      "simple_cnn (nn.Conv)": (wrap(SimpleCNN(CLASSES, nn.Conv, flax_pool), "simple_cnn_nn",
+                                    True), plain_simple),
+      "simple_cnn (nn.Conv, conv_impl=lax)": (plain_simple, plain_simple),
   }
 
 

@@ -53,16 +53,19 @@ def test_benchmark_quick_mode(tmp_path, script, keys, extra):
   assert len(rows) >= 2 and table.splitlines()[-1].startswith("| ")
 
 
-@pytest.mark.parametrize("name", ["logreg", "mlp", "leaf_cnn", "cifar_cnn", "resnet18",
-                                  "simple_cnn"])
-def test_peer_models_are_ours_in_pytorch(name):
+@pytest.mark.parametrize("name,written", [
+    *((name, "library") for name in ("logreg", "mlp", "leaf_cnn", "cifar_cnn", "resnet18",
+                                     "simple_cnn")),
+    *((name, "flax") for name in ("leaf_cnn", "cifar_cnn", "simple_cnn"))])
+def test_peer_models_are_ours_in_pytorch(name, written):
   """The peers train the same network: the PyTorch twin has our parameter count, layer by layer
-  in total (runs where torch is installed, e.g. with the `peers` extra)."""
+  in total (runs where torch is installed, e.g. with the `peers` extra), for the library's models
+  and those written with flax's nn.Conv."""
   pytest.importorskip("torch")
   import jax  # pylint: disable=import-outside-toplevel
 
   from benchmarks import peer_worker  # pylint: disable=import-outside-toplevel
-  ours = peer_worker.our_model(name, 16).init(jax.random.PRNGKey(0))
+  ours = peer_worker.our_model(name, 16, written=written).init(jax.random.PRNGKey(0))
   theirs = peer_worker.torch_net(name, 16)
   assert sum(p.numel() for p in theirs.parameters()) == sum(
       x.size for x in jax.tree.leaves(ours))

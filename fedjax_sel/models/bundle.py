@@ -11,6 +11,7 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -23,6 +24,7 @@ import optax
 from fedjax_sel import registry
 from fedjax_sel.models import modules
 from fedjax_sel.models.conv import CONV_IMPLS, resolve_conv_impl
+from fedjax_sel.models.fast_ops import fast_ops
 
 Params = Any
 MODELS = ("logreg", "mlp", "leaf_cnn", "cifar_cnn", "resnet18", "char_lstm", "word_lstm")
@@ -147,7 +149,7 @@ def masked_mean_loss(model: Model, params: Params, x: jax.Array, y: jax.Array,
 def from_flax(module: nn.Module, input_shape: tuple[int, ...], num_classes: int, name: str,
               input_dtype=jnp.float32, stateful: bool = False,
               loss: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
-              stochastic: bool = False) -> Model:
+              stochastic: bool = False, conv_impl: str = "auto") -> Model:
   """Wraps a flax module whose `__call__(x)` returns logits.
 
   With `stateful`, the module takes `__call__(x, train, mask)` and keeps a `batch_stats`
@@ -158,6 +160,11 @@ def from_flax(module: nn.Module, input_shape: tuple[int, ...], num_classes: int,
   client step's key; evaluation calls it with `train=False`. `loss` is the per-example loss
   `(logits [B, C], labels [B]) -> [B]` (default: softmax cross-entropy).
 
+  The module's plain 2-D convolutions and 2x2 max pools (`nn.Conv`, `nn.max_pool`) run on the
+  lowering `conv_impl` (`conv.CONV_IMPLS`, `fast_ops.fast_ops`): by default oneDNN's kernels on a
+  single CPU device where installed, else the patches, as the library's own CNNs; "lax" runs
+  them as written (XLA's convolution and `reduce_window`).
+
   Examples:
     >>> import flax.linen as nn
     >>> model = from_flax(nn.Dense(3), (4,), 3, "linear")
@@ -166,6 +173,7 @@ def from_flax(module: nn.Module, input_shape: tuple[int, ...], num_classes: int,
     (2, 3)
   """
   dummy = np.zeros((1, *input_shape), input_dtype)
+  fast = functools.partial(fast_ops, conv_impl=conv_impl)
 
   if not stateful:
     def train_call(params, x, mask, key):
@@ -174,8 +182,8 @@ def from_flax(module: nn.Module, input_shape: tuple[int, ...], num_classes: int,
                           rngs={"dropout": key}), params
 
     return Model(lambda key: module.init(key, dummy)["params"],
-                 lambda params, x: module.apply({"params": params}, x.astype(input_dtype)),
-                 num_classes, name, loss=loss, train_call=train_call if stochastic else None)
+                 fast(lambda params, x: module.apply({"params": params}, x.astype(input_dtype))),
+                 num_classes, name, loss=loss, train_call=fast(train_call) if stochastic else None)
 
   def train_apply(params, x, mask, key=None):
     rngs = {} if key is None else {"rngs": {"dropout": key}}
@@ -183,8 +191,9 @@ def from_flax(module: nn.Module, input_shape: tuple[int, ...], num_classes: int,
                                    mutable=["batch_stats"], **rngs)
     return logits, {**params, **updates}
 
+  train_apply = fast(train_apply)
   return Model(lambda key: dict(module.init(key, dummy)),
-               lambda params, x: module.apply(params, x.astype(input_dtype)),
+               fast(lambda params, x: module.apply(params, x.astype(input_dtype))),
                num_classes, name, train_apply, loss, train_apply if stochastic else None)
 
 
@@ -207,8 +216,9 @@ class NamedModel(NamedTuple):
 
 def _flax(module_of, dtype=jnp.float32, stateful=lambda o: False):
   def make(input_shape, num_classes, options, name):
+    # "lax": the library's modules are written on their lowering already (PatchConv's impl).
     return from_flax(module_of(num_classes, options), input_shape, num_classes, name, dtype,
-                     stateful=stateful(options))
+                     stateful=stateful(options), conv_impl="lax")
   return make
 
 

@@ -61,17 +61,36 @@ def spatial_pads(x_shape: tuple[int, ...], kernel_size: tuple[int, int],
   raise ValueError(f"padding must be SAME or VALID, got {padding!r}")
 
 
+Pads = tuple[tuple[int, int], tuple[int, int]]
+
+
 def extract_patches(x: jax.Array, kernel_size: tuple[int, int], strides: tuple[int, int],
-                    padding: str) -> jax.Array:
-  """`[B, H, W, C] -> [B, Ho, Wo, kh*kw*C]`, patch features ordered (kh, kw, C) like a kernel."""
+                    padding: str | Pads) -> jax.Array:
+  """`[B, H, W, C] -> [B, Ho, Wo, kh*kw*C]`, patch features ordered (kh, kw, C) like a kernel;
+  `padding` is "SAME", "VALID" or `((top, bottom), (left, right))`."""
   kh, kw = kernel_size
   sh, sw = strides
-  x = jnp.pad(x, ((0, 0), *spatial_pads(x.shape, kernel_size, strides, padding), (0, 0)))
+  pads = (spatial_pads(x.shape, kernel_size, strides, padding) if isinstance(padding, str)
+          else padding)
+  x = jnp.pad(x, ((0, 0), *pads, (0, 0)))
   ho = (x.shape[1] - kh) // sh + 1
   wo = (x.shape[2] - kw) // sw + 1
   cols = [x[:, i:i + (ho - 1) * sh + 1:sh, j:j + (wo - 1) * sw + 1:sw, :]
           for i in range(kh) for j in range(kw)]
   return jnp.concatenate(cols, axis=-1)
+
+
+def conv2d(x: jax.Array, kernel: jax.Array, strides: tuple[int, int], pads: Pads,
+           impl: str) -> jax.Array:
+  """`lax.conv_general_dilated(x, kernel, strides, pads, ("NHWC", "HWIO", "NHWC"))` on the
+  lowering `impl` ("patches", "onednn" or "lax"; resolve "auto" first with `resolve_conv_impl`)."""
+  kh, kw, cin, features = kernel.shape
+  if impl == "patches":
+    return extract_patches(x, (kh, kw), strides, pads) @ kernel.reshape(kh * kw * cin, features)
+  if impl == "onednn":
+    return onednn.conv(x, kernel, strides, pads)
+  return jax.lax.conv_general_dilated(x, kernel, strides, pads,
+                                      dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
 class PatchConv(nn.Module):
@@ -92,15 +111,8 @@ class PatchConv(nn.Module):
     kh, kw = self.kernel_size
     cin = x.shape[-1]
     kernel = self.param("kernel", nn.initializers.lecun_normal(), (kh, kw, cin, self.features))
-    if impl == "patches":
-      patches = extract_patches(x, self.kernel_size, self.strides, self.padding)
-      y = patches @ kernel.reshape(kh * kw * cin, self.features)
-    elif impl == "onednn":
-      y = onednn.conv(x, kernel, self.strides,
-                      spatial_pads(x.shape, self.kernel_size, self.strides, self.padding))
-    else:
-      y = jax.lax.conv_general_dilated(x, kernel, self.strides, self.padding,
-                                       dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    y = conv2d(x, kernel, self.strides,
+               spatial_pads(x.shape, self.kernel_size, self.strides, self.padding), impl)
     if self.use_bias:
       y = y + self.param("bias", nn.initializers.zeros_init(), (self.features,))
     return y
