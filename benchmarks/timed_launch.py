@@ -21,6 +21,7 @@ import importlib
 import json
 import signal
 import sys
+import threading
 import time
 
 START = time.perf_counter()
@@ -38,24 +39,35 @@ def main():
   from experiments.launch import build, cli  # pylint: disable=import-outside-toplevel
   imported = time.perf_counter() - START
 
+  active = {phase: [0, 0.0, 0.0] for phase in spent}  # Calls running, since when, compiled then.
+  lock = threading.Lock()
+
   def timed(owner, name, phase):
+    """A phase's time is the union of its calls' intervals (methods' batches may run at once
+    on threads: `--concurrent_methods`), compilation in it counted once."""
     fn = getattr(owner, name)
 
     def wrapper(*args, **kwargs):
-      compiled = sum(log.snapshot().seconds.values())
-      start = time.perf_counter()
+      with lock:
+        if active[phase][0] == 0:
+          active[phase][1:] = time.perf_counter(), sum(log.snapshot().seconds.values())
+        active[phase][0] += 1
       try:
         return fn(*args, **kwargs)
       finally:
-        spent[phase] += time.perf_counter() - start
-        compile_in[phase] += sum(log.snapshot().seconds.values()) - compiled
+        with lock:
+          active[phase][0] -= 1
+          if active[phase][0] == 0:
+            spent[phase] += time.perf_counter() - active[phase][1]
+            compile_in[phase] += sum(log.snapshot().seconds.values()) - active[phase][2]
     setattr(owner, name, wrapper)
 
   batches = []
   run_batch = fs.run_batch
   def counted(batch, *args, **kwargs):
-    batches.append(CountedSteps(batch))
-    return run_batch(batches[-1], *args, **kwargs)
+    counter = CountedSteps(batch)
+    batches.append(counter)
+    return run_batch(counter, *args, **kwargs)
   fs.run_batch = counted  # The launchers' one round loop (`job.py` calls `fs.run_batch`).
   timed(build, "load_data", "data")
   timed(fs, "Simulator", "set-up")

@@ -80,8 +80,9 @@ def test_stages_with_the_asynchronous_mode_is_refused_naming_the_flags(tmp_path)
 
 
 def test_a_job_reads_each_next_methods_stored_programs_while_one_runs(tmp_path):
-  """The launchers plan the next method's batches before a method runs and read their stored
-  programs on another thread (`job.preload`): FedAvg, DGF and RGF preload DGF's and RGF's."""
+  """Methods run one after another (`--concurrent_methods=1`), the launchers plan the next
+  method's batches before a method runs and read their stored programs on another thread
+  (`job.preload`): FedAvg, DGF and RGF preload DGF's and RGF's."""
   import subprocess  # pylint: disable=import-outside-toplevel
   import sys  # pylint: disable=import-outside-toplevel
   import textwrap  # pylint: disable=import-outside-toplevel
@@ -93,7 +94,8 @@ def test_a_job_reads_each_next_methods_stored_programs_while_one_runs(tmp_path):
       seen, preload = [], job.preload
       job.preload = lambda batches: seen.append(len(batches)) or preload(batches)
       sys.argv = ["filfl", "--out_dir={tmp_path / 'job'}", "--rounds=2", "--seeds=0,1",
-                  "--num_clients=12", "--num_available=6", "--clients_per_round=3"]
+                  "--num_clients=12", "--num_available=6", "--clients_per_round=3",
+                  "--concurrent_methods=1"]
       try:
         runpy.run_module("experiments.filfl", run_name="__main__")
       except SystemExit as e:
@@ -105,3 +107,59 @@ def test_a_job_reads_each_next_methods_stored_programs_while_one_runs(tmp_path):
   # Before FedAvg runs: DGF's batch (1), then FedAvg's own after its first (0); before DGF runs:
   # RGF's (1). A plan made ahead is preloaded once: DGF's and RGF's are not preloaded again.
   assert "preloaded [1, 0, 1]" in out, out[-2000:]
+
+
+def test_methods_run_at_once_give_the_records_and_manifest_of_one_after_another(tmp_path):
+  """`--concurrent_methods=2` (the default on a 2-core CPU) advances FedAvg and DGF at once, then
+  RGF: every run's records and job.json are those of the methods one after another."""
+  import json  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+
+  from tests.hang_guard import HANG_GUARD_S  # pylint: disable=import-outside-toplevel
+  outputs = {}
+  for workers in (1, 2):
+    folder = tmp_path / str(workers)
+    outputs[workers] = subprocess.run(
+        [sys.executable, "-m", "experiments.filfl", f"--out_dir={folder}", "--rounds=3",
+         "--seeds=0", "--num_clients=12", "--num_available=6", "--clients_per_round=3",
+         "--filter_period=2", f"--concurrent_methods={workers}"],
+        check=True, capture_output=True, text=True, timeout=HANG_GUARD_S).stdout
+  assert "-- 2 methods at a time" in outputs[2] and "methods at a time" not in outputs[1]
+  manifests = [json.loads((tmp_path / str(w) / "job.json").read_text()) for w in (1, 2)]
+  assert manifests[0] == manifests[1]
+  for run in manifests[0]["runs"]:
+    one, two = (_records(tmp_path / str(w) / run["folder"].rsplit("/", 1)[0]) for w in (1, 2))
+    assert one == two and len(one) == 3, run["folder"]
+
+
+def test_a_failing_method_stops_the_methods_beside_it_and_its_error_is_raised():
+  """`Job._at_once`: the first failure is raised on the main thread after the method running
+  beside it stopped (before its next round, as `run_batch(stop=...)` does) and before a waiting
+  method started."""
+  import threading  # pylint: disable=import-outside-toplevel
+
+  import pytest  # pylint: disable=import-outside-toplevel
+
+  from experiments.launch import config as cfglib  # pylint: disable=import-outside-toplevel
+  from experiments.launch.job import Job  # pylint: disable=import-outside-toplevel
+  from tests.hang_guard import HANG_GUARD_S  # pylint: disable=import-outside-toplevel
+  job = Job(cfglib.JobConfig(), [])
+  beside, started = threading.Event(), []
+
+  def advance(runs, done, plan, stop):
+    del done, plan
+    started.append(runs)
+    if runs == "broken":
+      assert beside.wait(HANG_GUARD_S)
+      raise ValueError("a part broke")
+    beside.set()
+    assert stop.wait(HANG_GUARD_S)  # The runner ends its batch here, before the next round.
+    raise KeyboardInterrupt
+
+  job.announce = lambda runs: 0
+  job.plan = lambda runs, stages: None
+  job._advance = advance  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match="a part broke"):
+    job._at_once(["running", "broken", "waiting"], [False] * 3, 2)  # pylint: disable=protected-access
+  assert sorted(started) == ["broken", "running"]

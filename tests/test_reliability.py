@@ -580,21 +580,24 @@ def test_power_of_choice_charges_only_its_candidates():
   assert float(metrics["cost"]["downloads"]) == 3
 
 
-def run_filfl(out, *extra):
+def run_filfl(out, *extra, workers=2):
   return subprocess.Popen(
       [sys.executable, "-m", "experiments.filfl", "--rounds=4", "--seeds=0,1", "--num_clients=12",
        "--num_available=6", "--clients_per_round=2", "--filters=none,dgf", "--checkpoint_every=2",
-       f"--out_dir={out}", *extra], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-      text=True)
+       f"--concurrent_methods={workers}", f"--out_dir={out}", *extra], cwd=REPO,
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def test_killed_multi_run_job_resumes_to_the_same_outputs(tmp_path):
-  """SIGKILL a 4-run FilFL job (two batches of two seeds) midway through its second batch;
-  resuming it with a changed --lr is refused naming the flag; resuming it with --plot gives the
-  summary, CSV and every run's metrics of an uninterrupted job (wall times aside)."""
-  whole = run_filfl(tmp_path / "whole")
+@pytest.mark.parametrize("workers", [2, pytest.param(1, marks=pytest.mark.slow)])
+def test_killed_multi_run_job_resumes_to_the_same_outputs(tmp_path, workers):
+  """SIGKILL a 4-run FilFL job (two batches of two seeds: FedAvg's and DGF's, at once with
+  `workers` 2, one after another with 1) midway through DGF's batch; resuming it with a changed
+  --lr is refused naming the flag; resuming it with --plot gives the summary, CSV and every run's
+  metrics of an uninterrupted job (wall times aside)."""
+  whole = run_filfl(tmp_path / "whole", workers=workers)
   assert whole.wait(600) == 0, whole.stdout.read()
-  job = run_filfl(tmp_path / "cut")  # Loads what the whole job compiled (persistent cache).
+  # Loads what the whole job compiled (persistent cache).
+  job = run_filfl(tmp_path / "cut", workers=workers)
   third = tmp_path / "cut" / "dgf" / "seed0" / "metrics.jsonl"
   deadline = time.time() + 600
   while not (third.exists() and third.read_text(encoding="utf-8").count("\n") >= 2):
@@ -602,12 +605,13 @@ def test_killed_multi_run_job_resumes_to_the_same_outputs(tmp_path):
     time.sleep(0.05)
   job.send_signal(signal.SIGKILL)
   job.wait()
-  changed = run_filfl(tmp_path / "cut", "--resume", "--lr=0.05")  # Refused, naming the flag.
+  changed = run_filfl(tmp_path / "cut", "--resume", "--lr=0.05", workers=workers)  # Refused.
   assert changed.wait(600) != 0 and "lr: 0.1 -> 0.05" in changed.stdout.read()
-  resumed = run_filfl(tmp_path / "cut", "--resume", "--plot")
+  resumed = run_filfl(tmp_path / "cut", "--resume", "--plot", workers=workers)
   out = resumed.stdout.read()
   assert resumed.wait(600) == 0, out
-  assert "nothing to compute" in out  # The first batch was done.
+  if workers == 1:
+    assert "nothing to compute" in out  # The first batch was done.
   assert "resuming 2 runs" in out or "starting them fresh" in out  # The second was cut.
   for run in ("none/seed0", "none/seed1", "dgf/seed0", "dgf/seed1"):
     read = lambda root: strip([json.loads(line) for line in

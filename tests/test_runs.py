@@ -372,3 +372,19 @@ def test_runs_sharded_over_four_devices_equal_one_device(tmp_path):
     for (sel4, loss4), (sel1, loss1) in zip(run4, run1):
       assert sel4 == sel1
       assert loss4 == pytest.approx(loss1, rel=1e-5)
+
+
+def test_a_set_stop_event_ends_the_batch_before_its_next_round_keeping_its_rounds(tmp_path):
+  """`run_batch(stop=...)`: a batch on another thread is stopped by the thread that waits for it
+  (a failing method beside it, Ctrl-C) as Ctrl-C stops it: before its next round, the finished
+  rounds written."""
+  import threading  # pylint: disable=import-outside-toplevel
+  specs = _sims("fedavg", _datasets(), METHODS["fedavg"])
+  stop = threading.Event()
+  folders = [str(tmp_path / f"run{i}") for i in range(len(specs))]
+  on_records = [None] * (len(specs) - 1) + [lambda record: stop.set()]  # After round 1.
+  with pytest.raises(KeyboardInterrupt):
+    fs.run_batch(fs.RunBatch(specs), 4, folders, progress=None, on_records=on_records, stop=stop)
+  for folder in folders:
+    with open(os.path.join(folder, "metrics.jsonl"), encoding="utf-8") as f:
+      assert [json.loads(line)["round"] for line in f] == [0]

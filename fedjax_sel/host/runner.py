@@ -29,6 +29,7 @@ import math
 import os
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, TextIO
@@ -388,8 +389,8 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
               progress: TextIO | None = sys.stdout, label: str = "", log_every: int = 1,
               settings: list[dict] | None = None,
               extras: list[Callable[[EngineState, dict], dict] | None] | None = None,
-              on_records: list[Callable[[dict], None] | None] | None = None
-              ) -> list[list[dict]]:
+              on_records: list[Callable[[dict], None] | None] | None = None,
+              stop: threading.Event | None = None) -> list[list[dict]]:
   """Runs the R runs of a `RunBatch` (or a `OneRun`) for `rounds` rounds together; returns each
   run's records. The one host loop: `run` is this loop over a batch of one.
 
@@ -418,6 +419,9 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
     extras: per-run optional `(state, record) -> dict` merged into each of its records (`state`
       is that run's view of the batch's state, `RunView`: each field it reads sliced then).
     on_records: per-run optional callback of each new record, as `run`'s `on_record`.
+    stop: optional event, read before each round: once set, the batch ends there as Ctrl-C ends
+      it (a KeyboardInterrupt), its finished rounds kept (a batch on another thread, stopped by
+      the thread that waits for it).
   """
   writer, progress, say = _host_loop(rounds, eval_every, checkpoint_every, progress, label,
                                      log_every)
@@ -458,6 +462,9 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
     pace = Pace()
     try:
       for t in range(first, rounds):
+        if stop is not None and stop.is_set():
+          raise KeyboardInterrupt
+
         states, metrics = batch.step(states)
         metrics = to_host(metrics)
         evaluated = (t + 1) % eval_every == 0 or t == rounds - 1
