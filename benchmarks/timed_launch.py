@@ -44,7 +44,7 @@ def main():
 
   def timed(owner, name, phase):
     """A phase's time is the union of its calls' intervals (methods' batches may run at once
-    on threads: `--concurrent_methods`), compilation in it counted once."""
+    on threads: `--concurrent_batches`), compilation in it counted once."""
     fn = getattr(owner, name)
 
     def wrapper(*args, **kwargs):

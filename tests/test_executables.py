@@ -171,13 +171,14 @@ def test_a_program_called_inside_a_trace_is_traced_with_it():
   assert float(jax.grad(lambda x: triple(cfg, x))(jnp.float32(2.0))) == 3.0
 
 
-def test_threads_calling_a_program_with_new_arguments_at_once_trace_and_compile_it_once():
-  """Methods of a job run at once on threads (`--concurrent_methods`) share programs (their
-  evaluation, DGF's and RGF's round): a second thread calling one with the same new arguments
-  gets the first's tracing and compilation, and the same outputs."""
+def test_threads_calling_a_program_at_once_trace_compile_or_load_it_once():
+  """Batches of a job run at once on threads (`--concurrent_batches`) share programs (two halves
+  of a method's runs, methods' evaluations, DGF's and RGF's round): a second thread calling one
+  with the same new arguments waits for the first's tracing and compilation, or its load from
+  the store, and gets the same outputs."""
   import threading  # pylint: disable=import-outside-toplevel
 
-  from fedjax_sel.engine.programs import program  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.engine.programs import Program  # pylint: disable=import-outside-toplevel
   from fedjax_sel.engine.signature import Keyed  # pylint: disable=import-outside-toplevel
   c = float(int.from_bytes(os.urandom(3), "little"))  # A program JAX's cache has not seen.
   traced = []
@@ -188,20 +189,27 @@ def test_threads_calling_a_program_with_new_arguments_at_once_trace_and_compile_
     return jnp.sin(x) * cfg.value + c
 
   cfg = Keyed(("shifted", os.getpid(), c), 2.0)
-  start, out = threading.Barrier(2), [None, None]
 
-  def call(i):
-    start.wait()
-    out[i] = float(program(shifted)(cfg, np.float32(0.5)))
+  def at_once(prog):
+    start, out = threading.Barrier(2), [None, None]
 
-  with CompileLog() as log:
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
-    for t in threads:
-      t.start()
-    for t in threads:
-      t.join()
-  assert out[0] == out[1] == pytest.approx(np.sin(0.5) * 2.0 + c)
+    def call(i):
+      start.wait()
+      out[i] = float(prog(cfg, np.float32(0.5)))
+
+    with CompileLog() as log:
+      threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
+      for t in threads:
+        t.start()
+      for t in threads:
+        t.join()
+    assert out[0] == out[1] == pytest.approx(np.sin(0.5) * 2.0 + c)
+    return log
+
+  log = at_once(Program(shifted, None, ()))  # Traced, compiled and stored once.
   assert len(traced) == 1 and log.by_name["jit(shifted)"] == 1, (traced, log.by_name)
+  log = at_once(Program(shifted, None, ()))  # As a new process: loaded from the store once.
+  assert len(traced) == 1 and log.loaded == 1 and not log.by_name, (log.loaded, log.by_name)
 
 
 class _Planted:

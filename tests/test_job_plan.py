@@ -80,7 +80,7 @@ def test_stages_with_the_asynchronous_mode_is_refused_naming_the_flags(tmp_path)
 
 
 def test_a_job_reads_each_next_methods_stored_programs_while_one_runs(tmp_path):
-  """Methods run one after another (`--concurrent_methods=1`), the launchers plan the next
+  """Methods run one after another (`--concurrent_batches=1`), the launchers plan the next
   method's batches before a method runs and read their stored programs on another thread
   (`job.preload`): FedAvg, DGF and RGF preload DGF's and RGF's."""
   import subprocess  # pylint: disable=import-outside-toplevel
@@ -95,7 +95,7 @@ def test_a_job_reads_each_next_methods_stored_programs_while_one_runs(tmp_path):
       job.preload = lambda batches: seen.append(len(batches)) or preload(batches)
       sys.argv = ["filfl", "--out_dir={tmp_path / 'job'}", "--rounds=2", "--seeds=0,1",
                   "--num_clients=12", "--num_available=6", "--clients_per_round=3",
-                  "--concurrent_methods=1"]
+                  "--concurrent_batches=1"]
       try:
         runpy.run_module("experiments.filfl", run_name="__main__")
       except SystemExit as e:
@@ -110,7 +110,7 @@ def test_a_job_reads_each_next_methods_stored_programs_while_one_runs(tmp_path):
 
 
 def test_methods_run_at_once_give_the_records_and_manifest_of_one_after_another(tmp_path):
-  """`--concurrent_methods=2` (the default on a 2-core CPU) advances FedAvg and DGF at once, then
+  """`--concurrent_batches=2` (the default on a 2-core CPU) advances FedAvg and DGF at once, then
   RGF: every run's records and job.json are those of the methods one after another."""
   import json  # pylint: disable=import-outside-toplevel
   import subprocess  # pylint: disable=import-outside-toplevel
@@ -123,9 +123,9 @@ def test_methods_run_at_once_give_the_records_and_manifest_of_one_after_another(
     outputs[workers] = subprocess.run(
         [sys.executable, "-m", "experiments.filfl", f"--out_dir={folder}", "--rounds=3",
          "--seeds=0", "--num_clients=12", "--num_available=6", "--clients_per_round=3",
-         "--filter_period=2", f"--concurrent_methods={workers}"],
+         "--filter_period=2", f"--concurrent_batches={workers}"],
         check=True, capture_output=True, text=True, timeout=HANG_GUARD_S).stdout
-  assert "-- 2 methods at a time" in outputs[2] and "methods at a time" not in outputs[1]
+  assert "-- 2 methods at a time" in outputs[2] and "at a time" not in outputs[1]
   manifests = [json.loads((tmp_path / str(w) / "job.json").read_text()) for w in (1, 2)]
   assert manifests[0] == manifests[1]
   for run in manifests[0]["runs"]:
@@ -133,33 +133,57 @@ def test_methods_run_at_once_give_the_records_and_manifest_of_one_after_another(
     assert one == two and len(one) == 3, run["folder"]
 
 
-def test_a_failing_method_stops_the_methods_beside_it_and_its_error_is_raised():
-  """`Job._at_once`: the first failure is raised on the main thread after the method running
-  beside it stopped (before its next round, as `run_batch(stop=...)` does) and before a waiting
-  method started."""
+def test_a_failing_batch_stops_the_batches_beside_it_and_its_error_is_raised():
+  """`job._on_threads`: the first failure is raised on the waiting thread after the batch
+  running beside it stopped (before its next round, as `run_batch(stop=...)` does) and before a
+  waiting one started."""
   import threading  # pylint: disable=import-outside-toplevel
 
   import pytest  # pylint: disable=import-outside-toplevel
 
-  from experiments.launch import config as cfglib  # pylint: disable=import-outside-toplevel
-  from experiments.launch.job import Job  # pylint: disable=import-outside-toplevel
+  from experiments.launch.job import _on_threads  # pylint: disable=import-outside-toplevel
   from tests.hang_guard import HANG_GUARD_S  # pylint: disable=import-outside-toplevel
-  job = Job(cfglib.JobConfig(), [])
-  beside, started = threading.Event(), []
+  beside, started, stop = threading.Event(), [], threading.Event()
 
-  def advance(runs, done, plan, stop):
-    del done, plan
-    started.append(runs)
-    if runs == "broken":
+  def advance(item):
+    started.append(item)
+    if item == "broken":
       assert beside.wait(HANG_GUARD_S)
       raise ValueError("a part broke")
     beside.set()
     assert stop.wait(HANG_GUARD_S)  # The runner ends its batch here, before the next round.
     raise KeyboardInterrupt
 
-  job.announce = lambda runs: 0
-  job.plan = lambda runs, stages: None
-  job._advance = advance  # pylint: disable=protected-access
   with pytest.raises(ValueError, match="a part broke"):
-    job._at_once(["running", "broken", "waiting"], [False] * 3, 2)  # pylint: disable=protected-access
+    _on_threads(["running", "broken", "waiting"], advance, 2, stop)
   assert sorted(started) == ["broken", "running"]
+
+
+def test_a_lone_methods_runs_advance_in_equal_batches_at_once_with_the_same_records(tmp_path):
+  """A job of one method (a sweep of 4 runs) with `--concurrent_batches=2` cuts its runs into
+  two batches of two and advances them at once: the records of the one batch of 4."""
+  import json  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+
+  from experiments.launch.job import _parts  # pylint: disable=import-outside-toplevel
+  from tests.hang_guard import HANG_GUARD_S  # pylint: disable=import-outside-toplevel
+  assert _parts(list(range(16)), 2) == [list(range(8)), list(range(8, 16))]
+  assert _parts([0, 1, 2], 2) == [[0, 1, 2]] and _parts([0, 1], 2) == [[0, 1]]  # Whole.
+  outputs = {}
+  for workers in (1, 2):
+    outputs[workers] = subprocess.run(
+        [sys.executable, "-m", "experiments.run", f"--out_dir={tmp_path / str(workers)}",
+         "--model=logreg", "--num_clients=10", "--num_available=6", "--clients_per_round=3",
+         "--rounds=3", "--seeds=0,1", "--sweep=lr:0.05,0.1", f"--concurrent_batches={workers}"],
+        check=True, capture_output=True, text=True, timeout=HANG_GUARD_S).stdout
+  assert "-- 2 batches at a time" in outputs[2] and "at a time" not in outputs[1]
+  manifest = json.loads((tmp_path / "1" / "job.json").read_text())
+  assert manifest == json.loads((tmp_path / "2" / "job.json").read_text())
+  assert len(manifest["runs"]) == 4
+  for run in manifest["runs"]:
+    one, two = ((tmp_path / str(w) / run["folder"] / "metrics.jsonl").read_text().splitlines()
+                for w in (1, 2))
+    strip = lambda lines: [{k: v for k, v in json.loads(line).items() if k != "wall_s"}
+                           for line in lines]
+    assert strip(one) == strip(two) and len(one) == 3, run["folder"]

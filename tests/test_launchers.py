@@ -60,10 +60,12 @@ def test_run_writes_metrics_progress_and_summary(tmp_path):
 
 def test_sweep_runs_a_value_per_run_in_one_batch(tmp_path):
   """--sweep=lr:... with two seeds: four runs, each in its own folder with its own learning rate,
-  labelled by value in the summary, advanced as one batch (one progress line per round)."""
+  labelled by value in the summary, advanced as one batch (one progress line per round; with
+  --concurrent_batches=1: by default a CPU advances two batches of two at once)."""
   out = tmp_path / "sweep"
   proc = launch("experiments.run", "--rounds=2", "--num_clients=12", "--num_available=6",
-                "--clients_per_round=3", "--seeds=0,1", "--sweep=lr:0.05,0.2", f"--out_dir={out}")
+                "--clients_per_round=3", "--seeds=0,1", "--sweep=lr:0.05,0.2", f"--out_dir={out}",
+                "--concurrent_batches=1")
   assert "(4 runs) [   2/2]  runs 4/4" in proc.stdout
   for lr in (0.05, 0.2):
     for seed in (0, 1):
@@ -76,12 +78,14 @@ SMALL_GRID = ("--rounds=2", "--num_clients=12", "--num_available=8", "--clients_
 
 
 def test_a_selector_setting_grid_runs_as_one_batch_equal_to_its_runs_alone(tmp_path):
-  """3 Oort explorations x 2 learning rates x 2 seeds: one batch of 12 runs (one compiled round),
-  each filed under its values; a run of the grid equals the same run launched alone."""
+  """3 Oort explorations x 2 learning rates x 2 seeds: one compiled round for 12 runs (with
+  --concurrent_batches=2, the default on a 2-core CPU, two batches of 6 at once), each filed under
+  its values; a run of the grid equals the same run launched alone."""
   out = tmp_path / "grid"
   proc = launch("experiments.run", *SMALL_GRID, "--selector=oort", "--seeds=0,1",
-                "--sweep=oort_exploration:0.3,0.6,0.9", "--sweep=lr:0.05,0.1", f"--out_dir={out}")
-  assert "(12 runs) [   2/2]  runs 12/12" in proc.stdout
+                "--sweep=oort_exploration:0.3,0.6,0.9", "--sweep=lr:0.05,0.1", f"--out_dir={out}",
+                "--concurrent_batches=2")
+  assert "(6 runs) [   2/2]  runs 6/6" in proc.stdout, proc.stdout
   assert "compiled programs" not in proc.stdout
   assert "| FedAvg + oort oort_exploration=0.6 lr=0.1 seed 1 |" in proc.stdout
   job = json.loads((out / "job.json").read_text(encoding="utf-8"))

@@ -584,7 +584,7 @@ def run_filfl(out, *extra, workers=2):
   return subprocess.Popen(
       [sys.executable, "-m", "experiments.filfl", "--rounds=4", "--seeds=0,1", "--num_clients=12",
        "--num_available=6", "--clients_per_round=2", "--filters=none,dgf", "--checkpoint_every=2",
-       f"--concurrent_methods={workers}", f"--out_dir={out}", *extra], cwd=REPO,
+       f"--concurrent_batches={workers}", f"--out_dir={out}", *extra], cwd=REPO,
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -177,10 +177,12 @@ class EngineConfig:
                        "keeps one).",
                        choices=("auto", "one", "three"), result=False,
                        applies=(When("mode", ("sync",)),))
-  concurrent_methods: int = option(0, "Methods of the job whose runs advance at once, each on a "
-                                   "thread of its own (the records are the same either way; a "
-                                   "CPU runs a method's rounds on about one core): 0 = auto, 2 "
-                                   "in a single-device CPU process with 2 or more cores and "
+  concurrent_batches: int = option(0, "Batches of runs advanced at once, each on a thread of its "
+                                   "own (the records are the same either way; a CPU runs a "
+                                   "batch's rounds on about one core): the job's methods side by "
+                                   "side, or a lone method's runs cut into that many equal "
+                                   "batches where they divide (two runs or more each). 0 = auto: "
+                                   "2 in a single-device CPU process with 2 or more cores and "
                                    "without --wandb, else 1.", within=">= 0", result=False)
 
 

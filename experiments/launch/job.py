@@ -281,18 +281,65 @@ def preload(batches: list[Batch]) -> threading.Thread | None:
   return thread
 
 
-def concurrent_methods(cfg: cfglib.JobConfig) -> int:
-  """How many methods `Job.run_groups` advances at once: --concurrent_methods, or for 0 (auto) 2
-  in a single-device CPU process with two or more cores and without --wandb (a W&B run is a
-  process-wide one), else 1. On a CPU a method's rounds keep about one core busy (small
-  operations run on one thread), so a second method fills the other: the main job warm 3.8-4.1
+def concurrent_batches(cfg: cfglib.JobConfig) -> int:
+  """How many batches of runs `Job.run_groups` advances at once: --concurrent_batches, or for 0
+  (auto) 2 in a single-device CPU process with two or more cores and without --wandb (a W&B run
+  is a process-wide one), else 1. On a CPU a batch's rounds keep about one core busy (small
+  operations run on one thread), so a second batch fills the other: the main job warm 3.8-4.1
   -> 3.0-3.1 s on 2 cores, records unchanged (cold, where XLA compiles on both cores, 11.6-14.7
   -> 11.0-12.9 s)."""
-  if cfg.engine.concurrent_methods:
-    return cfg.engine.concurrent_methods
+  if cfg.engine.concurrent_batches:
+    return cfg.engine.concurrent_batches
   one_cpu = (jax.default_backend() == "cpu" and jax.device_count() == 1
              and jax.process_count() == 1)
   return 2 if one_cpu and (os.cpu_count() or 1) >= 2 and not cfg.output.wandb else 1
+
+
+def _parts(group: list[int], count: int) -> list[list[int]]:
+  """`group` cut into `count` equal consecutive parts when it holds a multiple of `count` runs,
+  two or more each (parts of one shape: one compiled program); else whole."""
+  if count < 2 or len(group) % count or len(group) < 2 * count:
+    return [group]
+  size = len(group) // count
+  return [group[k:k + size] for k in range(0, len(group), size)]
+
+
+def _on_threads(items, fn: Callable, workers: int, stop: threading.Event) -> None:
+  """`fn(item)` for each of `items`, `workers` at a time on threads of their own, started in order
+  as threads free up. The first failure (an error, a refused resume's exit) sets `stop`, which
+  the batches running beside it read before their next round (`fs.run_batch`), and is raised
+  here once they ended; no item starts after it. A Ctrl-C here sets it too and is raised."""
+  waiting = collections.deque(items)
+  lock, failures = threading.Lock(), []
+
+  def work():
+    while not stop.is_set():
+      with lock:
+        if not waiting:
+          return
+        item = waiting.popleft()
+      try:
+        fn(item)
+      except BaseException as e:  # pylint: disable=broad-except  # Raised on the waiting thread.
+        with lock:
+          failures.append(e)
+        stop.set()
+        return
+
+  threads = [threading.Thread(target=work, daemon=True, name=f"batches-{k}")
+             for k in range(min(workers, len(waiting)))]
+  for t in threads:
+    t.start()
+  try:
+    for t in threads:
+      t.join()
+  except KeyboardInterrupt:
+    stop.set()
+    for t in threads:
+      t.join()
+    raise
+  if failures:
+    raise failures[0]
 
 
 def _run_batch(cfg: cfglib.JobConfig, batch: fs.RunBatch | OneRun, runs: list[Run],
@@ -412,8 +459,8 @@ class Job:
       sys.exit("error: " + "; ".join(self.stopped) + ". The other runs finished; the summary "
                "holds every run's rounds up to where it stopped (job.json marks the stopped runs)")
 
-  def run_all(self, runs: list[Run], stages: bool = False,
-              plan: Plan | None = None) -> list[list[dict]]:
+  def run_all(self, runs: list[Run], stages: bool = False, plan: Plan | None = None,
+              workers: int = 1) -> list[list[dict]]:
     """Runs a method's runs for --rounds, each keeping its own folder, metrics, checkpoint and
     resume: with --batch_runs and the device store as one `RunBatch` (one compiled call per
     round for all of them), else one after another; with --resume, runs added to the job (a
@@ -422,12 +469,14 @@ class Job:
     stopped in job.json (`finish` then exits 1 after the launcher's summary). A refused resume or
     a foreign checkpoint exits with the message (status 1). `stages`: their rounds as three
     programs (`plan`); `plan`: their batches when planned before (`run_groups` plans the next
-    method's while these run)."""
+    method's while these run); `workers` > 1: the runs cut into that many equal batches where
+    they divide (`_parts`), advanced at once on threads (`concurrent_batches`)."""
     done = self.announce(runs)
     if plan is None:  # A plan made ahead was preloaded whole (`run_groups`).
-      plan = self.plan(runs, stages)
-      preload(plan.batches[1:])
-    return self._advance(runs, done, plan)
+      plan = self.plan(runs, stages, parts=workers)
+      if workers == 1:
+        preload(plan.batches[1:])
+    return self._advance(runs, done, plan, workers=workers)
 
   def announce(self, runs: list[Run]) -> int:
     """Records `runs` in the manifest and says which of the job's runs they are; returns how
@@ -440,75 +489,58 @@ class Job:
     return done
 
   def _advance(self, runs: list[Run], done: int, plan: Plan,
-               stop: threading.Event | None = None) -> list[list[dict]]:
-    """`run_all`'s rounds: the runs (the job's from `done` on) advanced by `plan`'s batches;
-    `stop`: `fs.run_batch`'s."""
+               stop: threading.Event | None = None, workers: int = 1) -> list[list[dict]]:
+    """`run_all`'s rounds: the runs (the job's from `done` on) advanced by `plan`'s batches, one
+    after another or `workers` at once on threads (`_on_threads`); `stop`: `fs.run_batch`'s."""
     if plan.note:
       print(plan.note, flush=True)
     results = {}
-    for batch in plan.batches:
+
+    def advance(batch: Batch) -> None:
       records = _run_batch(self.cfg, batch.runner, [runs[i] for i in batch.indices],
                            [self.folder(runs[i]) for i in batch.indices], stop)
       for i, recs, stopped in zip(batch.indices, *records):
         results[i] = recs
         if stopped:
           self._mark_stopped(done + i, runs[i].label.strip(), stopped)
+
+    if workers > 1 and len(plan.batches) > 1:
+      print(f"-- {min(workers, len(plan.batches))} batches at a time (--concurrent_batches)",
+            flush=True)
+      stop = stop or threading.Event()
+      _on_threads(plan.batches, advance, workers, stop)
+    else:
+      for batch in plan.batches:
+        advance(batch)
     return [results[i] for i in range(len(runs))]
 
   def _at_once(self, methods: list[list[Run]], stages: list[bool], workers: int
                ) -> list[list[list[dict]]]:
     """Each method's runs as `run_all` runs them, `workers` methods at a time on threads of
-    their own, started in order as threads free up; every method is recorded in the manifest
-    first, in order. The first failure of a method (an error, a refused resume's exit) or a
-    Ctrl-C stops the others before their next round (their finished rounds kept) and is then
-    raised here."""
+    their own (`_on_threads`: a failure or Ctrl-C stops the others before their next round),
+    started in order as threads free up and planned there (at most `workers` methods' data
+    placed at once); every method is recorded in the manifest first, in order."""
     dones = [self.announce(runs) for runs in methods]
-    workers = min(workers, len(methods))
-    print(f"-- {workers} methods at a time (--concurrent_methods)", flush=True)
+    print(f"-- {min(workers, len(methods))} methods at a time (--concurrent_batches)",
+          flush=True)
     results: list = [None] * len(methods)
-    waiting = collections.deque(range(len(methods)))
-    stop, lock, failures = threading.Event(), threading.Lock(), []
+    stop = threading.Event()
 
-    def work():
-      while not stop.is_set():
-        with lock:
-          if not waiting:
-            return
-          i = waiting.popleft()
-        try:
-          # Planned here: at most `workers` methods' data placed at once.
-          results[i] = self._advance(methods[i], dones[i], self.plan(methods[i], stages[i]),
-                                     stop)
-        except BaseException as e:  # pylint: disable=broad-except  # Raised on the main thread.
-          with lock:
-            failures.append(e)
-          stop.set()
-          return
+    def advance(i: int) -> None:
+      results[i] = self._advance(methods[i], dones[i], self.plan(methods[i], stages[i]), stop)
 
-    threads = [threading.Thread(target=work, daemon=True, name=f"method-{k}")
-               for k in range(workers)]
-    for t in threads:
-      t.start()
-    try:
-      for t in threads:
-        t.join()
-    except KeyboardInterrupt:
-      stop.set()
-      for t in threads:
-        t.join()
-      raise
-    if failures:
-      raise failures[0]
+    _on_threads(range(len(methods)), advance, workers, stop)
     return results
 
   def folder(self, run: Run) -> str:
     """The run's folder under --out_dir."""
     return os.path.join(self.cfg.output.out_dir, *run.path)
 
-  def plan(self, runs: list[Run], stages: bool = False) -> Plan:
+  def plan(self, runs: list[Run], stages: bool = False, parts: int = 1) -> Plan:
     """The batches `run_all` advances `runs` in (see there), each made and its data placed, and a
     note when the runs need several programs. `stages`: their rounds as three programs
-    (`fs.RunBatch`), to share a training compiled for another method."""
+    (`fs.RunBatch`), to share a training compiled for another method; `parts`: each batch cut
+    into that many equal ones where its runs divide (`_parts`)."""
     out = self.cfg.output
     batched = out.batch_runs and len(runs) > 1 and not any(r.spec.on_host for r in runs)
     if not batched:
@@ -528,6 +560,8 @@ class Job:
         note = (f"-- {len(programs)} compiled programs for these runs, one per value of "
                 f"{_structural(self.cfg) or 'their shapes'} (settings that set shapes or "
                 "branches)")
+    if batched:
+      groups = [part for g in groups for part in _parts(g, parts)]
     return Plan([Batch(g, fs.RunBatch([runs[i].spec for i in g], stages=stages) if len(g) > 1
                        else OneRun(runs[g[0]].spec, stages=stages)) for g in groups], note)
 
@@ -570,10 +604,13 @@ class Job:
       stages = cfg.engine.stages
       shared = (shared_training([runs for runs, _ in methods]) if stages == "auto" else
                 [stages == "three"] * len(methods))
-      workers = concurrent_methods(cfg)
-      if workers > 1 and len(methods) > 1 and not any(
-          r.spec.on_host for runs, _ in methods for r in runs):
+      workers = concurrent_batches(cfg)
+      if any(r.spec.on_host for runs, _ in methods for r in runs):
+        workers = 1  # A host store's runs advance one by one.
+      if workers > 1 and len(methods) > 1:  # Methods side by side.
         every = self._at_once([runs for runs, _ in methods], shared, workers)
+      elif workers > 1:  # A lone method's runs in equal batches side by side.
+        every = [self.run_all(methods[0][0], stages=shared[0], workers=workers)]
       else:
         every, plans = [], [None] * len(methods)
         for i, ((runs, _), share) in enumerate(zip(methods, shared)):

@@ -80,6 +80,7 @@ class Program:
     self.compiled: dict = {}  # (config, static, tree, types) -> executable, or None: jit it.
     self.recent: dict = {}  # (config, static, tree, weak types) -> the last executable used.
     self.preloaded: dict = {}  # (config, static, tree, types) -> Future of the stored executable.
+    self.preparing: dict = {}  # (config, static, tree, types) -> the lock of its preparation.
     self._lock = threading.Lock()
 
   def _split(self, args: tuple):
@@ -153,7 +154,11 @@ class Program:
     memo = (cfg, static, tree, store_keys.avals(leaves))
     outputs = None
     if memo not in self.compiled:
-      self.compiled[memo], outputs = self._prepare(folder, memo, args, dynamic)
+      with self._lock:
+        preparing = self.preparing.setdefault(memo, threading.Lock())
+      with preparing:  # A second thread with these arguments waits, then finds it prepared.
+        if memo not in self.compiled:
+          self.compiled[memo], outputs = self._prepare(folder, memo, args, dynamic)
     self.recent[recent] = executable = self.compiled[memo]
     if outputs is not None:
       return outputs
