@@ -6,7 +6,8 @@ Splits the process's wall time into: import (the launcher module and the library
 launchers' `build.load_data`), set-up (building `Simulator`s and `RunBatch`es, compilation
 excluded), compile (XLA compilation and persistent-cache loads, from JAX's monitoring events,
 wherever they happen), rounds (running the rounds, compilation excluded) and other (what is left:
-flag parsing, summaries, figures). Also counts the rounds trained (`rounds_trained`), the round
+flag parsing, summaries, figures). Where threads overlap them (`--concurrent_batches`), the
+compiling counts first, then the rounds, set-up and data, each where none before it runs. Also counts the rounds trained (`rounds_trained`), the round
 programs compiled (a round's one program, or its plan, training and finish) and loaded, and the
 persistent cache hits.
 
@@ -21,45 +22,51 @@ import importlib
 import json
 import signal
 import sys
-import threading
 import time
 
 START = time.perf_counter()
+
+
+def _merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+  """`spans` as sorted disjoint intervals covering the same times."""
+  out = []
+  for start, end in sorted(spans):
+    if out and start <= out[-1][1]:
+      out[-1] = (out[-1][0], max(out[-1][1], end))
+    else:
+      out.append((start, end))
+  return out
+
+
+def _length(spans: list[tuple[float, float]]) -> float:
+  return sum(end - start for start, end in spans)
+
+
+def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+  """The time two lists of disjoint intervals share."""
+  return sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in a for s2, e2 in b)
 
 
 def main():
   out, module_name, *argv = sys.argv[1:]
   from fedjax_sel.host.compilation import CompileLog  # pylint: disable=import-outside-toplevel
   log = CompileLog().__enter__()
-  spent = {"data": 0.0, "set-up": 0.0, "rounds": 0.0}
-  compile_in = {"set-up": 0.0, "rounds": 0.0, "data": 0.0}
+  calls = {"data": [], "set-up": [], "rounds": []}  # Each call's (start, end).
   module = importlib.import_module(module_name)
   import fedjax_sel as fs  # pylint: disable=import-outside-toplevel
   from experiments.bench_worker import CountedSteps  # pylint: disable=import-outside-toplevel
   from experiments.launch import build, cli  # pylint: disable=import-outside-toplevel
   imported = time.perf_counter() - START
 
-  active = {phase: [0, 0.0, 0.0] for phase in spent}  # Calls running, since when, compiled then.
-  lock = threading.Lock()
-
   def timed(owner, name, phase):
-    """A phase's time is the union of its calls' intervals (methods' batches may run at once
-    on threads: `--concurrent_batches`), compilation in it counted once."""
     fn = getattr(owner, name)
 
     def wrapper(*args, **kwargs):
-      with lock:
-        if active[phase][0] == 0:
-          active[phase][1:] = time.perf_counter(), sum(log.snapshot().seconds.values())
-        active[phase][0] += 1
+      start = time.perf_counter()
       try:
         return fn(*args, **kwargs)
       finally:
-        with lock:
-          active[phase][0] -= 1
-          if active[phase][0] == 0:
-            spent[phase] += time.perf_counter() - active[phase][1]
-            compile_in[phase] += sum(log.snapshot().seconds.values()) - active[phase][2]
+        calls[phase].append((start, time.perf_counter()))
     setattr(owner, name, wrapper)
 
   batches = []
@@ -87,11 +94,17 @@ def main():
     signal.signal(signum, signal.SIG_IGN)
   total = time.perf_counter() - START
   log.snapshot()
-  compile_s = sum(log.seconds.values())
   from fedjax_sel.engine.programs import ROUND_PROGRAMS  # pylint: disable=import-outside-toplevel
   rounds = ROUND_PROGRAMS
-  phases = {f"{key}_s": spent[phase] - compile_in[phase]
-            for key, phase in (("data", "data"), ("setup", "set-up"), ("rounds", "rounds"))}
+  # Threads may compile and run rounds at once (`--concurrent_batches`): each phase is the time
+  # some call of it was running and no compilation or phase before it in this order was.
+  taken, phases = _merged(log.spans), {}
+  compile_s = _length(taken)
+  for key, phase in (("rounds_s", "rounds"), ("setup_s", "set-up"), ("data_s", "data")):
+    own = _merged(calls[phase])
+    phases[key] = _length(own) - _overlap(own, taken)
+    taken = _merged(taken + own)
+  phases = {key: phases[key] for key in ("data_s", "setup_s", "rounds_s")}
   result = {
       "status": status, "total_s": total, "import_s": imported, **phases, "compile_s": compile_s,
       "other_s": total - imported - compile_s - sum(phases.values()),

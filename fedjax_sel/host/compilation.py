@@ -31,6 +31,7 @@ import collections
 import os
 import sys
 import threading
+import time
 
 import jax
 from jax import monitoring
@@ -82,15 +83,18 @@ class _Counter:
     self.seconds = collections.Counter()
     self.hits = 0
     self.loaded = collections.Counter()
+    self.spans: list[tuple[float, float]] = []  # (start, end) `time.perf_counter()` of each.
     monitoring.register_event_duration_secs_listener(self._on_duration)
     monitoring.register_event_listener(self._on_event)
 
   def _on_duration(self, event, duration, **kwargs):
     if event == _COMPILE_EVENT:
+      end = time.perf_counter()
       with self.lock:
         name = kwargs.get("fun_name", "?")
         self.compiles[name] += 1
         self.seconds[name] += duration
+        self.spans.append((end - duration, end))
 
   def _on_event(self, event, **kwargs):
     if event == CACHE_HIT_EVENT:
@@ -111,7 +115,8 @@ class CompileLog:
   `seconds` (compile seconds per name), `compiles` (total), `cache_hits` (persistent cache
   loads; a hit still counts as a compilation of its name), `loaded` (programs loaded from the
   executable store, `engine/executables.py`: neither traced nor compiled), `loaded_by_name`
-  (those per jitted function name, named as compilations are).
+  (those per jitted function name, named as compilations are), `spans` (each compilation's
+  `(start, end)` in `time.perf_counter()` seconds: threads may compile at once).
   """
 
   def __enter__(self) -> CompileLog:
@@ -122,6 +127,7 @@ class CompileLog:
     self.by_name, self.seconds = collections.Counter(), collections.Counter()
     self.cache_hits = self.loaded = 0
     self.loaded_by_name = collections.Counter()
+    self.spans = []
     return self
 
   def __exit__(self, *exc):
@@ -131,16 +137,18 @@ class CompileLog:
   def _now():
     with _COUNTER.lock:
       return (collections.Counter(_COUNTER.compiles), collections.Counter(_COUNTER.seconds),
-              _COUNTER.hits, collections.Counter(_COUNTER.loaded))
+              _COUNTER.hits, collections.Counter(_COUNTER.loaded), len(_COUNTER.spans))
 
   def snapshot(self) -> CompileLog:
     """Updates the tallies to now (inside the `with` block too)."""
-    compiles, seconds, hits, loaded = self._now()
+    compiles, seconds, hits, loaded, spans = self._now()
     self.by_name = compiles - self._start[0]
     self.seconds = seconds - self._start[1]
     self.cache_hits = hits - self._start[2]
     self.loaded_by_name = loaded - self._start[3]
     self.loaded = sum(self.loaded_by_name.values())
+    with _COUNTER.lock:
+      self.spans = _COUNTER.spans[self._start[4]:spans]
     return self
 
   @property
