@@ -7,9 +7,9 @@ launchers' `build.load_data`), set-up (building `Simulator`s and `RunBatch`es, c
 excluded), compile (XLA compilation and persistent-cache loads, from JAX's monitoring events,
 wherever they happen), rounds (running the rounds, compilation excluded) and other (what is left:
 flag parsing, summaries, figures). Where threads overlap them (`--concurrent_batches`), the
-compiling counts first, then the rounds, set-up and data, each where none before it runs. Also counts the rounds trained (`rounds_trained`), the round
-programs compiled (a round's one program, or its plan, training and finish) and loaded, and the
-persistent cache hits.
+compiling counts first, then the rounds, set-up and data, each where none before it runs. Also
+counts the rounds trained (`rounds_trained`), the round programs compiled (a round's one
+program, or its plan, training and finish) and loaded, and the persistent cache hits.
 
 A SIGTERM or SIGINT stops the launcher as an interrupt does (`cli.interrupt_on_sigterm`: its
 finished rounds kept, exit status 130) and OUT.json is still written, with the rounds this
