@@ -9,11 +9,11 @@ Contenders, all on the digits (`DatasetSpec("digits", num_clients=100)`: the lau
 Dirichlet(0.5) split, 80/20 train / test per client; seed 0's split for every run, except the
 launcher, which splits per seed as it always does), B = 16, one local epoch, plain SGD,
 examples-weighted FedAvg, the round's clients drawn uniformly:
-- `run CLI`: `python -m experiments.run --sweep=lr:... --seeds=...` (its 16 runs batched in one
-  compiled program), split by `benchmarks.timed_launch` into import, data, set-up, compile and
-  rounds;
-- `library`: the sweep guide's script (16 runs built with `build_run`, one `RunBatch`,
-  `run_batch`), split the same way;
+- `run CLI`: `python -m experiments.run --sweep=lr:... --seeds=...` (its 16 runs in one compiled
+  program, advanced as two batches of 8 at once on a 2-core CPU: `--concurrent_batches`), split
+  by `benchmarks.timed_launch` into import, data, set-up, compile and rounds;
+- `library`: the sweep guide's script (16 runs built with `build_run`, two `RunBatch`es of 8
+  advanced at once by `run_batches`), split the same way;
 - `PyTorch loop`: the 16 runs one after another, each round a loop over its clients (what Flower /
   FedML users write), at 1 and 2 threads;
 - `pfl-research` (0.6): its `FederatedAveraging` with a `PyTorchModel` on its `SimulatedBackend`,
@@ -84,11 +84,12 @@ specs = [fs.build_run(model, data, optimizer=lambda lr: optax.sgd(lr),
                       availability=fs.uniform_availability(N, N), selector=fs.random_selector(),
                       aggregator=fs.fedavg(), clients_per_round=K, seed=s,
                       lr_schedule=fs.constant_lr(lr)) for lr in LRS for s in SEEDS]
-batch = fs.RunBatch(specs)
+half = len(specs) // 2  # Two batches side by side, one a core (the sweep guide's run_batches).
+batches = [fs.RunBatch(specs[:half]), fs.RunBatch(specs[half:])]
 c1 = sum(log.snapshot().seconds.values())
 t["setup_s"] = time.perf_counter() - mark - (c1 - c0)
 mark = time.perf_counter()
-runs = fs.run_batch(batch, ROUNDS, eval_every=ROUNDS, progress=None)
+runs = [r for b in fs.run_batches(batches, ROUNDS, eval_every=ROUNDS, progress=None) for r in b]
 c2 = sum(log.snapshot().seconds.values())
 t["rounds_s"] = time.perf_counter() - mark - (c2 - c1)
 t["compile_s"] = c2

@@ -48,6 +48,7 @@ from fedjax_sel.engine.simulator import Simulator
 from fedjax_sel.engine.state import Costs, EngineState
 from fedjax_sel.host.compilation import use_persistent_cache
 from fedjax_sel.host.runner import run, run_batch, summary_table
+from fedjax_sel.host.side_by_side import run_batches
 from fedjax_sel.models import MODELS, Model, build_model
 from fedjax_sel.parts.aggregators import (coordinate_median, fedasl, fedavg, krum, trimmed_mean,
                                           weighted_mean)
@@ -92,5 +93,5 @@ __all__ = [
     # Engine and host.
     "Capacity", "Costs", "EngineState", "LrSchedule", "RoundConfig", "RunSpec", "Simulator",
     "build_run", "constant_lr", "step_decay_lr", "RunBatch", "program_groups", "run", "run_batch",
-    "summary_table", "use_fast_compile", "use_persistent_cache",
+    "run_batches", "summary_table", "use_fast_compile", "use_persistent_cache",
 ]

@@ -134,14 +134,14 @@ def test_methods_run_at_once_give_the_records_and_manifest_of_one_after_another(
 
 
 def test_a_failing_batch_stops_the_batches_beside_it_and_its_error_is_raised():
-  """`job._on_threads`: the first failure is raised on the waiting thread after the batch
+  """`side_by_side.on_threads`: the first failure is raised on the waiting thread after the batch
   running beside it stopped (before its next round, as `run_batch(stop=...)` does) and before a
   waiting one started."""
   import threading  # pylint: disable=import-outside-toplevel
 
   import pytest  # pylint: disable=import-outside-toplevel
 
-  from experiments.launch.job import _on_threads  # pylint: disable=import-outside-toplevel
+  from fedjax_sel.host.side_by_side import on_threads  # pylint: disable=import-outside-toplevel
   from tests.hang_guard import HANG_GUARD_S  # pylint: disable=import-outside-toplevel
   beside, started, stop = threading.Event(), [], threading.Event()
 
@@ -155,7 +155,7 @@ def test_a_failing_batch_stops_the_batches_beside_it_and_its_error_is_raised():
     raise KeyboardInterrupt
 
   with pytest.raises(ValueError, match="a part broke"):
-    _on_threads(["running", "broken", "waiting"], advance, 2, stop)
+    on_threads(["running", "broken", "waiting"], advance, 2, stop)
   assert sorted(started) == ["broken", "running"]
 
 

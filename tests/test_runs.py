@@ -388,3 +388,16 @@ def test_a_set_stop_event_ends_the_batch_before_its_next_round_keeping_its_round
   for folder in folders:
     with open(os.path.join(folder, "metrics.jsonl"), encoding="utf-8") as f:
       assert [json.loads(line)["round"] for line in f] == [0]
+
+
+def test_batches_run_side_by_side_give_the_records_of_each_alone():
+  """`fs.run_batches`: two batches on two threads, each with the records `run_batch` gives it."""
+  specs = _sims("fedavg", _datasets(), METHODS["fedavg"])
+  make = lambda: [fs.RunBatch(specs[:2]), OneRun(specs[2])]
+  alone = [fs.run_batch(b, 3, progress=None) for b in make()]
+  together = fs.run_batches(make(), 3, workers=2, progress=None)
+  strip = lambda runs: [[{k: v for k, v in r.items() if k != "wall_s"} for r in recs]
+                        for recs in runs]
+  assert [strip(b) for b in together] == [strip(b) for b in alone]
+  with pytest.raises(ValueError, match="one entry per batch"):
+    fs.run_batches(make(), 3, out_dirs=[None], progress=None)

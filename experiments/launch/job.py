@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-import jax
 import numpy as np
 from absl import app
 
@@ -30,7 +29,7 @@ from fedjax_sel.data.integrity import DataError
 from fedjax_sel.engine.cohort import training_layout
 from fedjax_sel.engine.description import program_key
 from fedjax_sel.engine.training import training_key
-from fedjax_sel.host import folder_lock
+from fedjax_sel.host import folder_lock, side_by_side
 from fedjax_sel.host.checkpoint import ABSENT, DEFAULTS, CheckpointError, WriteError, write_atomic
 from fedjax_sel.host.checkpoint import previous as checkpoint_previous
 from fedjax_sel.host.runner import CHECKPOINT_FILE, NonFiniteError, OneRun
@@ -283,16 +282,13 @@ def preload(batches: list[Batch]) -> threading.Thread | None:
 
 def concurrent_batches(cfg: cfglib.JobConfig) -> int:
   """How many batches of runs `Job.run_groups` advances at once: --concurrent_batches, or for 0
-  (auto) 2 in a single-device CPU process with two or more cores and without --wandb (a W&B run
-  is a process-wide one), else 1. On a CPU a batch's rounds keep about one core busy (small
-  operations run on one thread), so a second batch fills the other: the main job warm 3.8-4.1
-  -> 3.0-3.1 s on 2 cores, records unchanged (cold, where XLA compiles on both cores, 11.6-14.7
-  -> 11.0-12.9 s)."""
+  (auto) `side_by_side.default_workers()` (2 in a single-device CPU process with two or more
+  cores, else 1), 1 with --wandb (a W&B run is a process-wide one): the main job warm 3.8-4.1 ->
+  3.0-3.1 s on 2 cores, records unchanged (cold, where XLA compiles on both cores, 11.6-14.7 ->
+  11.0-12.9 s)."""
   if cfg.engine.concurrent_batches:
     return cfg.engine.concurrent_batches
-  one_cpu = (jax.default_backend() == "cpu" and jax.device_count() == 1
-             and jax.process_count() == 1)
-  return 2 if one_cpu and (os.cpu_count() or 1) >= 2 and not cfg.output.wandb else 1
+  return 1 if cfg.output.wandb else side_by_side.default_workers()
 
 
 def _parts(group: list[int], count: int) -> list[list[int]]:
@@ -302,44 +298,6 @@ def _parts(group: list[int], count: int) -> list[list[int]]:
     return [group]
   size = len(group) // count
   return [group[k:k + size] for k in range(0, len(group), size)]
-
-
-def _on_threads(items, fn: Callable, workers: int, stop: threading.Event) -> None:
-  """`fn(item)` for each of `items`, `workers` at a time on threads of their own, started in order
-  as threads free up. The first failure (an error, a refused resume's exit) sets `stop`, which
-  the batches running beside it read before their next round (`fs.run_batch`), and is raised
-  here once they ended; no item starts after it. A Ctrl-C here sets it too and is raised."""
-  waiting = collections.deque(items)
-  lock, failures = threading.Lock(), []
-
-  def work():
-    while not stop.is_set():
-      with lock:
-        if not waiting:
-          return
-        item = waiting.popleft()
-      try:
-        fn(item)
-      except BaseException as e:  # pylint: disable=broad-except  # Raised on the waiting thread.
-        with lock:
-          failures.append(e)
-        stop.set()
-        return
-
-  threads = [threading.Thread(target=work, daemon=True, name=f"batches-{k}")
-             for k in range(min(workers, len(waiting)))]
-  for t in threads:
-    t.start()
-  try:
-    for t in threads:
-      t.join()
-  except KeyboardInterrupt:
-    stop.set()
-    for t in threads:
-      t.join()
-    raise
-  if failures:
-    raise failures[0]
 
 
 def _run_batch(cfg: cfglib.JobConfig, batch: fs.RunBatch | OneRun, runs: list[Run],
@@ -491,7 +449,8 @@ class Job:
   def _advance(self, runs: list[Run], done: int, plan: Plan,
                stop: threading.Event | None = None, workers: int = 1) -> list[list[dict]]:
     """`run_all`'s rounds: the runs (the job's from `done` on) advanced by `plan`'s batches, one
-    after another or `workers` at once on threads (`_on_threads`); `stop`: `fs.run_batch`'s."""
+    after another or `workers` at once on threads (`side_by_side.on_threads`); `stop`:
+    `fs.run_batch`'s."""
     if plan.note:
       print(plan.note, flush=True)
     results = {}
@@ -508,7 +467,7 @@ class Job:
       print(f"-- {min(workers, len(plan.batches))} batches at a time (--concurrent_batches)",
             flush=True)
       stop = stop or threading.Event()
-      _on_threads(plan.batches, advance, workers, stop)
+      side_by_side.on_threads(plan.batches, advance, workers, stop)
     else:
       for batch in plan.batches:
         advance(batch)
@@ -517,7 +476,8 @@ class Job:
   def _at_once(self, methods: list[list[Run]], stages: list[bool], workers: int
                ) -> list[list[list[dict]]]:
     """Each method's runs as `run_all` runs them, `workers` methods at a time on threads of
-    their own (`_on_threads`: a failure or Ctrl-C stops the others before their next round),
+    their own (`side_by_side.on_threads`: a failure or Ctrl-C stops the others before their
+    next round),
     started in order as threads free up and planned there (at most `workers` methods' data
     placed at once); every method is recorded in the manifest first, in order."""
     dones = [self.announce(runs) for runs in methods]
@@ -529,7 +489,7 @@ class Job:
     def advance(i: int) -> None:
       results[i] = self._advance(methods[i], dones[i], self.plan(methods[i], stages[i]), stop)
 
-    _on_threads(range(len(methods)), advance, workers, stop)
+    side_by_side.on_threads(range(len(methods)), advance, workers, stop)
     return results
 
   def folder(self, run: Run) -> str:
