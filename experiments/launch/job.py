@@ -477,9 +477,8 @@ class Job:
                ) -> list[list[list[dict]]]:
     """Each method's runs as `run_all` runs them, `workers` methods at a time on threads of
     their own (`side_by_side.on_threads`: a failure or Ctrl-C stops the others before their
-    next round),
-    started in order as threads free up and planned there (at most `workers` methods' data
-    placed at once); every method is recorded in the manifest first, in order."""
+    next round), started in order as threads free up and planned there (at most `workers`
+    methods' data placed at once); every method is recorded in the manifest first, in order."""
     dones = [self.announce(runs) for runs in methods]
     print(f"-- {min(workers, len(methods))} methods at a time (--concurrent_batches)",
           flush=True)
