@@ -108,3 +108,16 @@ def test_an_unknown_lowering_is_refused_naming_the_accepted_ones():
     fast_ops(lambda x: x, "cudnn")
   with pytest.raises(ValueError, match="got 'cudnn'"):
     from_flax(nn.Dense(3), (4,), 3, "linear", conv_impl="cudnn")
+
+
+def test_an_accelerator_keeps_its_own_convolutions(monkeypatch):
+  """`conv_impl="auto"` replaces nothing off a CPU (cuDNN's convolution is the fast one there)."""
+  module = nn.Sequential([nn.Conv(4, (3, 3)), lambda z: z.reshape((z.shape[0], -1))])
+  user = from_flax(module, (12, 12, 3), 5, "user_conv")
+  params = user.init(jax.random.PRNGKey(0))
+  x = jnp.ones((2, 12, 12, 3))
+  # A new function each time: JAX keeps the traces of one it has seen.
+  ops = lambda: {e.primitive.name for e in jax.make_jaxpr(lambda p: user.apply(p, x))(params).eqns}
+  assert "conv_general_dilated" not in ops()  # On this CPU: replaced.
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert "conv_general_dilated" in ops()

@@ -161,9 +161,10 @@ def from_flax(module: nn.Module, input_shape: tuple[int, ...], num_classes: int,
   `(logits [B, C], labels [B]) -> [B]` (default: softmax cross-entropy).
 
   The module's plain 2-D convolutions and 2x2 max pools (`nn.Conv`, `nn.max_pool`) run on the
-  lowering `conv_impl` (`conv.CONV_IMPLS`, `fast_ops.fast_ops`): by default oneDNN's kernels on a
-  single CPU device where installed, else the patches, as the library's own CNNs; "lax" runs
-  them as written (XLA's convolution and `reduce_window`).
+  lowering `conv_impl` (`conv.CONV_IMPLS`, `fast_ops.fast_ops`): by default, on a CPU, oneDNN's
+  kernels on a single device where installed, else the patches, as the library's own CNNs, and
+  as written on an accelerator; "lax" runs them as written (XLA's convolution and
+  `reduce_window`).
 
   Examples:
     >>> import flax.linen as nn

@@ -3,8 +3,8 @@
 Why: a flax user writes `nn.Conv` and `nn.max_pool`. Under `vmap` over clients, XLA:CPU runs
 `lax.conv` with a per-client kernel as a grouped convolution whose gradient is slow, and
 `reduce_window`'s gradient is a `select_and_scatter`; pfl-research's `simple_cnn` written that way
-trained 19x slower than the same network written with `PatchConv` and `max_pool_2x2`
-(docs/performance.md). `fast_ops(fn)` traces `fn` to a jaxpr and evaluates it with
+trained 17x slower than the same network written with `PatchConv` and `max_pool_2x2`
+(docs/performance.md). On a CPU, `fast_ops(fn)` traces `fn` to a jaxpr and evaluates it with
 
 - every 2-D NHWC/HWIO convolution without dilation or groups (what `nn.Conv` emits) replaced by
   `conv.conv2d` on the resolved lowering (oneDNN's kernels or the patches), and
@@ -129,9 +129,10 @@ def fast_ops(fn: Callable, conv_impl: str = "auto") -> Callable:
 
   Args:
     fn: the function, e.g. a flax module's `apply`.
-    conv_impl: the convolutions' lowering (`conv.CONV_IMPLS`); "auto" resolves as
-      `resolve_conv_impl` says (when a call first has something to replace), and "lax" returns
-      `fn` itself (nothing replaced, the max pools included).
+    conv_impl: the convolutions' lowering (`conv.CONV_IMPLS`); "auto" is, on a CPU, what
+      `resolve_conv_impl` says (when a call first has something to replace) and, on an
+      accelerator, nothing replaced; "lax" returns `fn` itself (nothing replaced, the max pools
+      included).
 
   Raises:
     ValueError: for an unknown `conv_impl`.
@@ -146,6 +147,8 @@ def fast_ops(fn: Callable, conv_impl: str = "auto") -> Callable:
 
   @functools.wraps(fn)
   def replaced(*args):
+    if conv_impl == "auto" and jax.default_backend() != "cpu":
+      return fn(*args)  # An accelerator's own convolution (cuDNN's) is its fast one.
     closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
     if not _replaces(closed.jaxpr):
       return fn(*args)
