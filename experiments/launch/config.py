@@ -182,8 +182,11 @@ class EngineConfig:
                                    "batch's rounds on about one core): the job's methods side by "
                                    "side, or a lone method's runs cut into that many equal "
                                    "batches where they divide (two runs or more each). 0 = auto: "
-                                   "2 in a single-device CPU process with 2 or more cores and "
-                                   "without --wandb, else 1.", within=">= 0", result=False)
+                                   "2 in a single-device CPU process with 2 or more cores, else "
+                                   "1; --wandb (a W&B run is process-wide) and a host store keep "
+                                   "one batch at a time.", within=">= 0", result=False,
+                                   applies=(When("wandb", (False,)),
+                                            When("store", ("host",), unless=True)))
 
 
 @dataclasses.dataclass(frozen=True)

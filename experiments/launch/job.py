@@ -283,12 +283,12 @@ def preload(batches: list[Batch]) -> threading.Thread | None:
 def concurrent_batches(cfg: cfglib.JobConfig) -> int:
   """How many batches of runs `Job.run_groups` advances at once: --concurrent_batches, or for 0
   (auto) `side_by_side.default_workers()` (2 in a single-device CPU process with two or more
-  cores, else 1), 1 with --wandb (a W&B run is a process-wide one): the main job warm 3.8-4.1 ->
-  3.0-3.1 s on 2 cores, records unchanged (cold, where XLA compiles on both cores, 11.6-14.7 ->
-  11.0-12.9 s)."""
-  if cfg.engine.concurrent_batches:
-    return cfg.engine.concurrent_batches
-  return 1 if cfg.output.wandb else side_by_side.default_workers()
+  cores, else 1); 1 with --wandb (a W&B run is a process-wide one; the flag is refused beside
+  it): the main job warm 3.8-4.1 -> 3.0-3.1 s on 2 cores, records unchanged (cold, where XLA
+  compiles on both cores, 11.6-14.7 -> 11.0-12.9 s)."""
+  if cfg.output.wandb:
+    return 1
+  return cfg.engine.concurrent_batches or side_by_side.default_workers()
 
 
 def _parts(group: list[int], count: int) -> list[list[int]]:
@@ -564,8 +564,12 @@ class Job:
       shared = (shared_training([runs for runs, _ in methods]) if stages == "auto" else
                 [stages == "three"] * len(methods))
       workers = concurrent_batches(cfg)
-      if any(r.spec.on_host for runs, _ in methods for r in runs):
-        workers = 1  # A host store's runs advance one by one.
+      if workers > 1 and any(r.spec.on_host for runs, _ in methods for r in runs):
+        workers = 1  # A host store's runs advance one by one (--store=auto chose it here).
+        if cfg.engine.concurrent_batches > 1:
+          print(f"-- --concurrent_batches={cfg.engine.concurrent_batches} has no effect: the "
+                "clients' data went to the host store, whose runs advance one at a time",
+                flush=True)
       if workers > 1 and len(methods) > 1:  # Methods side by side.
         every = self._at_once([runs for runs, _ in methods], shared, workers)
       elif workers > 1:  # A lone method's runs in equal batches side by side.

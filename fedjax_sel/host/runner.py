@@ -464,7 +464,6 @@ def run_batch(batch, rounds: int, out_dirs: list[str] | None = None, *, eval_eve
       for t in range(first, rounds):
         if stop is not None and stop.is_set():
           raise KeyboardInterrupt
-
         states, metrics = batch.step(states)
         metrics = to_host(metrics)
         evaluated = (t + 1) % eval_every == 0 or t == rounds - 1
