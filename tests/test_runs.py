@@ -401,3 +401,6 @@ def test_batches_run_side_by_side_give_the_records_of_each_alone():
   assert [strip(b) for b in together] == [strip(b) for b in alone]
   with pytest.raises(ValueError, match="one entry per batch"):
     fs.run_batches(make(), 3, out_dirs=[None], progress=None)
+  for workers in (0, -1, 1.5):  # None is the default; 0 would run nothing.
+    with pytest.raises(ValueError, match=f"workers must be an int >= 1 .*got {workers}"):
+      fs.run_batches(make(), 3, workers=workers, progress=None)

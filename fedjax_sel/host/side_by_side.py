@@ -81,7 +81,7 @@ def run_batches(batches: Sequence, rounds: int, out_dirs: Sequence[list[str] | N
     batches: the batches.
     rounds: as in `run_batch`.
     out_dirs: per batch, its runs' folders (or None: in memory only).
-    workers: batches advanced at once.
+    workers: batches advanced at once, >= 1 (None: `default_workers()`).
     labels: per batch, its progress lines' label.
     **kwargs: `run_batch`'s other keywords, the same for every batch (not `stop`: a failing
       batch stops the others before their next round, and its error is raised).
@@ -101,6 +101,9 @@ def run_batches(batches: Sequence, rounds: int, out_dirs: Sequence[list[str] | N
     (2, 2, 2)
   """
   from fedjax_sel.host.runner import run_batch  # pylint: disable=import-outside-toplevel
+  if workers is not None and not (isinstance(workers, int) and workers >= 1):
+    raise ValueError(f"workers must be an int >= 1 (or None: {default_workers()} here), got "
+                     f"{workers!r}")
   out_dirs = [None] * len(batches) if out_dirs is None else list(out_dirs)
   labels = [""] * len(batches) if labels is None else list(labels)
   if not len(out_dirs) == len(labels) == len(batches):
@@ -112,5 +115,6 @@ def run_batches(batches: Sequence, rounds: int, out_dirs: Sequence[list[str] | N
   def advance(i: int) -> None:
     results[i] = run_batch(batches[i], rounds, out_dirs[i], label=labels[i], stop=stop, **kwargs)
 
-  on_threads(range(len(batches)), advance, workers or default_workers(), stop)
+  on_threads(range(len(batches)), advance, default_workers() if workers is None else workers,
+             stop)
   return results
